@@ -1,0 +1,242 @@
+"""The ``graphpass`` command line.
+
+Each subcommand is a small class whose docstring is its help. ``main(argv)``
+returns the exit status (0 ok, 1 "different" or a failed check, 2 a user
+error) so tests call it directly. TF and ONNX load lazily, per command, so
+``graphpass --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from graphpass.errors import GraphpassError
+
+
+class Command:
+    """Base class: ``name``, ``add_arguments`` and ``run(args) -> exit status``."""
+
+    name = ""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int:
+        raise NotImplementedError
+
+
+class Rewrite(Command):
+    """Rewrite a training graph: read it, run the requested passes, write it back."""
+
+    name = "rewrite"
+
+    def add_arguments(self, parser):
+        parser.add_argument("input", help="GraphDef (.pb/.pbtxt), MetaGraphDef (.meta), "
+                            "SavedModel directory, or ONNX model")
+        parser.add_argument("-o", "--output", required=True, help="where to write the result")
+        parser.add_argument("--in-place", action="store_true",
+                            help="allow the output to be the input file")
+        parser.add_argument("--output-format", choices=["pb", "pbtxt"],
+                            help="TF output encoding (default: the input's)")
+        parser.add_argument("--tag", help="SavedModel MetaGraph tag (default: train, then serve)")
+        parser.add_argument("--config", help="TOML file with the same options (CLI wins)")
+        parser.add_argument("--report", help="write a JSON report of what each pass did")
+        parser.add_argument("--quiet", action="store_true", help="print nothing on success")
+        analysis = parser.add_argument_group("region analysis overrides")
+        analysis.add_argument("--loss", help="the loss tensor (node or node:port)")
+        analysis.add_argument("--train-op", action="append",
+                              help="a train op to rewrite (repeatable; default: all found)")
+        analysis.add_argument("--global-step", help="the global step variable node")
+        from graphpass.passes import registered_passes
+
+        for cls in registered_passes():
+            cls.add_arguments(parser.add_argument_group(f"pass {cls.name}: {_first_line(cls)}"))
+
+    def run(self, args):
+        import graphpass
+
+        settings = _settings(args)
+        source, target = Path(settings["input"]), Path(settings["output"])
+        _check_output(source, target, settings.get("in_place", False))
+        graph = graphpass.load(source, tag=settings.get("tag"))
+        nodes_before = len(graph)
+        results = graphpass.run_passes(graph, settings)
+        graphpass.save(graph, target, output_format=settings.get("output_format"))
+        report = {
+            "input": str(source),
+            "output": str(target),
+            "format": graph.format,
+            "nodes_before": nodes_before,
+            "nodes_after": len(graph),
+            "passes": [vars(r) for r in results],
+        }
+        if settings.get("report"):
+            _write_json(Path(settings["report"]), report)
+        if not settings.get("quiet"):
+            print(_summary(report))
+        return 0
+
+
+class Inspect(Command):
+    """Describe a graph: format, counts, variables, and its training regions."""
+
+    name = "inspect"
+
+    def add_arguments(self, parser):
+        parser.add_argument("input")
+        parser.add_argument("--json", action="store_true", help="print JSON")
+        parser.add_argument("--tag", help="SavedModel MetaGraph tag")
+        parser.add_argument("--loss")
+        parser.add_argument("--train-op", action="append")
+        parser.add_argument("--global-step")
+
+    def run(self, args):
+        import graphpass
+        from graphpass.inspection import describe
+
+        graph = graphpass.load(args.input, tag=args.tag)
+        info = describe(graph, loss=args.loss, train_ops=args.train_op,
+                        global_step=args.global_step)
+        print(json.dumps(info, indent=2, sort_keys=True) if args.json else _describe_text(info))
+        return 0
+
+
+class Passes(Command):
+    """List the registered passes and their options."""
+
+    name = "passes"
+
+    def run(self, args):
+        from graphpass.passes import registered_passes
+
+        for cls in registered_passes():
+            print(f"{cls.name}: {_first_line(cls)}")
+            parser = argparse.ArgumentParser(add_help=False)
+            cls.add_arguments(parser.add_argument_group())
+            for action in parser._actions:
+                print(f"  {', '.join(action.option_strings):28s} {action.help or ''}")
+        return 0
+
+
+COMMANDS: list[type[Command]] = [Rewrite, Inspect, Passes]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="graphpass", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    commands = {}
+    for cls in COMMANDS:
+        command = cls()
+        commands[cls.name] = command
+        sub_parser = sub.add_parser(cls.name, help=_first_line(cls), description=cls.__doc__)
+        command.add_arguments(sub_parser)
+    try:
+        args = parser.parse_args(argv)
+        return commands[args.command].run(args)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return exc.code if isinstance(exc.code, int) else 2
+    except GraphpassError as exc:
+        print(f"graphpass: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("graphpass: interrupted", file=sys.stderr)
+        return 130
+
+
+def _first_line(cls) -> str:
+    return (cls.__doc__ or "").strip().splitlines()[0]
+
+
+def _settings(args: argparse.Namespace) -> dict:
+    """CLI options over the ``--config`` file's; keys use underscores."""
+    cli = {k: v for k, v in vars(args).items() if v not in (None, False, [])}
+    settings = {}
+    if cli.get("config"):
+        settings.update(_read_config(Path(cli["config"]), set(vars(args))))
+    settings.update(cli)
+    return settings
+
+
+def _read_config(path: Path, known: set[str]) -> dict:
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise GraphpassError(f"--config {path}: no such file") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise GraphpassError(f"--config {path}: not valid TOML ({exc})") from None
+    settings = {k.replace("-", "_"): v for k, v in data.items()}
+    unknown = sorted(set(settings) - known - {"input", "output"})
+    if unknown:
+        raise GraphpassError(
+            f"--config {path}: unknown option(s) {', '.join(unknown)}; "
+            f"valid: {', '.join(sorted(known - {'command', 'config'}))}"
+        )
+    return settings
+
+
+def _check_output(source: Path, target: Path, in_place: bool) -> None:
+    if target.exists() and source.exists() and target.resolve() == source.resolve() \
+            and not in_place:
+        raise GraphpassError(
+            f"the output {target} is the input; choose another -o or pass --in-place"
+        )
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise GraphpassError(f"{target}: the output directory {parent} does not exist")
+
+
+def _write_json(path: Path, data: dict) -> None:
+    from graphpass.ir.formats import atomic_output
+
+    with atomic_output(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def _summary(report: dict) -> str:
+    lines = [f"graphpass: {report['input']} -> {report['output']} ({report['format']}, "
+             f"{report['nodes_before']} -> {report['nodes_after']} nodes)"]
+    if not report["passes"]:
+        lines.append("  no passes requested: lossless round trip")
+    for result in report["passes"]:
+        state = "changed" if result["changed"] else "unchanged"
+        lines.append(f"  {result['name']}: {state} in {result['seconds']:.2f}s")
+        lines.extend(f"    {line}" for line in result["report"].get("summary", []))
+    return "\n".join(lines)
+
+
+def _describe_text(info: dict) -> str:
+    lines = [
+        f"format:        {info['format']} ({info['container']})",
+        f"nodes:         {info['nodes']}  control edges: {info['control_edges']}",
+        f"inputs:        {', '.join(info['inputs']) or '-'}",
+        f"outputs:       {', '.join(info['outputs'][:10]) or '-'}"
+        + (" ..." if len(info["outputs"]) > 10 else ""),
+        f"variables:     {len(info['variables'])}",
+        "ops:           " + ", ".join(f"{op} {n}" for op, n in info["ops"].items()),
+    ]
+    regions = info.get("regions")
+    if regions is None:
+        lines.append(f"training:      not a training graph ({info['regions_error']})")
+    else:
+        lines += [
+            "regions:       " + ", ".join(f"{k} {v}" for k, v in regions["counts"].items()),
+            f"loss:          {', '.join(regions['losses'])}",
+            f"train ops:     {', '.join(regions['train_ops'])}",
+            f"global_step:   {regions['global_step'] or '-'}",
+        ]
+    return "\n".join(lines)
+
+
+def entry_point() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry_point()

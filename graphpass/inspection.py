@@ -1,0 +1,42 @@
+"""``graphpass inspect``: a plain description of a graph and its regions."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from graphpass.errors import GraphpassError
+from graphpass.ir.graph import Graph
+
+
+def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | None = None,
+             global_step: str | None = None) -> dict:
+    """A JSON-able summary: counts, graph inputs/outputs, variables, regions."""
+    from graphpass.ir.regions import analyze
+
+    dialect = graph.dialect
+    control_edges = sum(1 for *_, d in graph.nx.edges(data=True) if d["control"])
+    info = {
+        "format": graph.format,
+        "container": graph.meta.get("container", graph.format),
+        "nodes": len(graph),
+        "control_edges": control_edges,
+        "ops": dict(sorted(Counter(n.op for n in graph.nodes()).items(),
+                           key=lambda kv: (-kv[1], kv[0]))),
+        "inputs": dialect.graph_inputs(graph),
+        "outputs": dialect.graph_outputs(graph),
+        "variables": [n for n in graph if dialect.is_variable(graph, n)],
+    }
+    try:
+        regions = analyze(graph, loss=loss, train_ops=train_ops, global_step=global_step)
+    except GraphpassError as exc:
+        info["regions"] = None
+        info["regions_error"] = str(exc)
+        return info
+    info["regions"] = {
+        "counts": regions.counts(),
+        "losses": sorted({str(s.loss) for s in regions.steps}),
+        "train_ops": [s.train_op for s in regions.steps],
+        "apply_ops": sum(len(s.applies) for s in regions.steps),
+        "global_step": regions.global_step,
+    }
+    return info

@@ -1,0 +1,155 @@
+"""The dialect interface: everything a pass needs to know about a format.
+
+Passes are written once against this interface. A dialect answers questions
+about ops (stateful? random? does it mutate a variable?), reads dtypes and
+static shapes, and builds the handful of small ops the passes insert.
+Builders add nodes to the graph and return the new tensor.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+class Dialect(ABC):
+    """Format-specific knowledge, behind one interface."""
+
+    name: str = ""
+    #: ONNX leaves optional input slots empty; TF input lists have no holes.
+    allows_empty_input_slots: bool = False
+    #: Which dependency kinds the format can express ("control", "data").
+    dependency_modes: tuple[str, ...] = ("data",)
+
+    # -- structure ---------------------------------------------------------
+
+    def is_back_edge(self, graph: Graph, src: str, dst: str) -> bool:
+        """True for loop back-edges, which topological orders ignore."""
+        return False
+
+    def num_outputs(self, graph: Graph, name: str) -> int | None:
+        """Number of outputs of ``name`` when cheaply known, else None."""
+        return None
+
+    def parse_tensor(self, graph: Graph, text: str) -> Tensor:
+        """A tensor named on the command line (``node`` or ``node:port``)."""
+        return parse_tensor_name(text)
+
+    # -- op kinds ----------------------------------------------------------
+
+    @abstractmethod
+    def is_stateful(self, graph: Graph, name: str) -> bool:
+        """Reads or writes state, or is random: never duplicated by a pass."""
+
+    @abstractmethod
+    def is_source(self, graph: Graph, name: str) -> bool:
+        """A value that is fed or stored rather than computed (placeholder,
+        variable, constant, initializer). Recomputing one gains nothing."""
+
+    def is_recomputable(self, graph: Graph, name: str) -> bool:
+        """Whether a pass may run a second copy of ``name`` for the same result."""
+        return not self.is_stateful(graph, name) and not self.is_source(graph, name)
+
+    def is_shape_only(self, graph: Graph, name: str) -> bool:
+        """Reads only the shape of its input, never the values."""
+        return False
+
+    def is_variable(self, graph: Graph, name: str) -> bool:
+        """A trainable or optimizer state variable."""
+        return False
+
+    def graph_inputs(self, graph: Graph) -> list[str]:
+        """What the graph is fed (TF placeholders, ONNX graph inputs)."""
+        return []
+
+    def graph_outputs(self, graph: Graph) -> list[str]:
+        """What the graph produces (ONNX graph outputs; TF: nodes nobody reads)."""
+        return [n for n in graph if not graph.users(n)]
+
+    # -- training structure (used by graphpass.ir.regions) ------------------
+
+    @abstractmethod
+    def optimizer_applies(self, graph: Graph) -> dict[str, list[Tensor]]:
+        """Each optimizer update node, with the gradient tensors it consumes."""
+
+    def ends_train_step(self, graph: Graph, name: str) -> bool:
+        """Whether a sink downstream of the apply ops can be a train op (an update
+        or a grouping node, not a stray read)."""
+        return True
+
+    def step_increments(self, graph: Graph) -> list[tuple[str, str]]:
+        """``(increment node, counter variable)`` pairs that may be global_step."""
+        return []
+
+    # -- tensors -----------------------------------------------------------
+
+    @abstractmethod
+    def dtype(self, graph: Graph, tensor: Tensor) -> str | None:
+        """The numpy-style dtype name of ``tensor`` ("float32"), or None if unknown."""
+
+    def shape(self, graph: Graph, tensor: Tensor) -> tuple | None:
+        """Static shape, None for unknown dims; None if even the rank is unknown."""
+        return None
+
+    def is_float(self, graph: Graph, tensor: Tensor) -> bool:
+        return self.dtype(graph, tensor) in FLOAT_DTYPES
+
+    @abstractmethod
+    def get_attr(self, graph: Graph, name: str, key: str, default: Any = None) -> Any:
+        """An attribute as a plain Python value (str, int, float, bool, list)."""
+
+    @abstractmethod
+    def set_attr(self, graph: Graph, name: str, key: str, value: Any) -> None:
+        """Set an attribute from a plain Python value."""
+
+    # -- builders ----------------------------------------------------------
+
+    @abstractmethod
+    def copy_node(self, graph: Graph, name: str, new_name: str) -> str:
+        """Add a node with ``name``'s op, attrs and device but no inputs."""
+
+    @abstractmethod
+    def identity(
+        self, graph: Graph, name: str, tensor: Tensor, control_inputs: list[str] = ()
+    ) -> Tensor: ...
+
+    @abstractmethod
+    def first_element(self, graph: Graph, name: str, tensor: Tensor) -> Tensor:
+        """A scalar holding element 0 of ``tensor`` (any rank)."""
+
+    @abstractmethod
+    def add_n(self, graph: Graph, name: str, tensors: list[Tensor]) -> Tensor: ...
+
+    @abstractmethod
+    def cast(self, graph: Graph, name: str, tensor: Tensor, dtype: str) -> Tensor: ...
+
+    @abstractmethod
+    def binary(self, graph: Graph, name: str, op: str, a: Tensor, b: Tensor) -> Tensor:
+        """``op`` is one of "add", "sub", "mul"."""
+
+    @abstractmethod
+    def scalar(self, graph: Graph, name: str, value: float, dtype: str) -> Tensor: ...
+
+    @abstractmethod
+    def stop_gradient(self, graph: Graph, name: str, tensor: Tensor) -> Tensor: ...
+
+
+_DIALECTS: dict[str, str] = {
+    "tf": "graphpass.ir.tf_dialect:TFDialect",
+    "onnx": "graphpass.ir.onnx_dialect:ONNXDialect",
+}
+
+
+def dialect_for(format: str) -> Dialect:
+    """The dialect for a format name; imported lazily (TF and ONNX are heavy)."""
+    import importlib
+
+    try:
+        module, cls = _DIALECTS[format].split(":")
+    except KeyError:
+        raise ValueError(f"no dialect for format {format!r}") from None
+    return getattr(importlib.import_module(module), cls)()

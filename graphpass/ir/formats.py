@@ -1,0 +1,236 @@
+"""Format detection, and the ``load``/``save`` entry points that dispatch to
+the readers and writers of each format.
+
+Detection reads the content, not the extension: binary protobufs are told
+apart by the field numbers and wire types at their top level, text protos by
+their first field name. Writes are atomic: a temporary file (or directory)
+beside the target, renamed over it only once complete, so a failure never
+leaves a partial or clobbered output.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from graphpass.errors import GraphpassError
+from graphpass.ir.graph import Graph
+
+GRAPHDEF, METAGRAPH, SAVEDMODEL, ONNX = "graphdef", "metagraph", "savedmodel", "onnx"
+
+# Top-level (field number, wire type) pairs that only one container uses.
+# Wire types: 0 varint, 2 length-delimited.
+_ONLY_IN = {
+    GRAPHDEF: {(3, 0)},
+    METAGRAPH: {(3, 2), (5, 2), (6, 2), (7, 2)},
+    SAVEDMODEL: {(1, 0)},
+}
+_TEXT_FIRST_FIELDS = {
+    "node": GRAPHDEF,
+    "versions": GRAPHDEF,
+    "library": GRAPHDEF,
+    "meta_info_def": METAGRAPH,
+    "graph_def": METAGRAPH,
+    "saver_def": METAGRAPH,
+    "collection_def": METAGRAPH,
+    "signature_def": METAGRAPH,
+    "saved_model_schema_version": SAVEDMODEL,
+    "meta_graphs": SAVEDMODEL,
+}
+
+
+def load(path: str | os.PathLike, *, tag: str | None = None) -> Graph:
+    """Read a TF GraphDef / MetaGraphDef / SavedModel or an ONNX model into a Graph."""
+    path = Path(path)
+    kind, is_text = detect(path)
+    if kind == ONNX:
+        from graphpass.ir import onnx_io
+
+        return onnx_io.read_onnx(path)
+    from graphpass.ir import tf_io
+
+    return tf_io.read_tf(path, kind, is_text, tag=tag)
+
+
+def save(graph: Graph, path: str | os.PathLike, *, output_format: str | None = None) -> None:
+    """Write ``graph`` in its own format; ``output_format`` ("pb"/"pbtxt") for TF."""
+    path = Path(path)
+    if graph.format == "onnx":
+        if output_format not in (None, "onnx"):
+            raise GraphpassError(
+                f"--output-format {output_format} is for TF graphs; ONNX is written as .onnx"
+            )
+        from graphpass.ir import onnx_io
+
+        onnx_io.write_onnx(graph, path)
+        return
+    from graphpass.ir import tf_io
+
+    tf_io.write_tf(graph, path, output_format=output_format)
+
+
+def detect(path: Path) -> tuple[str, bool]:
+    """``(kind, is_text)`` for the model at ``path``, from its content."""
+    if not path.exists():
+        raise GraphpassError(f"{path}: no such file or directory")
+    if path.is_dir():
+        return _detect_saved_model_dir(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise GraphpassError(f"{path}: cannot read ({exc.strerror})") from None
+    if not data:
+        raise GraphpassError(f"{path}: the file is empty; expected a GraphDef, MetaGraphDef, "
+                             "SavedModel or ONNX model")
+    text_kind = _detect_text(data)
+    if text_kind:
+        return text_kind, True
+    return _detect_binary(path, data), False
+
+
+def _detect_saved_model_dir(path: Path) -> tuple[str, bool]:
+    for name, is_text in (("saved_model.pb", False), ("saved_model.pbtxt", True)):
+        if (path / name).is_file():
+            return SAVEDMODEL, is_text
+    raise GraphpassError(
+        f"{path}: a directory without saved_model.pb; pass a SavedModel directory or a model file"
+    )
+
+
+def _detect_text(data: bytes) -> str | None:
+    try:
+        text = data[:4096].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        field = line.split("{")[0].split(":")[0].strip()
+        return _TEXT_FIRST_FIELDS.get(field)
+    return None
+
+
+def _detect_binary(path: Path, data: bytes) -> str:
+    fields = _top_level_fields(path, data)
+    if (1, 0) in fields and (7, 2) in fields:
+        return ONNX
+    for kind, only in _ONLY_IN.items():
+        if set(fields) & only:
+            return kind
+    if set(fields) <= {(1, 2), (2, 2), (4, 2)}:
+        # node / library / versions, or meta_info_def / graph_def / collection_def.
+        # A GraphDef repeats field 1 (one per node); a MetaGraphDef has it once at most
+        # and keeps its nodes inside field 2.
+        single_info = fields[(1, 2)] <= 1
+        if fields[(2, 2)] == 1 and single_info and _looks_like_graph_def_inside(data):
+            return METAGRAPH
+        return GRAPHDEF
+    raise GraphpassError(
+        f"{path}: not a TensorFlow GraphDef, MetaGraphDef, SavedModel or ONNX model "
+        "(unrecognised protobuf content)"
+    )
+
+
+def _looks_like_graph_def_inside(data: bytes) -> bool:
+    """True if field 2 of ``data`` parses as a GraphDef with named nodes."""
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    meta = meta_graph_pb2.MetaGraphDef()
+    try:
+        meta.ParseFromString(data)
+    except Exception:
+        return False
+    nodes = meta.graph_def.node
+    return len(nodes) > 0 and all(n.name and n.op for n in nodes)
+
+
+def _top_level_fields(path: Path, data: bytes) -> Counter:
+    """Count ``(field number, wire type)`` at the top level; errors on truncation."""
+    fields: Counter = Counter()
+    pos, end = 0, len(data)
+    while pos < end:
+        key, pos = _varint(path, data, pos)
+        number, wire = key >> 3, key & 7
+        if number == 0:
+            raise _corrupt(path, "field number 0")
+        if wire == 0:
+            _, pos = _varint(path, data, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 2:
+            length, pos = _varint(path, data, pos)
+            pos += length
+        elif wire == 5:
+            pos += 4
+        else:
+            raise _corrupt(path, f"unsupported wire type {wire}")
+        if pos > end:
+            raise _corrupt(path, "truncated")
+        fields[(number, wire)] += 1
+    return fields
+
+
+def _varint(path: Path, data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data):
+            raise _corrupt(path, "truncated")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise _corrupt(path, "malformed varint")
+
+
+def _corrupt(path: Path, why: str) -> GraphpassError:
+    return GraphpassError(
+        f"{path}: not a valid model file (corrupt or truncated protobuf: {why}); "
+        "re-export it or check the copy"
+    )
+
+
+@contextmanager
+def atomic_output(path: Path, *, directory: bool = False) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; move it over ``path`` on success only."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise GraphpassError(f"{path}: the output directory {parent} does not exist")
+    try:
+        if directory:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=parent))
+        else:
+            fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+            os.close(fd)
+            tmp = Path(name)
+    except OSError as exc:
+        raise GraphpassError(f"{path}: cannot write there ({exc.strerror})") from None
+    try:
+        yield tmp
+        _replace(tmp, path, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True) if directory else tmp.unlink(missing_ok=True)
+        raise
+
+
+def _replace(tmp: Path, path: Path, directory: bool) -> None:
+    if not directory:
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+        return
+    if path.is_dir():
+        old = path.with_name(f".{path.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)

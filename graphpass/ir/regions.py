@@ -1,0 +1,214 @@
+"""Region analysis: find the loss, the gradients, the optimizer and global_step,
+and label every node ``forward`` / ``backward`` / ``optimizer`` / ``other``.
+
+It works from the graph's shape, not from name scopes, so graphs built under
+``gradients/``, ``training/...`` or a custom scope analyse alike:
+
+* **Apply ops** (the dialect knows them) read the final gradients in known
+  input slots; whatever post-processing (clipping, all-reduce, loss scaling)
+  sits between the raw gradients and the apply is backward.
+* **Train ops** are the sinks downstream of apply ops; each one is a training
+  step with its own apply ops and gradients.
+* **The loss** is the common ancestor of a step's gradients whose value the
+  gradients do not use: every consumer of it on the way to the gradients reads
+  only its shape (``Fill(Shape(loss), 1)`` is how TF seeds ``tf.gradients``).
+* ``forward`` = the loss and its ancestors; ``backward`` = ancestors of the
+  gradients that are not forward; ``optimizer`` = the apply ops, what depends
+  on them, and the rest of what the train ops need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from graphpass.errors import GraphpassError
+from graphpass.ir.graph import Graph, Tensor
+
+FORWARD, BACKWARD, OPTIMIZER, OTHER = "forward", "backward", "optimizer", "other"
+
+
+@dataclass
+class TrainStep:
+    """One training step: a train op, its apply ops, their gradients, the loss."""
+
+    train_op: str
+    applies: list[str]
+    gradients: list[Tensor]
+    loss: Tensor
+
+
+@dataclass
+class Regions:
+    steps: list[TrainStep]
+    global_step: str | None
+    labels: dict[str, str] = field(repr=False)
+
+    def label(self, name: str) -> str:
+        return self.labels.get(name, OTHER)
+
+    def nodes(self, label: str) -> list[str]:
+        return [n for n, lab in self.labels.items() if lab == label]
+
+    def counts(self) -> dict[str, int]:
+        counts = dict.fromkeys((FORWARD, BACKWARD, OPTIMIZER, OTHER), 0)
+        for lab in self.labels.values():
+            counts[lab] += 1
+        return counts
+
+    @property
+    def loss(self) -> Tensor:
+        return self.steps[0].loss
+
+
+def analyze(
+    graph: Graph,
+    *,
+    loss: str | None = None,
+    train_ops: list[str] | None = None,
+    global_step: str | None = None,
+) -> Regions:
+    """Find the training steps of ``graph`` and label its nodes.
+
+    ``loss``, ``train_ops`` and ``global_step`` override detection. Records
+    each node's label in ``node.meta["region"]``.
+    """
+    dialect = graph.dialect
+    applies = dialect.optimizer_applies(graph)
+    if not applies:
+        raise GraphpassError(
+            "found no optimizer apply ops (Apply*/ResourceApply*), so this is not a training "
+            "graph; export the graph after building the train op"
+        )
+    steps = [
+        _train_step(graph, sink, applies, loss)
+        for sink in _train_ops(graph, applies, train_ops)
+    ]
+    found = _label(graph, steps)
+    labels = {name: found.get(name, OTHER) for name in graph}
+    for name, label in labels.items():
+        graph.node(name).meta["region"] = label
+    step_var = _global_step(graph, labels, global_step)
+    return Regions(steps=steps, global_step=step_var, labels=labels)
+
+
+def _train_ops(graph: Graph, applies: dict, requested: list[str] | None) -> list[str]:
+    downstream = graph.descendants(applies) | set(applies)
+    is_step_end = graph.dialect.ends_train_step
+    sinks = [n for n in graph if n in downstream and not graph.users(n) and is_step_end(graph, n)]
+    if not requested:
+        return sinks
+    for name in requested:
+        if name not in graph:
+            raise GraphpassError(f"--train-op {name!r} is not a node; train ops found: {sinks}")
+        if not (graph.ancestors([name]) | {name}) & set(applies):
+            raise GraphpassError(
+                f"--train-op {name!r} applies no gradients (no apply op among its inputs); "
+                f"train ops found: {sinks}"
+            )
+    return list(requested)
+
+
+def _train_step(graph: Graph, train_op: str, applies: dict, loss: str | None) -> TrainStep:
+    upstream = graph.ancestors([train_op]) | {train_op}
+    mine = [a for a in applies if a in upstream]
+    gradients = [t for a in mine for t in applies[a]]
+    if loss is not None:
+        loss_tensor = _tensor_arg(graph, loss, "--loss")
+    else:
+        loss_tensor = _find_loss(graph, gradients, train_op, mine)
+    return TrainStep(train_op=train_op, applies=mine, gradients=gradients, loss=loss_tensor)
+
+
+def _find_loss(graph: Graph, gradients: list[Tensor], train_op: str, applies: list[str]) -> Tensor:
+    """The end of the forward computation whose gradients these are.
+
+    Candidates are float scalars (or of unknown rank) that nothing reads except
+    shape-only ops or non-float consumers (summaries): a loss is fetched, not
+    computed with. TF may seed gradients from ``Shape(loss)`` or from a constant
+    shape, so the loss need not be connected to the gradients at all. Two facts
+    single it out among the candidates (which include dangling gradients, e.g.
+    of a constant factor):
+
+    * the loss's computation is a *prefix* of the gradient computation: all of
+      it exists before any gradient op (you need the loss to differentiate it),
+      so every value the gradients read but the loss does not comes later in
+      the graph's node order (control edges aside: ``minimize`` under
+      ``control_dependencies(update_ops)`` orders gradients after earlier ops);
+    * of those, it covers the most of what the gradient ops read, and among
+      equals it is the deepest.
+
+    v1 ``while_loop`` gradients add stack pushes to the forward loop after the
+    fact, so the first fact is scored (fewest values out of order) rather
+    than required.
+    """
+    producers = {t.node for t in gradients}
+    toward_grads = graph.ancestors(producers, follow_control=False) | producers
+    after_update = graph.descendants(applies) | set(applies)
+    order = {name: i for i, name in enumerate(graph)}
+    score = {}
+    for name in graph:
+        if name in after_update or name in producers or not _is_fetched_value(graph, name):
+            continue
+        upstream = graph.ancestors([name], follow_control=False) | {name}
+        last = max(order[n] for n in upstream)
+        out_of_order = sum(1 for n in toward_grads - upstream if order[n] < last)
+        score[name] = (out_of_order, -len(upstream & toward_grads))
+    best = min(score.values(), default=None)
+    top = {c for c, s in score.items() if s == best}
+    deepest = sorted(c for c in top if not graph.descendants([c]) & top)
+    if len(deepest) != 1:
+        found = ", ".join(deepest) or "none"
+        raise GraphpassError(
+            f"cannot tell the loss of train op {train_op!r} (candidates: {found}); "
+            "name it with --loss"
+        )
+    return Tensor(deepest[0], 0)
+
+
+def _is_fetched_value(graph: Graph, name: str) -> bool:
+    dialect = graph.dialect
+    value = Tensor(name, 0)
+    if not dialect.is_float(graph, value) or dialect.is_source(graph, name):
+        return False
+    shape = dialect.shape(graph, value)
+    if shape is not None and len(shape) > 0:
+        return False
+    return all(
+        dialect.is_shape_only(graph, user) or not dialect.is_float(graph, Tensor(user, 0))
+        for user in graph.data_users(name)
+    )
+
+
+def _label(graph: Graph, steps: list[TrainStep]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for step in steps:
+        forward = graph.ancestors([step.loss.node]) | {step.loss.node}
+        producers = {t.node for t in step.gradients}
+        backward = (graph.ancestors(producers) | producers) - forward
+        optimizer = (graph.descendants(step.applies) | set(step.applies)
+                     | graph.ancestors([step.train_op]) | {step.train_op}) - forward - backward
+        for names, label in ((optimizer, OPTIMIZER), (backward, BACKWARD), (forward, FORWARD)):
+            labels.update(dict.fromkeys(names, label))
+    return labels
+
+
+def _global_step(graph: Graph, labels: dict[str, str], requested: str | None) -> str | None:
+    if requested is not None:
+        if requested not in graph:
+            raise GraphpassError(f"--global-step {requested!r} is not a node of the graph")
+        return requested
+    increments = graph.dialect.step_increments(graph)
+    variables = sorted({var for inc, var in increments if labels.get(inc) == OPTIMIZER})
+    if len(variables) > 1:
+        raise GraphpassError(
+            f"several step counters are incremented by the optimizer ({', '.join(variables)}); "
+            "choose one with --global-step"
+        )
+    return variables[0] if variables else None
+
+
+def _tensor_arg(graph: Graph, text: str, option: str) -> Tensor:
+    tensor = graph.dialect.parse_tensor(graph, text)
+    if tensor.node not in graph:
+        raise GraphpassError(f"{option} {text!r} is not a node of the graph")
+    return tensor

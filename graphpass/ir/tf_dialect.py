@@ -1,0 +1,321 @@
+"""The TensorFlow dialect: op knowledge from TF's own op registry, and the
+builders for the small ops passes insert (with the attrs TF's importer needs).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from typing import Any
+
+from graphpass.ir.dialect import Dialect
+from graphpass.ir.graph import Graph, Tensor
+
+# Values that are fed or stored, not computed.
+SOURCE_OPS = frozenset({
+    "Placeholder", "PlaceholderV2", "PlaceholderWithDefault", "Const", "HostConst",
+    "VariableV2", "Variable", "VarHandleOp", "TemporaryVariable", "_Arg",
+})
+REF_VARIABLE_OPS = frozenset({"VariableV2", "Variable", "TemporaryVariable"})
+LOOP_BACK_OPS = frozenset({"NextIteration", "RefNextIteration"})
+SHAPE_ONLY_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "OnesLike", "ZerosLike"})
+STEP_INCREMENT_OPS = frozenset({"AssignAdd", "AssignAddVariableOp"})
+INTEGER_DTYPES = frozenset({"int32", "int64"})
+_APPLY_OP = re.compile(r"^(Resource)?(Sparse)?Apply[A-Z]")
+
+
+@cache
+def op_def(op: str):
+    """TF's registered OpDef for ``op``, or None (custom op or library function)."""
+    from tensorflow.python.framework import op_def_registry
+
+    return op_def_registry.get(op)
+
+
+@cache
+def _dtype_name(enum: int) -> str:
+    from tensorflow.python.framework import dtypes
+
+    return dtypes.as_dtype(enum).base_dtype.name
+
+
+def _dtype_enum(name: str) -> int:
+    from tensorflow.python.framework import dtypes
+
+    return dtypes.as_dtype(name).as_datatype_enum
+
+
+class TFDialect(Dialect):
+    name = "tf"
+    dependency_modes = ("control", "data")
+
+    # -- structure ---------------------------------------------------------
+
+    def is_back_edge(self, graph: Graph, src: str, dst: str) -> bool:
+        return graph.node(src).op in LOOP_BACK_OPS
+
+    def num_outputs(self, graph: Graph, name: str) -> int | None:
+        shapes = graph.node(name).attrs.get("_output_shapes")
+        return len(shapes.list.shape) if shapes is not None else None
+
+    # -- op kinds ----------------------------------------------------------
+
+    def is_stateful(self, graph: Graph, name: str) -> bool:
+        definition = op_def(graph.node(name).op)
+        return definition is None or definition.is_stateful
+
+    def is_source(self, graph: Graph, name: str) -> bool:
+        node = graph.node(name)
+        if node.op in SOURCE_OPS:
+            return True
+        # `W/read`: an Identity of a ref variable is the variable's value.
+        inputs = graph.inputs(name)
+        return node.op == "Identity" and bool(inputs) and \
+            graph.node(inputs[0].node).op in REF_VARIABLE_OPS
+
+    def is_variable(self, graph: Graph, name: str) -> bool:
+        return graph.node(name).op in REF_VARIABLE_OPS | {"VarHandleOp"}
+
+    def graph_inputs(self, graph: Graph) -> list[str]:
+        return [n.name for n in graph.nodes() if n.op.startswith("Placeholder")]
+
+    def is_shape_only(self, graph: Graph, name: str) -> bool:
+        """Reads only the shape of its input (how TF seeds gradients from the loss)."""
+        return graph.node(name).op in SHAPE_ONLY_OPS
+
+    # -- training structure -------------------------------------------------
+
+    def optimizer_applies(self, graph: Graph) -> dict[str, list[Tensor]]:
+        """Apply ops (``ApplyAdam``, ``ResourceSparseApplyMomentum``, ...) -> gradients."""
+        applies = {}
+        for node in graph.nodes():
+            if _APPLY_OP.match(node.op) and op_def(node.op) is not None:
+                inputs = graph.inputs(node.name)
+                # The gradient is "grad", except for (Resource)ApplyGradientDescent's "delta".
+                slots = self.input_arg_slots(graph, node.name, "grad") or \
+                    self.input_arg_slots(graph, node.name, "delta")
+                applies[node.name] = [inputs[s] for s in slots if s < len(inputs)]
+        return applies
+
+    def ends_train_step(self, graph: Graph, name: str) -> bool:
+        op = graph.node(name).op
+        return op == "NoOp" or op.startswith(("Assign", "ResourceScatter", "Scatter")) or \
+            bool(_APPLY_OP.match(op))
+
+    def step_increments(self, graph: Graph) -> list[tuple[str, str]]:
+        """``(increment op, integer variable)`` pairs: candidates for global_step."""
+        found = []
+        for node in graph.nodes():
+            if node.op not in STEP_INCREMENT_OPS:
+                continue
+            inputs = graph.inputs(node.name)
+            variable = inputs[0].node if inputs else None
+            if variable and self.is_variable(graph, variable) and \
+                    self.get_attr(graph, variable, "dtype") in INTEGER_DTYPES:
+                found.append((node.name, variable))
+        return found
+
+    # -- tensors -----------------------------------------------------------
+
+    def output_dtypes(self, graph: Graph, name: str) -> list[str] | None:
+        """Dtype of every output, from the OpDef and the node's attrs."""
+        node = graph.node(name)
+        definition = op_def(node.op)
+        if definition is None:
+            return None
+        dtypes: list[str] = []
+        for arg in definition.output_arg:
+            count = node.attrs[arg.number_attr].i if arg.number_attr else 1
+            if arg.type_list_attr:
+                dtypes.extend(_dtype_name(t) for t in node.attrs[arg.type_list_attr].list.type)
+            elif arg.type_attr:
+                dtypes.extend([_dtype_name(node.attrs[arg.type_attr].type)] * count)
+            else:
+                dtypes.extend([_dtype_name(arg.type)] * count)
+        return dtypes
+
+    def dtype(self, graph: Graph, tensor: Tensor) -> str | None:
+        try:
+            dtypes = self.output_dtypes(graph, tensor.node)
+        except KeyError:  # an attr the OpDef names is missing
+            return None
+        if dtypes is None or tensor.port >= len(dtypes):
+            return None
+        return dtypes[tensor.port]
+
+    def input_arg_slots(self, graph: Graph, name: str, arg_name: str) -> list[int]:
+        """The input slots that OpDef argument ``arg_name`` occupies."""
+        node = graph.node(name)
+        definition = op_def(node.op)
+        slot = 0
+        for arg in definition.input_arg if definition else ():
+            count = 1
+            if arg.number_attr:
+                count = node.attrs[arg.number_attr].i
+            elif arg.type_list_attr:
+                count = len(node.attrs[arg.type_list_attr].list.type)
+            if arg.name == arg_name:
+                return list(range(slot, slot + count))
+            slot += count
+        return []
+
+    def shape(self, graph: Graph, tensor: Tensor) -> tuple | None:
+        """Static shape (None for unknown dims), or None if the rank is unknown.
+
+        Shapes come from TF's own shape inference: the graph is imported once
+        into a ``tf.Graph`` and every output's shape recorded on its node
+        (``node.meta["shapes"]``); nodes added later trigger a fresh inference.
+        """
+        node = graph.node(tensor.node)
+        if "shapes" not in node.meta:
+            _infer_shapes(graph)
+        shapes = node.meta.get("shapes") or []
+        return shapes[tensor.port] if tensor.port < len(shapes) else None
+
+    def get_attr(self, graph: Graph, name: str, key: str, default: Any = None) -> Any:
+        value = graph.node(name).attrs.get(key)
+        if value is None:
+            return default
+        kind = value.WhichOneof("value")
+        if kind == "s":
+            return value.s.decode("utf-8", "replace")
+        if kind == "type":
+            return _dtype_name(value.type)
+        if kind in ("i", "f", "b"):
+            return getattr(value, kind)
+        if kind == "list":
+            return [s.decode("utf-8", "replace") for s in value.list.s] or list(value.list.i)
+        return value
+
+    def set_attr(self, graph: Graph, name: str, key: str, value: Any) -> None:
+        graph.node(name).attrs[key] = _attr(value)
+
+    # -- builders ----------------------------------------------------------
+
+    def copy_node(self, graph: Graph, name: str, new_name: str) -> str:
+        node = graph.node(name)
+        graph.add_node(new_name, node.op, attrs=node.attrs, device=node.device)
+        return new_name
+
+    def _op(self, graph, name, op, inputs, control_inputs=(), device="", **attrs) -> Tensor:
+        name = graph.unique_name(name)
+        graph.add_node(name, op, inputs, control_inputs,
+                       attrs={k: _attr(v) for k, v in attrs.items()}, device=device)
+        return Tensor(name, 0)
+
+    def _device(self, graph: Graph, tensor: Tensor) -> str:
+        return graph.node(tensor.node).device
+
+    def identity(self, graph, name, tensor, control_inputs=()) -> Tensor:
+        return self._op(graph, name, "Identity", [tensor], control_inputs,
+                        device=self._device(graph, tensor), T=self._dt(graph, tensor))
+
+    def constant(self, graph: Graph, name: str, value, dtype: str, device: str = "") -> Tensor:
+        from tensorflow.python.framework import tensor_util
+
+        proto = tensor_util.make_tensor_proto(value, dtype=dtype)
+        return self._op(graph, name, "Const", [], device=device, dtype=_DType(dtype),
+                        value=_Raw(proto))
+
+    def scalar(self, graph, name, value, dtype) -> Tensor:
+        return self.constant(graph, name, value, dtype)
+
+    def first_element(self, graph, name, tensor) -> Tensor:
+        device = self._device(graph, tensor)
+        dtype = self._dt(graph, tensor)
+        flat = self._op(graph, f"{name}/flat", "Reshape",
+                        [tensor, self.constant(graph, f"{name}/minus_one", [-1], "int32", device)],
+                        device=device, T=dtype, Tshape=_DType("int32"))
+        head = self._op(graph, f"{name}/head", "Slice",
+                        [flat, self.constant(graph, f"{name}/begin", [0], "int32", device),
+                         self.constant(graph, f"{name}/size", [1], "int32", device)],
+                        device=device, T=dtype, Index=_DType("int32"))
+        scalar_shape = self.constant(graph, f"{name}/scalar_shape", [], "int32", device)
+        return self._op(graph, name, "Reshape", [head, scalar_shape], device=device,
+                        T=dtype, Tshape=_DType("int32"))
+
+    def add_n(self, graph, name, tensors) -> Tensor:
+        if len(tensors) == 1:
+            return tensors[0]
+        return self._op(graph, name, "AddN", tensors, device=self._device(graph, tensors[0]),
+                        N=len(tensors), T=self._dt(graph, tensors[0]))
+
+    def cast(self, graph, name, tensor, dtype) -> Tensor:
+        if self.dtype(graph, tensor) == dtype:
+            return tensor
+        return self._op(graph, name, "Cast", [tensor], device=self._device(graph, tensor),
+                        SrcT=self._dt(graph, tensor), DstT=_DType(dtype), Truncate=False)
+
+    def binary(self, graph, name, op, a, b) -> Tensor:
+        tf_op = {"add": "AddV2", "sub": "Sub", "mul": "Mul"}[op]
+        return self._op(graph, name, tf_op, [a, b], device=self._device(graph, a),
+                        T=self._dt(graph, a))
+
+    def stop_gradient(self, graph, name, tensor) -> Tensor:
+        return self._op(graph, name, "StopGradient", [tensor],
+                        device=self._device(graph, tensor), T=self._dt(graph, tensor))
+
+    def noop(self, graph: Graph, name: str, control_inputs: list[str], device: str = "") -> str:
+        return self._op(graph, name, "NoOp", [], control_inputs, device=device).node
+
+    def _dt(self, graph: Graph, tensor: Tensor) -> _DType:
+        dtype = self.dtype(graph, tensor)
+        if dtype is None:
+            raise ValueError(f"cannot tell the dtype of {tensor}")
+        return _DType(dtype)
+
+
+def _infer_shapes(graph: Graph) -> None:
+    import tensorflow as tf
+
+    from graphpass.ir.tf_io import graph_def_from_graph
+
+    tf_graph = tf.Graph()
+    try:
+        with tf_graph.as_default():
+            tf.compat.v1.import_graph_def(graph_def_from_graph(graph), name="")
+    except (ValueError, TypeError, tf.errors.OpError):
+        for node in graph.nodes():  # custom ops or broken inputs: shapes stay unknown
+            node.meta["shapes"] = []
+        return
+    for op in tf_graph.get_operations():
+        if op.name in graph:
+            graph.node(op.name).meta["shapes"] = [
+                tuple(t.shape.as_list()) if t.shape.rank is not None else None
+                for t in op.outputs
+            ]
+
+
+class _DType(str):
+    """Marks a string attr value as a dtype."""
+
+
+class _Raw:
+    """Wraps a proto (TensorProto) to store as an attr as-is."""
+
+    def __init__(self, proto) -> None:
+        self.proto = proto
+
+
+def _attr(value: Any):
+    """A Python value as a TF ``AttrValue``."""
+    from tensorflow.core.framework import attr_value_pb2
+
+    if isinstance(value, attr_value_pb2.AttrValue):
+        return value
+    if isinstance(value, _DType):
+        return attr_value_pb2.AttrValue(type=_dtype_enum(str(value)))
+    if isinstance(value, _Raw):
+        return attr_value_pb2.AttrValue(tensor=value.proto)
+    if isinstance(value, bool):
+        return attr_value_pb2.AttrValue(b=value)
+    if isinstance(value, int):
+        return attr_value_pb2.AttrValue(i=value)
+    if isinstance(value, float):
+        return attr_value_pb2.AttrValue(f=value)
+    if isinstance(value, str):
+        return attr_value_pb2.AttrValue(s=value.encode())
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return attr_value_pb2.AttrValue(
+            list=attr_value_pb2.AttrValue.ListValue(s=[v.encode() for v in value]))
+    raise TypeError(f"cannot store {value!r} as a TF attr")

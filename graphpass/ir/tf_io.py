@@ -1,0 +1,209 @@
+"""TensorFlow reader and writer: GraphDef, MetaGraphDef and SavedModel.
+
+Only the ``GraphDef.node`` list becomes IR; everything else (versions, the
+function library, the rest of a MetaGraphDef, the other MetaGraphs of a
+SavedModel) is carried in ``Graph.meta`` as the parsed protos and re-emitted
+untouched. NodeDef fields the IR does not model (debug info, full type) ride
+along in ``node.meta["tf_extras"]``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from graphpass.errors import GraphpassError
+from graphpass.ir.formats import GRAPHDEF, METAGRAPH, SAVEDMODEL, atomic_output
+from graphpass.ir.graph import Graph, parse_tensor_name
+
+_EXTRA_FIELDS = ("experimental_debug_info", "experimental_type")
+_KIND_NAMES = {GRAPHDEF: "GraphDef", METAGRAPH: "MetaGraphDef", SAVEDMODEL: "SavedModel"}
+
+
+def read_tf(path: Path, kind: str, is_text: bool, *, tag: str | None = None) -> Graph:
+    """Parse a TF model file (or SavedModel directory) into a Graph."""
+    from tensorflow.core.framework import graph_pb2
+    from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
+
+    proto_type = {
+        GRAPHDEF: graph_pb2.GraphDef,
+        METAGRAPH: meta_graph_pb2.MetaGraphDef,
+        SAVEDMODEL: saved_model_pb2.SavedModel,
+    }[kind]
+    source = path
+    if kind == SAVEDMODEL and path.is_dir():
+        path = path / ("saved_model.pbtxt" if is_text else "saved_model.pb")
+    message = _parse(path, proto_type(), is_text, _KIND_NAMES[kind])
+    meta = {"container": kind, "text": is_text}
+    if kind == GRAPHDEF:
+        graph_def = message
+    elif kind == METAGRAPH:
+        graph_def, meta["metagraph"] = _split_meta_graph(message)
+    else:
+        index = _choose_meta_graph(path, message, tag)
+        meta.update(savedmodel=message, metagraph_index=index, source_dir=source.parent
+                    if source.is_file() else source)
+        graph_def = message.meta_graphs[index].graph_def
+    return graph_from_graph_def(graph_def, meta)
+
+
+def graph_from_graph_def(graph_def, meta: dict | None = None) -> Graph:
+    """Build the IR from a parsed ``GraphDef``; carries versions and library."""
+    graph = Graph("tf", meta)
+    for field in ("versions", "library"):  # absent stays absent on the way out
+        graph.meta[field] = getattr(graph_def, field) if graph_def.HasField(field) else None
+    graph.meta["graph_version"] = graph_def.version
+    nodes = graph_def.node
+    for node_def in nodes:
+        if not node_def.name or not node_def.op:
+            raise GraphpassError(
+                f"a node without a name or op ({node_def.name or '<unnamed>'}); "
+                "the GraphDef is malformed"
+            )
+        if node_def.name in graph:
+            raise GraphpassError(f"node name {node_def.name!r} appears twice; names must be unique")
+        node = graph.add_node(
+            node_def.name, node_def.op, attrs=dict(node_def.attr), device=node_def.device
+        )
+        extras = {f: getattr(node_def, f) for f in _EXTRA_FIELDS if node_def.HasField(f)}
+        if extras:
+            node.meta["tf_extras"] = extras
+    for node_def in nodes:
+        _connect(graph, node_def)
+    return graph
+
+
+def _connect(graph: Graph, node_def) -> None:
+    slot = 0
+    for text in node_def.input:
+        if text.startswith("^"):
+            graph.add_control_input(node_def.name, text[1:])
+            continue
+        graph.set_input(node_def.name, slot, parse_tensor_name(text))
+        slot += 1
+
+
+def graph_def_from_graph(graph: Graph):
+    """Lower the IR back to a ``GraphDef`` (node order = graph order)."""
+    from tensorflow.core.framework import graph_pb2
+
+    graph_def = graph_pb2.GraphDef()
+    if graph.meta.get("versions") is not None:
+        graph_def.versions.CopyFrom(graph.meta["versions"])
+    if graph.meta.get("library") is not None:
+        graph_def.library.CopyFrom(graph.meta["library"])
+    if graph.meta.get("graph_version"):
+        graph_def.version = graph.meta["graph_version"]
+    for node in graph.nodes():
+        node_def = graph_def.node.add(name=node.name, op=node.op, device=node.device)
+        node_def.input.extend(str(t) for t in graph.inputs(node.name))
+        node_def.input.extend("^" + c for c in graph.control_inputs(node.name))
+        for key, value in node.attrs.items():
+            node_def.attr[key].CopyFrom(value)
+        for field, value in node.meta.get("tf_extras", {}).items():
+            getattr(node_def, field).CopyFrom(value)
+    return graph_def
+
+
+def write_tf(graph: Graph, path: Path, *, output_format: str | None = None) -> None:
+    """Write ``graph`` in the container it was read from; pb or pbtxt."""
+    if output_format not in (None, "pb", "pbtxt"):
+        raise GraphpassError(
+            f"--output-format must be pb or pbtxt for TF graphs, not {output_format}")
+    container = graph.meta.get("container", GRAPHDEF)
+    text = graph.meta.get("text", False) if output_format is None else output_format == "pbtxt"
+    graph_def = graph_def_from_graph(graph)
+    if container == GRAPHDEF:
+        message = graph_def
+    elif container == METAGRAPH:
+        message = _join_meta_graph(graph.meta["metagraph"], graph_def)
+    else:
+        _write_saved_model(graph, graph_def, path, text)
+        return
+    with atomic_output(path) as tmp:
+        tmp.write_bytes(serialize(message, text))
+
+
+def serialize(message, text: bool) -> bytes:
+    """Deterministic bytes: map fields sorted, so equal graphs give equal files."""
+    if text:
+        from google.protobuf import text_format
+
+        return text_format.MessageToString(message).encode()
+    return message.SerializeToString(deterministic=True)
+
+
+def _parse(path: Path, message, is_text: bool, what: str):
+    from google.protobuf import message as pb_message
+    from google.protobuf import text_format
+
+    try:
+        data = path.read_bytes()
+        if is_text:
+            text_format.Parse(data.decode("utf-8"), message)
+        else:
+            message.ParseFromString(data)
+    except (pb_message.DecodeError, text_format.ParseError, UnicodeDecodeError) as exc:
+        raise GraphpassError(
+            f"{path}: not a valid {what} (corrupt or truncated: {str(exc).splitlines()[0]}); "
+            "re-export it or check the copy"
+        ) from None
+    except OSError as exc:
+        raise GraphpassError(f"{path}: cannot read ({exc.strerror})") from None
+    return message
+
+
+def _split_meta_graph(meta_graph):
+    """The GraphDef, and the rest of the MetaGraphDef to carry untouched."""
+    graph_def = type(meta_graph.graph_def)()
+    graph_def.CopyFrom(meta_graph.graph_def)
+    rest = type(meta_graph)()
+    rest.CopyFrom(meta_graph)
+    rest.ClearField("graph_def")
+    return graph_def, rest
+
+
+def _join_meta_graph(rest, graph_def):
+    meta_graph = type(rest)()
+    meta_graph.CopyFrom(rest)
+    meta_graph.graph_def.CopyFrom(graph_def)
+    return meta_graph
+
+
+def _choose_meta_graph(path: Path, saved_model, tag: str | None) -> int:
+    tag_sets = [list(m.meta_info_def.tags) for m in saved_model.meta_graphs]
+    if not tag_sets:
+        raise GraphpassError(f"{path}: the SavedModel holds no MetaGraph")
+    wanted = [tag] if tag else ["train", "serve"]
+    for want in wanted:
+        for index, tags in enumerate(tag_sets):
+            if want in tags:
+                return index
+    if tag is None and len(tag_sets) == 1:
+        return 0
+    raise GraphpassError(
+        f"{path}: no MetaGraph tagged {' or '.join(map(repr, wanted))}; "
+        f"it has {tag_sets}; choose one with --tag"
+    )
+
+
+def _write_saved_model(graph: Graph, graph_def, path: Path, text: bool) -> None:
+    """Write a SavedModel directory: saved_model.pb plus a copy of variables/ and assets/."""
+    saved_model = type(graph.meta["savedmodel"])()
+    saved_model.CopyFrom(graph.meta["savedmodel"])
+    saved_model.meta_graphs[graph.meta["metagraph_index"]].graph_def.CopyFrom(graph_def)
+    if path.name in ("saved_model.pb", "saved_model.pbtxt"):
+        path = path.parent
+    source = Path(graph.meta["source_dir"])
+    if path.resolve() == source.resolve():
+        raise GraphpassError(f"{path}: writing a SavedModel over its own directory is not "
+                             "supported; choose another output directory")
+    with atomic_output(path, directory=True) as tmp:
+        name = "saved_model.pbtxt" if text else "saved_model.pb"
+        (tmp / name).write_bytes(serialize(saved_model, text))
+        # fingerprint.pb is left behind on purpose: it hashes the old saved_model.pb.
+        for extra in ("variables", "assets", "assets.extra"):
+            if (source / extra).is_dir():
+                shutil.copytree(source / extra, tmp / extra)
+            elif (source / extra).is_file():
+                shutil.copy2(source / extra, tmp / extra)

@@ -1,0 +1,20 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="graphpass",
+    version="0.1.0",
+    description="Graph rewrites (rematerialization, stale-gradient dropping) for exported "
+    "TensorFlow and ONNX training graphs",
+    packages=find_packages(include=["graphpass", "graphpass.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "tensorflow-cpu>=2.16,<2.22",
+        "onnx>=1.16",
+        "onnxruntime>=1.18",
+        "networkx>=3.0",
+        "numpy>=1.26",
+        "tomli>=2.0; python_version<'3.11'",
+    ],
+    extras_require={"test": ["pytest>=8", "ruff"]},
+    entry_points={"console_scripts": ["graphpass=graphpass.cli:entry_point"]},
+)
