@@ -69,6 +69,37 @@ def block_mlp(batch=16, width=32, blocks=8, optimizer="adam", use_resource=True,
     return _export(tf, graph, loss, train, feeds)
 
 
+def block_mlp_recompute_grad(batch=16, width=32, blocks=8, recompute=range(1, 8),
+                             seed=0) -> Model:
+    """The same MLP with source-level ``tf.recompute_grad`` around the given blocks
+    (the anchor graphpass is compared with). Weights enter each block as inputs,
+    so the recomputed function is pure."""
+    tf = _tf()
+    tf1 = tf.compat.v1
+    graph = tf.Graph()
+    rng = np.random.RandomState(seed)
+
+    def block(h, w):
+        return tf.tanh(tf.nn.relu(tf.matmul(h, w))) * 2
+
+    with graph.as_default():
+        tf1.set_random_seed(seed)
+        x = tf1.placeholder(tf.float32, [batch, width], name="x")
+        h = x
+        for i in range(1, blocks + 1):
+            with tf1.variable_scope(f"block{i}"):
+                w = tf1.get_variable("W", [width, width], use_resource=True,
+                                     initializer=tf1.random_normal_initializer(
+                                         stddev=1.0 / np.sqrt(width), seed=seed + i))
+                fn = tf.recompute_grad(block) if i in recompute else block
+                h = fn(h, w.read_value())
+        loss = tf.reduce_mean(h * h, name="loss")
+        step = tf1.train.get_or_create_global_step()
+        train = _optimizer(tf1, "sgd").minimize(loss, global_step=step, name="train")
+    feeds = {"x:0": rng.standard_normal([batch, width]).astype(np.float32)}
+    return _export(tf, graph, loss, train, feeds)
+
+
 def _optimizer(tf1, name):
     if name == "adam":
         return tf1.train.AdamOptimizer(0.01)

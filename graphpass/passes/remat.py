@@ -1,0 +1,412 @@
+"""Rematerialization: the graph-level ``recompute_grad``.
+
+For each marked *segment* of the forward pass, the segment's internal
+activations are no longer kept for the backward pass: the recomputable part of
+the segment is copied into the backward pass and its own gradient ops read the
+copies instead. The copies are *triggered per segment*: they depend on the
+gradient flowing into that segment, so each segment is recomputed when the
+backward pass reaches it (not all at once, which is why Grappler's MANUAL mode
+saves nothing on a chain of blocks).
+
+What it never touches: stateful nodes (variable updates, random ops: their
+outputs stay checkpoints, so a recomputed dropout uses the same mask), fed or
+stored values (placeholders, variables, constants), a segment's *boundary*
+outputs (values other forward nodes read: they are kept anyway as the next
+segment's checkpoint), and anything graphpass generated (names under
+``graphpass/``), which is what makes a second run a no-op.
+
+Ordering: ``control`` mode gives the copies control inputs on the trigger
+(TF runtime); ``data`` mode ties each float input of the copies to the trigger
+as ``x + stop_gradient(tiny * s)``, ``s`` summing element 0 of each incoming
+gradient and ``tiny`` the dtype's smallest normal number, exactly as
+``recompute_grad(use_data_dep=True)`` does (XLA ignores control edges; ONNX has
+none).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphpass.errors import GraphpassError
+from graphpass.ir.graph import Graph, Tensor
+from graphpass.passes.base import Pass, RegionOptions
+
+GENERATED_SCOPE = "graphpass/"
+SCOPE = "graphpass/remat/"
+HINT_ATTR = "_recompute_hint"
+
+
+@dataclass(frozen=True)
+class RematOptions:
+    patterns: tuple[str, ...] = ()
+    use_hints: bool = False
+    dependency: str = "control"
+    tupleize_grads: bool = False
+    regions: RegionOptions = field(default_factory=RegionOptions)
+
+
+@dataclass
+class Segment:
+    """A group of forward nodes recomputed together (one ``recompute_grad`` call)."""
+
+    name: str
+    nodes: list[str]
+
+
+@dataclass
+class _Plan:
+    """What one segment's rewrite does, decided before the graph is touched."""
+
+    copies: list[str]  # originals to copy, in graph order
+    rewires: list[tuple[str, int, Tensor]]  # (consumer, slot, original tensor)
+    triggers: list[Tensor]
+
+
+def is_generated(name: str) -> bool:
+    """Nodes graphpass added; passes never mark, copy or rewire them."""
+    return name.startswith(GENERATED_SCOPE)
+
+
+class RematPass(Pass):
+    """Recompute marked forward segments in the backward pass (graph-level recompute_grad)."""
+
+    name = "remat"
+
+    @classmethod
+    def add_arguments(cls, group):
+        group.add_argument("--recompute", action="append", metavar="PATTERN",
+                           help="regex matched at the start of node names; each distinct "
+                                "matched text is one segment (repeatable)")
+        group.add_argument("--recompute-hints", action="store_true",
+                           help="mark by the Grappler-compatible _recompute_hint node attribute")
+        group.add_argument("--dependency", choices=["control", "data"],
+                           help="how copies are ordered (default: control for --target tf, "
+                                "data for xla and ONNX)")
+        group.add_argument("--tupleize-grads", action="store_true",
+                           help="release a segment's gradients only when all are computed")
+
+    @classmethod
+    def from_settings(cls, settings):
+        patterns = tuple(settings.get("recompute") or ())
+        use_hints = bool(settings.get("recompute_hints"))
+        if not patterns and not use_hints:
+            return None
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise GraphpassError(f"--recompute {pattern!r} is not a valid regex: {exc}") from None
+        return cls(RematOptions(
+            patterns=patterns,
+            use_hints=use_hints,
+            dependency=settings.get("dependency") or _default_dependency(settings),
+            tupleize_grads=bool(settings.get("tupleize_grads")),
+            regions=RegionOptions.from_settings(settings),
+        ))
+
+    def run(self, graph: Graph) -> bool:
+        opts = self.options
+        if opts.dependency not in graph.dialect.dependency_modes:
+            raise GraphpassError(
+                f"--dependency {opts.dependency} is not possible for {graph.format} graphs "
+                f"(they support: {', '.join(graph.dialect.dependency_modes)})"
+            )
+        regions = opts.regions.analyze(graph)
+        forward = set(regions.nodes("forward"))
+        backward = set(regions.nodes("backward"))
+        segments, skipped = self._segments(graph, forward)
+        entries = []
+        for segment in segments:
+            plan = _plan(graph, segment, backward)
+            entries.append(self._apply(graph, segment, plan))
+        changed = any(e["copied"] for e in entries)
+        self.report = _report(entries, skipped, opts.dependency)
+        return changed
+
+    # -- marks ---------------------------------------------------------------
+
+    def _segments(self, graph: Graph, forward: set[str]) -> tuple[list[Segment], list[str]]:
+        marked: dict[str, list[str]] = {}
+        skipped: list[str] = []
+        for pattern in self.options.patterns:
+            hits = _match(graph, pattern)
+            in_forward = {k: [n for n in v if n in forward] for k, v in hits.items()}
+            if not any(in_forward.values()):
+                raise GraphpassError(_no_match_message(graph, pattern, forward))
+            for key, names in hits.items():
+                skipped.extend(n for n in names if n not in forward)
+                marked.setdefault(key, []).extend(n for n in in_forward[key])
+        if self.options.use_hints:
+            hinted, hint_skipped = _hint_segments(graph, forward)
+            marked.update(hinted)
+            skipped.extend(hint_skipped)
+        return [Segment(k, _unique(v)) for k, v in marked.items() if v], sorted(set(skipped))
+
+    # -- rewrite -------------------------------------------------------------
+
+    def _apply(self, graph: Graph, segment: Segment, plan: _Plan) -> dict:
+        entry = {"segment": segment.name, "marked": len(segment.nodes), "copied": 0,
+                 "copies": [], "triggers": [str(t) for t in plan.triggers],
+                 "released": [], "released_bytes": 0, "note": ""}
+        if not plan.rewires:
+            entry["note"] = "no gradient op reads this segment's internal values"
+            return entry
+        if not plan.triggers:
+            entry["note"] = "no gradient flows into this segment; left as is"
+            return entry
+        copy_of = _copy_nodes(graph, plan.copies)
+        if self.options.dependency == "control":
+            _order_by_control(graph, copy_of, plan.triggers)
+        else:
+            _order_by_data(graph, copy_of, plan.triggers, segment.name)
+        released = sorted({orig for _, _, orig in plan.rewires})
+        for consumer, slot, original in plan.rewires:
+            graph.set_input(consumer, slot, Tensor(copy_of[original.node], original.port))
+        if self.options.tupleize_grads:
+            _tupleize(graph, segment.name, [c for c, _, _ in plan.rewires],
+                      self.options.dependency)
+        entry.update(copied=len(copy_of), copies=list(copy_of.values()),
+                     released=[str(t) for t in released],
+                     released_bytes=sum(tensor_bytes(graph, t) or 0 for t in released))
+        return entry
+
+
+def _default_dependency(settings: dict) -> str:
+    return "data" if settings.get("target") == "xla" else "control"
+
+
+def _match(graph: Graph, pattern: str) -> dict[str, list[str]]:
+    """Matched text -> node names, in graph order (one segment per matched text)."""
+    regex = re.compile(pattern)
+    hits: dict[str, list[str]] = {}
+    for name in graph:
+        found = regex.match(name)
+        if found and found.group(0) and not is_generated(name):
+            hits.setdefault(found.group(0), []).append(name)
+    return hits
+
+
+def _no_match_message(graph: Graph, pattern: str, forward: set[str]) -> str:
+    scopes = sorted({n.rsplit("/", 1)[0] + "/" for n in forward if "/" in n})
+    close = difflib.get_close_matches(pattern, scopes, n=5, cutoff=0.3) or scopes[:5]
+    return (f"--recompute {pattern!r} matches no forward node; closest scopes: "
+            f"{', '.join(close) or '(none)'}")
+
+
+def _hint_segments(graph: Graph, forward: set[str]) -> tuple[dict[str, list[str]], list[str]]:
+    """Nodes with the same hint value that are connected form one segment."""
+    import networkx as nx
+
+    dialect = graph.dialect
+    by_hint: dict[str, list[str]] = {}
+    skipped = []
+    for name in graph:
+        hint = dialect.get_attr(graph, name, HINT_ATTR)
+        if hint is None or is_generated(name):
+            continue
+        if name not in forward:
+            skipped.append(name)
+            continue
+        by_hint.setdefault(str(hint), []).append(name)
+    segments = {}
+    for hint, names in by_hint.items():
+        parts = nx.connected_components(graph.nx.subgraph(names).to_undirected(as_view=True))
+        ordered = sorted((sorted(p, key=names.index) for p in parts),
+                         key=lambda p: names.index(p[0]))
+        for i, part in enumerate(ordered):
+            segments[f"hint {hint}" + (f" #{i}" if len(ordered) > 1 else "")] = part
+    return segments, skipped
+
+
+def _plan(graph: Graph, segment: Segment, backward: set[str]) -> _Plan:
+    """Decide copies, rewires and triggers for one segment (graph untouched)."""
+    dialect = graph.dialect
+    members = set(segment.nodes)
+    recomputable = {n for n in segment.nodes if dialect.is_recomputable(graph, n)}
+    rewires = []
+    for name in segment.nodes:
+        if name not in recomputable:
+            continue
+        for port in graph.used_ports(name):
+            readers = graph.consumers(Tensor(name, port))
+            if _is_boundary(readers, members, backward):
+                continue
+            for consumer, slot in readers:
+                if consumer in backward and not is_generated(consumer):
+                    rewires.append((consumer, slot, Tensor(name, port)))
+    needed = _upstream_within(graph, {t.node for _, _, t in rewires}, recomputable)
+    copies = [n for n in segment.nodes if n in needed]
+    consumers = {c for c, _, _ in rewires}
+    after = graph.descendants(consumers) | consumers
+    triggers = _unique_tensors(
+        t for c in sorted(consumers) for t in graph.inputs(c)
+        if t.node in backward and t.node not in after and dialect.is_float(graph, t)
+    )
+    return _Plan(copies=copies, rewires=rewires, triggers=triggers)
+
+
+def _is_boundary(readers: list[tuple[str, int]], members: set[str], backward: set[str]) -> bool:
+    """Read outside the segment and outside the backward pass (the next segment, the
+    loss, a moving-average update): a value kept anyway, so recomputing it saves nothing."""
+    return any(c not in members and c not in backward for c, _ in readers)
+
+
+def _upstream_within(graph: Graph, names: set[str], allowed: set[str]) -> set[str]:
+    """``names`` and their data ancestors reachable without leaving ``allowed``."""
+    seen = set(names)
+    stack = list(names)
+    while stack:
+        for tensor in graph.inputs(stack.pop()):
+            if tensor.node in allowed and tensor.node not in seen:
+                seen.add(tensor.node)
+                stack.append(tensor.node)
+    return seen
+
+
+def _copy_nodes(graph: Graph, originals: list[str]) -> dict[str, str]:
+    """Copy ``originals`` (in graph order) under ``graphpass/remat/``; inputs inside
+    the copied set point at the copies, everything else at the original tensors."""
+    dialect = graph.dialect
+    copy_of = {n: graph.unique_name(SCOPE + n) for n in originals}
+    for name in originals:
+        dialect.copy_node(graph, name, copy_of[name])
+    for name in originals:
+        for slot, tensor in graph.input_slots(name).items():
+            source = copy_of.get(tensor.node)
+            graph.set_input(copy_of[name], slot,
+                            Tensor(source, tensor.port) if source else tensor)
+        for control in graph.control_inputs(name):
+            graph.add_control_input(copy_of[name], copy_of.get(control, control))
+    return copy_of
+
+
+def _order_by_control(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor]) -> None:
+    """Copies that read no other copy wait, by control edges, for the trigger."""
+    copies = set(copy_of.values())
+    for copy in copy_of.values():
+        if not any(t.node in copies for t in graph.inputs(copy)):
+            for trigger in triggers:
+                graph.add_control_input(copy, trigger.node)
+
+
+def _order_by_data(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor],
+                   segment: str) -> None:
+    """Tie every float input from outside the copies to the trigger:
+    ``x + stop_gradient(tiny * s)`` (recompute_grad's use_data_dep)."""
+    dialect = graph.dialect
+    copies = set(copy_of.values())
+    scope = f"{SCOPE}{segment.rstrip('/')}/dep"
+    tied: dict[Tensor, Tensor] = {}
+    signal: dict[str, Tensor] = {}
+    for copy in copy_of.values():
+        for slot, tensor in graph.input_slots(copy).items():
+            if tensor.node in copies or not dialect.is_float(graph, tensor):
+                continue
+            if tensor not in tied:
+                dtype = dialect.dtype(graph, tensor)
+                if dtype not in signal:
+                    signal[dtype] = _tiny_signal(graph, f"{scope}/{dtype}", triggers, dtype)
+                tied[tensor] = dialect.binary(graph, f"{scope}/tie", "add", tensor, signal[dtype])
+            graph.set_input(copy, slot, tied[tensor])
+    if not tied:
+        raise GraphpassError(
+            f"segment {segment!r} has no float input to tie to the gradient in data mode; "
+            "mark a larger segment (one that reads a float tensor) or use --dependency control"
+        )
+
+
+def _tiny_signal(graph: Graph, scope: str, tensors: list[Tensor], dtype: str) -> Tensor:
+    """``stop_gradient(tiny * sum(first elements))`` in ``dtype``: numerically nothing
+    for any normal value, but a data dependency no compiler may drop."""
+    dialect = graph.dialect
+    firsts = [
+        dialect.cast(graph, f"{scope}/cast", dialect.first_element(graph, f"{scope}/first", t),
+                     dtype)
+        for t in tensors
+    ]
+    total = dialect.add_n(graph, f"{scope}/sum", firsts)
+    tiny = dialect.scalar(graph, f"{scope}/tiny", float(np.finfo(_np_dtype(dtype)).tiny), dtype)
+    return dialect.stop_gradient(graph, f"{scope}/stop",
+                                 dialect.binary(graph, f"{scope}/scaled", "mul", total, tiny))
+
+
+def _np_dtype(dtype: str):
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return np.dtype(dtype)
+
+
+def _tupleize(graph: Graph, segment: str, gradient_ops: list[str], dependency: str) -> None:
+    """Gate the segment's gradient outputs so none is consumed before all exist."""
+    dialect = graph.dialect
+    ops = set(gradient_ops)
+    outputs = _unique_tensors(
+        Tensor(op, port) for op in sorted(ops) for port in graph.used_ports(op)
+        if any(c not in ops for c, _ in graph.consumers(Tensor(op, port)))
+        and dialect.is_float(graph, Tensor(op, port))
+    )
+    scope = f"{SCOPE}{segment.rstrip('/')}/tuple"
+    producers = _unique(t.node for t in outputs)
+    signal: dict[str, Tensor] = {}
+    for tensor in outputs:
+        if dependency == "control":
+            gated = dialect.identity(graph, f"{scope}/gate", tensor, producers)
+        else:
+            dtype = dialect.dtype(graph, tensor)
+            if dtype not in signal:
+                signal[dtype] = _tiny_signal(graph, f"{scope}/{dtype}", outputs, dtype)
+            gated = dialect.binary(graph, f"{scope}/gate", "add", tensor, signal[dtype])
+        graph.replace_uses(tensor, gated,
+                           where=lambda c: c not in ops and not c.startswith(scope))
+
+
+def tensor_bytes(graph: Graph, tensor: Tensor) -> int | None:
+    """Static size of ``tensor`` in bytes, or None when a dim or the dtype is unknown."""
+    dialect = graph.dialect
+    shape = dialect.shape(graph, tensor)
+    dtype = dialect.dtype(graph, tensor)
+    if shape is None or dtype is None or any(d is None or d < 0 for d in shape):
+        return None
+    try:
+        itemsize = np.dtype(_np_dtype(dtype)).itemsize
+    except TypeError:
+        return None
+    return int(np.prod(shape, dtype=np.int64)) * itemsize
+
+
+def _report(entries: list[dict], skipped: list[str], dependency: str) -> dict:
+    summary = []
+    for e in entries:
+        line = f"segment {e['segment']}: "
+        if e["copied"]:
+            line += (f"{e['copied']} nodes recomputed, {len(e['released'])} tensors no longer "
+                     f"kept (~{e['released_bytes'] / 2**20:.1f} MiB), trigger "
+                     f"{', '.join(e['triggers'][:3])}")
+        else:
+            line += e["note"]
+        summary.append(line)
+    if skipped:
+        summary.append(f"{len(skipped)} marked nodes are not forward nodes and were skipped "
+                       f"(e.g. {', '.join(skipped[:3])})")
+    return {
+        "dependency": dependency,
+        "segments": entries,
+        "skipped_marks": skipped,
+        "nodes_added": sum(e["copied"] for e in entries),
+        "released_bytes": sum(e["released_bytes"] for e in entries),
+        "summary": summary,
+    }
+
+
+def _unique(items) -> list:
+    return list(dict.fromkeys(items))
+
+
+def _unique_tensors(items) -> list[Tensor]:
+    return list(dict.fromkeys(items))
