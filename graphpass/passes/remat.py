@@ -99,7 +99,8 @@ class RematPass(Pass):
             try:
                 re.compile(pattern)
             except re.error as exc:
-                raise GraphpassError(f"--recompute {pattern!r} is not a valid regex: {exc}") from None
+                raise GraphpassError(
+                    f"--recompute {pattern!r} is not a valid regex: {exc}") from None
         return cls(RematOptions(
             patterns=patterns,
             use_hints=use_hints,
@@ -121,7 +122,7 @@ class RematPass(Pass):
         segments, skipped = self._segments(graph, forward)
         entries = []
         for segment in segments:
-            plan = _plan(graph, segment, backward)
+            plan = _plan(graph, segment, forward, backward)
             entries.append(self._apply(graph, segment, plan))
         changed = any(e["copied"] for e in entries)
         self.report = _report(entries, skipped, opts.dependency)
@@ -222,7 +223,7 @@ def _hint_segments(graph: Graph, forward: set[str]) -> tuple[dict[str, list[str]
     return segments, skipped
 
 
-def _plan(graph: Graph, segment: Segment, backward: set[str]) -> _Plan:
+def _plan(graph: Graph, segment: Segment, forward: set[str], backward: set[str]) -> _Plan:
     """Decide copies, rewires and triggers for one segment (graph untouched)."""
     dialect = graph.dialect
     members = set(segment.nodes)
@@ -233,7 +234,7 @@ def _plan(graph: Graph, segment: Segment, backward: set[str]) -> _Plan:
             continue
         for port in graph.used_ports(name):
             readers = graph.consumers(Tensor(name, port))
-            if _is_boundary(readers, members, backward):
+            if _is_boundary(readers, members, forward):
                 continue
             for consumer, slot in readers:
                 if consumer in backward and not is_generated(consumer):
@@ -249,10 +250,10 @@ def _plan(graph: Graph, segment: Segment, backward: set[str]) -> _Plan:
     return _Plan(copies=copies, rewires=rewires, triggers=triggers)
 
 
-def _is_boundary(readers: list[tuple[str, int]], members: set[str], backward: set[str]) -> bool:
-    """Read outside the segment and outside the backward pass (the next segment, the
-    loss, a moving-average update): a value kept anyway, so recomputing it saves nothing."""
-    return any(c not in members and c not in backward for c, _ in readers)
+def _is_boundary(readers: list[tuple[str, int]], members: set[str], forward: set[str]) -> bool:
+    """Read by a forward node outside the segment (the next segment, the loss): a
+    value kept anyway as a checkpoint, so recomputing it saves nothing."""
+    return any(c in forward and c not in members for c, _ in readers)
 
 
 def _upstream_within(graph: Graph, names: set[str], allowed: set[str]) -> set[str]:
@@ -346,10 +347,13 @@ def _tupleize(graph: Graph, segment: str, gradient_ops: list[str], dependency: s
     """Gate the segment's gradient outputs so none is consumed before all exist."""
     dialect = graph.dialect
     ops = set(gradient_ops)
+    # Values that flow back into the segment's own gradient ops are internal to
+    # it; gating those on all the ops would be a cycle.
+    internal = graph.ancestors(ops)
     outputs = _unique_tensors(
         Tensor(op, port) for op in sorted(ops) for port in graph.used_ports(op)
-        if any(c not in ops for c, _ in graph.consumers(Tensor(op, port)))
-        and dialect.is_float(graph, Tensor(op, port))
+        if dialect.is_float(graph, Tensor(op, port))
+        and _leaves(graph.consumers(Tensor(op, port)), ops, internal)
     )
     scope = f"{SCOPE}{segment.rstrip('/')}/tuple"
     producers = _unique(t.node for t in outputs)
@@ -364,6 +368,11 @@ def _tupleize(graph: Graph, segment: str, gradient_ops: list[str], dependency: s
             gated = dialect.binary(graph, f"{scope}/gate", "add", tensor, signal[dtype])
         graph.replace_uses(tensor, gated,
                            where=lambda c: c not in ops and not c.startswith(scope))
+
+
+def _leaves(readers: list[tuple[str, int]], ops: set[str], internal: set[str]) -> bool:
+    outside = [c for c, _ in readers if c not in ops]
+    return bool(outside) and not any(c in internal for c in outside)
 
 
 def tensor_bytes(graph: Graph, tensor: Tensor) -> int | None:
