@@ -33,6 +33,7 @@ import numpy as np
 
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
+from graphpass.ir.memory import estimated_peak_bytes, np_dtype, tensor_bytes
 from graphpass.passes.base import Pass, RegionOptions
 
 GENERATED_SCOPE = "graphpass/"
@@ -117,20 +118,26 @@ class RematPass(Pass):
                 f"(they support: {', '.join(graph.dialect.dependency_modes)})"
             )
         regions = opts.regions.analyze(graph)
+        fetches = [s.train_op for s in regions.steps] + [s.loss.node for s in regions.steps]
+        peak_before = estimated_peak_bytes(graph, fetches)
         forward = set(regions.nodes("forward"))
         backward = set(regions.nodes("backward"))
-        segments, skipped = self._segments(graph, forward)
+        segments, skipped = self._segments(graph, forward, backward)
         entries = []
         for segment in segments:
             plan = _plan(graph, segment, forward, backward)
             entries.append(self._apply(graph, segment, plan))
         changed = any(e["copied"] for e in entries)
-        self.report = _report(entries, skipped, opts.dependency)
+        peak_after = estimated_peak_bytes(graph, fetches) if changed else peak_before
+        self.report = _report(entries, skipped, opts.dependency, peak_before, peak_after)
         return changed
 
     # -- marks ---------------------------------------------------------------
 
-    def _segments(self, graph: Graph, forward: set[str]) -> tuple[list[Segment], list[str]]:
+    def _segments(self, graph: Graph, forward: set[str],
+                  backward: set[str]) -> tuple[list[Segment], list[str]]:
+        """Marked forward nodes grouped into segments, and the marked gradient ops
+        that are skipped (marks on initializers or optimizer state pass silently)."""
         marked: dict[str, list[str]] = {}
         skipped: list[str] = []
         for pattern in self.options.patterns:
@@ -139,10 +146,10 @@ class RematPass(Pass):
             if not any(in_forward.values()):
                 raise GraphpassError(_no_match_message(graph, pattern, forward))
             for key, names in hits.items():
-                skipped.extend(n for n in names if n not in forward)
+                skipped.extend(n for n in names if n in backward)
                 marked.setdefault(key, []).extend(n for n in in_forward[key])
         if self.options.use_hints:
-            hinted, hint_skipped = _hint_segments(graph, forward)
+            hinted, hint_skipped = _hint_segments(graph, forward, backward)
             marked.update(hinted)
             skipped.extend(hint_skipped)
         return [Segment(k, _unique(v)) for k, v in marked.items() if v], sorted(set(skipped))
@@ -198,7 +205,8 @@ def _no_match_message(graph: Graph, pattern: str, forward: set[str]) -> str:
             f"{', '.join(close) or '(none)'}")
 
 
-def _hint_segments(graph: Graph, forward: set[str]) -> tuple[dict[str, list[str]], list[str]]:
+def _hint_segments(graph: Graph, forward: set[str],
+                   backward: set[str]) -> tuple[dict[str, list[str]], list[str]]:
     """Nodes with the same hint value that are connected form one segment."""
     import networkx as nx
 
@@ -210,7 +218,8 @@ def _hint_segments(graph: Graph, forward: set[str]) -> tuple[dict[str, list[str]
         if hint is None or is_generated(name):
             continue
         if name not in forward:
-            skipped.append(name)
+            if name in backward:
+                skipped.append(name)
             continue
         by_hint.setdefault(str(hint), []).append(name)
     segments = {}
@@ -330,17 +339,9 @@ def _tiny_signal(graph: Graph, scope: str, tensors: list[Tensor], dtype: str) ->
         for t in tensors
     ]
     total = dialect.add_n(graph, f"{scope}/sum", firsts)
-    tiny = dialect.scalar(graph, f"{scope}/tiny", float(np.finfo(_np_dtype(dtype)).tiny), dtype)
+    tiny = dialect.scalar(graph, f"{scope}/tiny", float(np.finfo(np_dtype(dtype)).tiny), dtype)
     return dialect.stop_gradient(graph, f"{scope}/stop",
                                  dialect.binary(graph, f"{scope}/scaled", "mul", total, tiny))
-
-
-def _np_dtype(dtype: str):
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        return ml_dtypes.bfloat16
-    return np.dtype(dtype)
 
 
 def _tupleize(graph: Graph, segment: str, gradient_ops: list[str], dependency: str) -> None:
@@ -375,21 +376,8 @@ def _leaves(readers: list[tuple[str, int]], ops: set[str], internal: set[str]) -
     return bool(outside) and not any(c in internal for c in outside)
 
 
-def tensor_bytes(graph: Graph, tensor: Tensor) -> int | None:
-    """Static size of ``tensor`` in bytes, or None when a dim or the dtype is unknown."""
-    dialect = graph.dialect
-    shape = dialect.shape(graph, tensor)
-    dtype = dialect.dtype(graph, tensor)
-    if shape is None or dtype is None or any(d is None or d < 0 for d in shape):
-        return None
-    try:
-        itemsize = np.dtype(_np_dtype(dtype)).itemsize
-    except TypeError:
-        return None
-    return int(np.prod(shape, dtype=np.int64)) * itemsize
-
-
-def _report(entries: list[dict], skipped: list[str], dependency: str) -> dict:
+def _report(entries: list[dict], skipped: list[str], dependency: str, peak_before: int,
+            peak_after: int) -> dict:
     summary = []
     for e in entries:
         line = f"segment {e['segment']}: "
@@ -401,10 +389,16 @@ def _report(entries: list[dict], skipped: list[str], dependency: str) -> dict:
             line += e["note"]
         summary.append(line)
     if skipped:
-        summary.append(f"{len(skipped)} marked nodes are not forward nodes and were skipped "
+        summary.append(f"{len(skipped)} marked gradient ops were skipped (only forward "
+                       f"nodes are recomputed) "
                        f"(e.g. {', '.join(skipped[:3])})")
+    if peak_before:
+        summary.append(f"estimated peak {peak_before / 2**20:.1f} MiB -> "
+                       f"{peak_after / 2**20:.1f} MiB ({peak_after / peak_before:.2f}x)")
     return {
         "dependency": dependency,
+        "estimated_peak_bytes_before": peak_before,
+        "estimated_peak_bytes_after": peak_after,
         "segments": entries,
         "skipped_marks": skipped,
         "nodes_added": sum(e["copied"] for e in entries),
