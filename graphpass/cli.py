@@ -92,6 +92,9 @@ class Inspect(Command):
         parser.add_argument("--loss")
         parser.add_argument("--train-op", action="append")
         parser.add_argument("--global-step")
+        parser.add_argument("--xla", action="store_true",
+                            help="check every op of the training step for an XLA kernel "
+                                 "(exit 1 if some have none)")
 
     def run(self, args):
         import graphpass
@@ -99,9 +102,9 @@ class Inspect(Command):
 
         graph = graphpass.load(args.input, tag=args.tag)
         info = describe(graph, loss=args.loss, train_ops=args.train_op,
-                        global_step=args.global_step)
+                        global_step=args.global_step, xla=args.xla)
         print(json.dumps(info, indent=2, sort_keys=True) if args.json else _describe_text(info))
-        return 0
+        return 1 if info.get("xla_unsupported") else 0
 
 
 class Passes(Command):
@@ -231,6 +234,12 @@ def _describe_text(info: dict) -> str:
             f"train ops:     {', '.join(regions['train_ops'])}",
             f"global_step:   {regions['global_step'] or '-'}",
         ]
+    if "xla_unsupported" in info:
+        bad = info["xla_unsupported"]
+        lines.append("xla:           " + ("every op of the step has an XLA kernel" if not bad else
+                     f"{len(bad)} op(s) without an XLA kernel: "
+                     + "; ".join(f"{b['op']} at {b['node']}" for b in bad[:10])
+                     + " (move them out of the step, or --xla-cluster none off TPU)"))
     return "\n".join(lines)
 
 

@@ -9,8 +9,9 @@ from graphpass.ir.graph import Graph
 
 
 def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | None = None,
-             global_step: str | None = None) -> dict:
-    """A JSON-able summary: counts, graph inputs/outputs, variables, regions."""
+             global_step: str | None = None, xla: bool = False) -> dict:
+    """A JSON-able summary: counts, graph inputs/outputs, variables, regions; with
+    ``xla``, the step's ops that have no XLA kernel."""
     from graphpass.ir.regions import analyze
 
     dialect = graph.dialect
@@ -31,6 +32,8 @@ def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | No
     except GraphpassError as exc:
         info["regions"] = None
         info["regions_error"] = str(exc)
+        if xla:
+            raise GraphpassError(f"--xla needs the training step: {exc}") from None
         return info
     info["regions"] = {
         "counts": regions.counts(),
@@ -39,4 +42,9 @@ def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | No
         "apply_ops": sum(len(s.applies) for s in regions.steps),
         "global_step": regions.global_step,
     }
+    if xla:
+        from graphpass.passes.lower import STEP_REGIONS, xla_unsupported
+
+        step = [n for n in graph if regions.label(n) in STEP_REGIONS]
+        info["xla_unsupported"] = [{"node": n, "op": op} for n, op in xla_unsupported(graph, step)]
     return info

@@ -45,8 +45,9 @@ def _export(tf, graph, loss, train_op, feeds) -> Model:
 
 
 def block_mlp(batch=16, width=32, blocks=8, optimizer="adam", use_resource=True,
-              seed=0) -> Model:
-    """The benchmark MLP: block i is ``h = tanh(relu(h @ W_i)) * 2``; loss ``mean(h*h)``."""
+              seed=0, debug_print=False) -> Model:
+    """The benchmark MLP: block i is ``h = tanh(relu(h @ W_i)) * 2``; loss ``mean(h*h)``.
+    ``debug_print`` puts a ``tf.print`` (no XLA kernel) into the step."""
     tf = _tf()
     tf1 = tf.compat.v1
     graph = tf.Graph()
@@ -61,7 +62,9 @@ def block_mlp(batch=16, width=32, blocks=8, optimizer="adam", use_resource=True,
                                      initializer=tf1.random_normal_initializer(
                                          stddev=1.0 / np.sqrt(width), seed=seed + i))
                 h = tf.tanh(tf.nn.relu(tf.matmul(h, w))) * 2
-        loss = tf.reduce_mean(h * h, name="loss")
+        printed = [tf.print("h:", tf.reduce_max(h), name="debug_print")] if debug_print else []
+        with tf.control_dependencies(printed):
+            loss = tf.reduce_mean(h * h, name="loss")
         step = tf1.train.get_or_create_global_step()
         opt = _optimizer(tf1, optimizer)
         train = opt.minimize(loss, global_step=step, name="train")

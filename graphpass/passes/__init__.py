@@ -7,9 +7,10 @@ from graphpass.passes.base import Pass, Pipeline, RegionOptions
 
 def registered_passes() -> list[type[Pass]]:
     """Every pass, in the order the pipeline runs them."""
+    from graphpass.passes.lower import LowerPass
     from graphpass.passes.remat import RematPass
 
-    return [RematPass]
+    return [RematPass, LowerPass]
 
 
 def build_passes(settings: dict) -> list[Pass]:

@@ -45,7 +45,7 @@ HINT_ATTR = "_recompute_hint"
 class RematOptions:
     patterns: tuple[str, ...] = ()
     use_hints: bool = False
-    dependency: str = "control"
+    dependency: str | None = None  # None: control for the TF runtime, data otherwise
     tupleize_grads: bool = False
     regions: RegionOptions = field(default_factory=RegionOptions)
 
@@ -112,10 +112,12 @@ class RematPass(Pass):
 
     def run(self, graph: Graph) -> bool:
         opts = self.options
-        if opts.dependency not in graph.dialect.dependency_modes:
+        modes = graph.dialect.dependency_modes
+        dependency = opts.dependency or modes[0]
+        if dependency not in modes:
             raise GraphpassError(
-                f"--dependency {opts.dependency} is not possible for {graph.format} graphs "
-                f"(they support: {', '.join(graph.dialect.dependency_modes)})"
+                f"--dependency {dependency} is not possible for {graph.format} graphs "
+                f"(they support: {', '.join(modes)})"
             )
         regions = opts.regions.analyze(graph)
         fetches = [s.train_op for s in regions.steps] + [s.loss.node for s in regions.steps]
@@ -126,10 +128,10 @@ class RematPass(Pass):
         entries = []
         for segment in segments:
             plan = _plan(graph, segment, forward, backward)
-            entries.append(self._apply(graph, segment, plan))
+            entries.append(self._apply(graph, segment, plan, dependency))
         changed = any(e["copied"] for e in entries)
         peak_after = estimated_peak_bytes(graph, fetches) if changed else peak_before
-        self.report = _report(entries, skipped, opts.dependency, peak_before, peak_after)
+        self.report = _report(entries, skipped, dependency, peak_before, peak_after)
         return changed
 
     # -- marks ---------------------------------------------------------------
@@ -156,7 +158,7 @@ class RematPass(Pass):
 
     # -- rewrite -------------------------------------------------------------
 
-    def _apply(self, graph: Graph, segment: Segment, plan: _Plan) -> dict:
+    def _apply(self, graph: Graph, segment: Segment, plan: _Plan, dependency: str) -> dict:
         entry = {"segment": segment.name, "marked": len(segment.nodes), "copied": 0,
                  "copies": [], "triggers": [str(t) for t in plan.triggers],
                  "released": [], "released_bytes": 0, "note": ""}
@@ -167,7 +169,7 @@ class RematPass(Pass):
             entry["note"] = "no gradient flows into this segment; left as is"
             return entry
         copy_of = _copy_nodes(graph, plan.copies)
-        if self.options.dependency == "control":
+        if dependency == "control":
             _order_by_control(graph, copy_of, plan.triggers)
         else:
             _order_by_data(graph, copy_of, plan.triggers, segment.name)
@@ -175,16 +177,18 @@ class RematPass(Pass):
         for consumer, slot, original in plan.rewires:
             graph.set_input(consumer, slot, Tensor(copy_of[original.node], original.port))
         if self.options.tupleize_grads:
-            _tupleize(graph, segment.name, [c for c, _, _ in plan.rewires],
-                      self.options.dependency)
+            _tupleize(graph, segment.name, [c for c, _, _ in plan.rewires], dependency)
         entry.update(copied=len(copy_of), copies=list(copy_of.values()),
                      released=[str(t) for t in released],
                      released_bytes=sum(tensor_bytes(graph, t) or 0 for t in released))
         return entry
 
 
-def _default_dependency(settings: dict) -> str:
-    return "data" if settings.get("target") == "xla" else "control"
+def _default_dependency(settings: dict) -> str | None:
+    """Data for XLA (it ignores control edges); otherwise decided by the format."""
+    from graphpass.passes.lower import resolve_target
+
+    return "data" if resolve_target(settings) == "xla" else None
 
 
 def _match(graph: Graph, pattern: str) -> dict[str, list[str]]:
