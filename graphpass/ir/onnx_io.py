@@ -41,9 +41,11 @@ without an input slot. Each such capture becomes a control edge from the
 producer: it keeps the producer alive and ordered before the reader. ONNX has
 no syntax for control edges, so the writer uses them only for ordering.
 
-Node order: the writer emits nodes in topological order, ties broken by the
-IR's insertion order, so an untouched graph keeps its node order and nodes a
-pass appended are placed where their inputs allow.
+Node order: ONNX requires a topological order. The writer keeps the IR's
+insertion order (the file's order for nodes read) and emits a node that is not
+yet placed just before its first reader: an untouched graph keeps its node
+order exactly, and a node a pass appended lands right before the node that
+needs it (or at the end if nothing reads it). See :func:`emission_order`.
 """
 
 from __future__ import annotations
@@ -230,7 +232,7 @@ def model_from_graph(graph: Graph):
     out = model.graph
     live: set[str] = set()
     live_sources: set[str] = set()
-    for name in graph.topological_order():
+    for name in emission_order(graph):
         node = graph.node(name)
         live.update(v for v in node.outputs if v)
         if node.op in SOURCE_OPS:
@@ -250,6 +252,34 @@ def model_from_graph(graph: Graph):
             "a pass removed their producer without rewiring the output"
         )
     return model
+
+
+def emission_order(graph: Graph) -> list[str]:
+    """Insertion order, each node preceded by whichever of its producers (data or
+    control) are not placed yet, depth first. Raises ``ValueError`` on a cycle."""
+    done: set[str] = set()
+    order: list[str] = []
+    for root in graph:
+        if root in done:
+            continue
+        stack = [(root, iter(graph.producers(root)))]
+        active = {root}
+        while stack:
+            name, producers = stack[-1]
+            for producer in producers:
+                if producer in done:
+                    continue
+                if producer in active:
+                    raise ValueError(f"the graph has a cycle through {producer!r}")
+                active.add(producer)
+                stack.append((producer, iter(graph.producers(producer))))
+                break
+            else:
+                stack.pop()
+                active.discard(name)
+                done.add(name)
+                order.append(name)
+    return order
 
 
 def _node_proto(graph: Graph, node):
