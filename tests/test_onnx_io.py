@@ -124,6 +124,38 @@ def test_writer_keeps_node_order_and_places_new_nodes_topologically(tmp_path):
     run(model, built.feeds)
 
 
+def test_round_tripped_training_step_trains_identically(tmp_path):
+    built = onnx_models.block_mlp(batch=4, width=8, params_as_inputs=True)
+    _, target = _round_trip(built.model, tmp_path)
+    losses, params = onnx_models.train_steps(built.model, built, steps=3)
+    again, params_again = onnx_models.train_steps(onnx.load(target), built, steps=3)
+    assert np.array_equal(losses, again) and losses[2] < losses[0]
+    assert all(np.array_equal(params[p], params_again[p]) for p in params)
+
+
+def test_ir3_initializers_listed_as_inputs(tmp_path):
+    w = numpy_helper.from_array(np.full([2], 3, np.float32), "w")
+    model = _graph([helper.make_node("Mul", ["x", "w"], ["y"], name="mul")],
+                   [_vi("x", [2]), _vi("w", [2])], [_vi("y", [2])], [w], opset=8,
+                   ir_version=3)
+    source, target = _round_trip(model, tmp_path)
+    assert target.read_bytes() == source.read_bytes()
+    graph = graph_from_model(model)
+    assert graph.node("w").op == INITIALIZER
+    assert graph.dialect.graph_inputs(graph) == ["x"]
+    half = graph.dialect.scalar(graph, "half", 0.5, "float32")
+    copy = graph.dialect.copy_node(graph, "w", "w_copy")
+    graph.set_input("mul", 1, graph.dialect.binary(graph, "scaled", "mul", Tensor(copy, 0),
+                                                   half))
+    graph.remove_node("w")
+    written = model_from_graph(graph)
+    onnx.checker.check_model(written)
+    assert [v.name for v in written.graph.input] == ["x", "half", "w_copy"]
+    assert [t.name for t in written.graph.initializer] == ["half", "w_copy"]
+    (y,) = run(written, {"x": np.array([1, 2], np.float32)})
+    assert np.array_equal(y, [1.5, 3])
+
+
 # -- naming --------------------------------------------------------------------
 
 
@@ -301,6 +333,19 @@ def test_random_ops_and_training_dropout_are_stateful():
     assert stateful == {"train_dropout", "fed_dropout", "noise", "coin", "custom"}
     assert not dialect.is_recomputable(graph, "x")
     assert dialect.is_recomputable(graph, "relu")
+    with pytest.raises(GraphpassError, match="cannot copy 'x'"):
+        dialect.copy_node(graph, "x", "x_copy")
+
+
+def test_dropout_before_opset_7_trains_unless_is_test():
+    nodes = [helper.make_node("Dropout", ["x"], ["a"], name="train"),
+             helper.make_node("Dropout", ["x"], ["b"], name="test", is_test=1)]
+    model = helper.make_model(helper.make_graph(nodes, "g", [_vi("x", [3])],
+                                                [_vi("a", [3]), _vi("b", [3])]),
+                              opset_imports=[helper.make_opsetid("", 6)], ir_version=3)
+    graph = graph_from_model(model)
+    assert graph.dialect.is_stateful(graph, "train")
+    assert not graph.dialect.is_stateful(graph, "test")
 
 
 def test_builders_run_in_onnxruntime(tmp_path):

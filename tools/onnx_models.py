@@ -356,6 +356,33 @@ def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
     return session.run(outputs, {k: v for k, v in feeds.items() if k in names})
 
 
+def train_steps(model: onnx.ModelProto, built: Built, steps: int = 3
+                ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Run ``steps`` SGD steps of a training-step ``model`` (the original or a
+    rewritten one), feeding each step's updated parameters to the next.
+
+    Returns the loss of every step and the final parameters, so two graphs can
+    be compared exactly (the ONNX twin of ``tf_models.run_steps``).
+    """
+    current = onnx.ModelProto()
+    current.CopyFrom(model)
+    inputs = {i.name for i in model.graph.input}
+    feeds = dict(built.feeds)
+    params = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+              if t.name in built.updates}
+    params.update({p: feeds[p] for p in built.updates if p in inputs})
+    losses = []
+    for _ in range(steps):
+        names = [built.loss, *built.updates.values()]
+        loss, *updated = run(current, {**feeds, **params}, names)
+        losses.append(loss)
+        params = dict(zip(built.updates, updated))
+        for tensor in current.graph.initializer:
+            if tensor.name in params:
+                tensor.CopyFrom(numpy_helper.from_array(params[tensor.name], tensor.name))
+    return np.array(losses), params
+
+
 def check_gradients(built: Built, forward: Callable[[dict], float],
                     params: dict[str, np.ndarray], lr: float, directions: int = 3,
                     seed: int = 1) -> None:

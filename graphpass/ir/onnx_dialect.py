@@ -107,8 +107,8 @@ class ONNXDialect(Dialect):
         return node.op in RANDOM_OPS or node.op in CONTROL_FLOW_OPS
 
     def _dropout_trains(self, graph: Graph, name: str) -> bool:
-        if self.get_attr(graph, name, "is_test", 1) == 0:  # opset < 7
-            return True
+        if self.opset(graph) < 7:  # is_test, default 0: training unless set
+            return self.get_attr(graph, name, "is_test", 0) == 0
         mode = graph.input_slots(name).get(2)  # opset >= 12: training_mode input
         if mode is None:
             return False
@@ -234,10 +234,24 @@ class ONNXDialect(Dialect):
     # -- builders ----------------------------------------------------------
 
     def copy_node(self, graph: Graph, name: str, new_name: str) -> str:
-        """Same op, domain, attrs and extras (doc string, ...), fresh output names."""
+        """Same op, domain, attrs and extras (doc string, ...), fresh output names.
+
+        An initializer's copy holds the same tensor under the new name; a graph
+        input cannot be copied (it is fed).
+        """
+        import onnx
+
         node = graph.node(name)
+        if node.op == INPUT or node.outputs[0] in graph.meta["sparse_initializers"]:
+            raise GraphpassError(f"cannot copy {name!r}: it is a graph input or a sparse "
+                                 "initializer, not a node")
         outputs = [_fresh_value(graph, new_name, port) if value else ""
                    for port, value in enumerate(node.outputs)]
+        if node.op == INITIALIZER:
+            proto = onnx.TensorProto()
+            proto.CopyFrom(graph.meta["initializers"][node.outputs[0]])
+            proto.name = outputs[0]
+            _register_initializer(graph, proto)
         copy = graph.add_node(new_name, node.op, attrs=node.attrs, device=node.device,
                               domain=node.domain, outputs=outputs)
         for key in ("onnx_extras", "onnx_arity"):
@@ -261,10 +275,7 @@ class ONNXDialect(Dialect):
         value_name = _fresh_value(graph, key, 0)
         enum = dtype_enum(dtype)
         proto = onnx.helper.make_tensor(value_name, enum, array.shape, array.flatten().tolist())
-        graph.meta["initializers"] = {**graph.meta["initializers"], value_name: proto}
-        if graph.meta["model"].ir_version < 4:
-            info = onnx.helper.make_tensor_value_info(value_name, enum, array.shape)
-            graph.meta["inputs"] = [*graph.meta["inputs"], info]
+        _register_initializer(graph, proto)
         graph.add_node(key, INITIALIZER, outputs=[value_name])
         return Tensor(key, 0)
 
@@ -323,6 +334,17 @@ class ONNXDialect(Dialect):
     def stop_gradient(self, graph, name, tensor) -> Tensor:
         """An ``Identity``: ONNX has no StopGradient, and its backward is already built."""
         return self._op(graph, name, "Identity", [tensor])
+
+
+def _register_initializer(graph: Graph, proto) -> None:
+    """Add ``proto`` to the carried initializers (and to the graph inputs when IR < 4
+    requires it). Copy on write: ``Graph.copy`` shares ``meta`` values."""
+    import onnx
+
+    graph.meta["initializers"] = {**graph.meta["initializers"], proto.name: proto}
+    if graph.meta["model"].ir_version < 4:
+        info = onnx.helper.make_tensor_value_info(proto.name, proto.data_type, proto.dims)
+        graph.meta["inputs"] = [*graph.meta["inputs"], info]
 
 
 def _has_schema(node) -> bool:

@@ -242,7 +242,10 @@ def model_from_graph(graph: Graph):
     out.initializer.extend(t for n, t in graph.meta["initializers"].items() if n in live_sources)
     out.sparse_initializer.extend(
         t for n, t in graph.meta["sparse_initializers"].items() if n in live_sources)
-    out.input.extend(graph.meta["inputs"])
+    # An input that only named an initializer (IR < 4) goes with it; fed inputs stay.
+    dropped = (graph.meta["initializers"].keys() | graph.meta["sparse_initializers"].keys()) \
+        - live_sources
+    out.input.extend(v for v in graph.meta["inputs"] if v.name not in dropped)
     out.output.extend(graph.meta["outputs"])
     out.value_info.extend(v for v in graph.meta["value_info"] if v.name in live)
     missing = [v.name for v in graph.meta["outputs"] if v.name not in live]
