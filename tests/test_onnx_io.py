@@ -452,12 +452,11 @@ def test_region_analysis_finds_loss_gradients_and_updates(params_as_inputs):
     built = onnx_models.block_mlp(batch=4, width=8, params_as_inputs=params_as_inputs)
     graph = graph_from_model(built.model)
     regions = graphpass.analyze(graph)
-    assert regions.loss == Tensor("loss", 0)
-    assert {s.loss for s in regions.steps} == {Tensor("loss", 0)}
-    gradients = {t.node for s in regions.steps for t in s.gradients}
-    assert gradients == {f"gradients/block{i}/W_grad" for i in range(1, 9)}
-    applies = {a for s in regions.steps for a in s.applies}
-    assert applies == {f"sgd/block{i}/update" for i in range(1, 9)}
+    (step,) = regions.steps  # one graph, one step: its updates are separate outputs
+    assert step.loss == Tensor("loss", 0)
+    assert {t.node for t in step.gradients} == {f"gradients/block{i}/W_grad" for i in range(1, 9)}
+    updates = {f"sgd/block{i}/update" for i in range(1, 9)}
+    assert set(step.applies) == updates and set(step.train_ops) == updates
     for name in graph:
         label = regions.label(name)
         if name.startswith("block") and not name.endswith("/W"):

@@ -72,6 +72,7 @@ class ONNXDialect(Dialect):
     name = "onnx"
     allows_empty_input_slots = True
     dependency_modes = ("data",)
+    single_train_step = True
 
     # -- structure ---------------------------------------------------------
 
