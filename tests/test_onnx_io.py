@@ -82,7 +82,8 @@ def test_reader_builds_source_nodes_with_ports_and_outputs():
     # every non-source node of the file is an IR node, in file order
     ops = [n.name for n in graph.nodes() if n.op not in (INPUT, INITIALIZER)]
     assert ops == [n.name for n in built.model.graph.node]
-    assert graph.meta["initializers"]["stem/W"] is not None
+    carried = graph.meta["initializers"]["stem/W"]
+    assert carried == next(t for t in built.model.graph.initializer if t.name == "stem/W")
 
 
 def test_meta_carries_model_fields_functions_and_training_info(tmp_path):

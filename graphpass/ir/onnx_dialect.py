@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
@@ -144,7 +145,7 @@ class ONNXDialect(Dialect):
         producers = {value: n.name for n in graph.nodes() for value in n.outputs if value}
         return list(dict.fromkeys(producers[v] for v in wanted if v in producers))
 
-    def constant_value(self, graph: Graph, tensor: Tensor):
+    def constant_value(self, graph: Graph, tensor: Tensor) -> Any:
         """The numpy value of an initializer or ``Constant`` output, else None."""
         from onnx import numpy_helper
 
@@ -266,7 +267,7 @@ class ONNXDialect(Dialect):
                        outputs=[_fresh_value(graph, name, 0)])
         return Tensor(name, 0)
 
-    def constant(self, graph: Graph, name: str, value, dtype: str) -> Tensor:
+    def constant(self, graph: Graph, name: str, value: Any, dtype: str) -> Tensor:
         """A new initializer (plus a graph input when IR < 4 requires one)."""
         import numpy as np
         import onnx
@@ -280,7 +281,8 @@ class ONNXDialect(Dialect):
         graph.add_node(key, INITIALIZER, outputs=[value_name])
         return Tensor(key, 0)
 
-    def identity(self, graph, name, tensor, control_inputs=()) -> Tensor:
+    def identity(self, graph: Graph, name: str, tensor: Tensor,
+                 control_inputs: Sequence[str] = ()) -> Tensor:
         if control_inputs:
             raise GraphpassError(
                 f"cannot order {name!r} after {list(control_inputs)[:3]}: ONNX has no control "
@@ -288,10 +290,10 @@ class ONNXDialect(Dialect):
             )
         return self._op(graph, name, "Identity", [tensor])
 
-    def scalar(self, graph, name, value, dtype) -> Tensor:
+    def scalar(self, graph: Graph, name: str, value: float, dtype: str) -> Tensor:
         return self.constant(graph, name, value, dtype)
 
-    def first_element(self, graph, name, tensor) -> Tensor:
+    def first_element(self, graph: Graph, name: str, tensor: Tensor) -> Tensor:
         """``Reshape(x, [-1])``, ``Slice [0:1]``, ``Reshape(., [])``, in the model's opset."""
         opset = self.opset(graph)
         flat = self._reshape(graph, f"{name}/flat", tensor, [-1], opset)
@@ -314,12 +316,12 @@ class ONNXDialect(Dialect):
             return self._op(graph, name, "Reshape", [tensor, target])
         return self._op(graph, name, "Reshape", [tensor], shape=shape)
 
-    def add_n(self, graph, name, tensors) -> Tensor:
+    def add_n(self, graph: Graph, name: str, tensors: list[Tensor]) -> Tensor:
         if len(tensors) == 1:
             return tensors[0]
         return self._op(graph, name, "Sum", list(tensors))
 
-    def cast(self, graph, name, tensor, dtype) -> Tensor:
+    def cast(self, graph: Graph, name: str, tensor: Tensor, dtype: str) -> Tensor:
         import onnx
 
         if self.dtype(graph, tensor) == dtype:
@@ -328,11 +330,11 @@ class ONNXDialect(Dialect):
         to = enum if self.opset(graph) >= 6 else onnx.TensorProto.DataType.Name(enum)
         return self._op(graph, name, "Cast", [tensor], to=to)
 
-    def binary(self, graph, name, op, a, b) -> Tensor:
+    def binary(self, graph: Graph, name: str, op: str, a: Tensor, b: Tensor) -> Tensor:
         onnx_op = {"add": "Add", "sub": "Sub", "mul": "Mul"}[op]
         return self._op(graph, name, onnx_op, [a, b])
 
-    def stop_gradient(self, graph, name, tensor) -> Tensor:
+    def stop_gradient(self, graph: Graph, name: str, tensor: Tensor) -> Tensor:
         """An ``Identity``: ONNX has no StopGradient, and its backward is already built."""
         return self._op(graph, name, "Identity", [tensor])
 
