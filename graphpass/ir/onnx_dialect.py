@@ -125,7 +125,7 @@ class ONNXDialect(Dialect):
         return graph.node(name).op in SHAPE_ONLY_OPS
 
     def is_variable(self, graph: Graph, name: str) -> bool:
-        """A float input or initializer that an SGD update reads as its parameter
+        """An input or initializer that an SGD update reads as its parameter
         (the trainable ones); frozen weights of an inference model are constants."""
         if graph.node(name).op not in SOURCE_OPS:
             return False
@@ -244,7 +244,8 @@ class ONNXDialect(Dialect):
         import onnx
 
         node = graph.node(name)
-        if node.op == INPUT or node.outputs[0] in graph.meta["sparse_initializers"]:
+        if node.op == INPUT or (node.op == INITIALIZER and
+                                node.outputs[0] in graph.meta["sparse_initializers"]):
             raise GraphpassError(f"cannot copy {name!r}: it is a graph input or a sparse "
                                  "initializer, not a node")
         outputs = [_fresh_value(graph, new_name, port) if value else ""
@@ -283,6 +284,7 @@ class ONNXDialect(Dialect):
 
     def identity(self, graph: Graph, name: str, tensor: Tensor,
                  control_inputs: Sequence[str] = ()) -> Tensor:
+        """An ``Identity``; refuses control inputs, which ONNX cannot express."""
         if control_inputs:
             raise GraphpassError(
                 f"cannot order {name!r} after {list(control_inputs)[:3]}: ONNX has no control "
