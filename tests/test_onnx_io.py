@@ -123,6 +123,11 @@ def test_writer_keeps_node_order_and_places_new_nodes_topologically(tmp_path):
     original = [n.name for n in built.model.graph.node]
     assert [n for n in names if n != "extra/double"] == original
     run(model, built.feeds)
+    dialect.identity(graph, "extra/unread", Tensor("block1/Relu", 0))
+    assert model_from_graph(graph).graph.node[-1].name == "extra/unread"
+    graph.set_input("block1/MatMul", 0, Tensor("block1/Tanh", 0))
+    with pytest.raises(ValueError, match="cycle"):
+        model_from_graph(graph)
 
 
 def test_round_tripped_training_step_trains_identically(tmp_path):
