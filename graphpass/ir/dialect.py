@@ -24,6 +24,9 @@ class Dialect(ABC):
     allows_empty_input_slots: bool = False
     #: Which dependency kinds the format can express ("control", "data").
     dependency_modes: tuple[str, ...] = ("data",)
+    #: All train ops form one training step (ONNX: each updated parameter is a graph
+    #: output of its own, with no op grouping them); else each train op is a step.
+    single_train_step: bool = False
 
     # -- structure ---------------------------------------------------------
 

@@ -35,6 +35,9 @@ class TrainStep:
     applies: list[str]
     gradients: list[Tensor]
     loss: Tensor
+    #: Every train op of the step, ``train_op`` first (more than one when the
+    #: dialect sets ``single_train_step``: ONNX returns each update as an output).
+    train_ops: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -79,10 +82,9 @@ def analyze(
             "found no optimizer apply ops (Apply*/ResourceApply*), so this is not a training "
             "graph; export the graph after building the train op"
         )
-    steps = [
-        _train_step(graph, sink, applies, loss)
-        for sink in _train_ops(graph, applies, train_ops)
-    ]
+    sinks = _train_ops(graph, applies, train_ops)
+    groups = [sinks] if dialect.single_train_step and sinks else [[s] for s in sinks]
+    steps = [_train_step(graph, group, applies, loss) for group in groups]
     found = _label(graph, steps)
     labels = {name: found.get(name, OTHER) for name in graph}
     for name, label in labels.items():
@@ -108,15 +110,17 @@ def _train_ops(graph: Graph, applies: dict, requested: list[str] | None) -> list
     return list(requested)
 
 
-def _train_step(graph: Graph, train_op: str, applies: dict, loss: str | None) -> TrainStep:
-    upstream = graph.ancestors([train_op]) | {train_op}
+def _train_step(graph: Graph, group: list[str], applies: dict, loss: str | None) -> TrainStep:
+    train_op = group[0]
+    upstream = graph.ancestors(group) | set(group)
     mine = [a for a in applies if a in upstream]
     gradients = [t for a in mine for t in applies[a]]
     if loss is not None:
         loss_tensor = _tensor_arg(graph, loss, "--loss")
     else:
         loss_tensor = _find_loss(graph, gradients, train_op, mine)
-    return TrainStep(train_op=train_op, applies=mine, gradients=gradients, loss=loss_tensor)
+    return TrainStep(train_op=train_op, applies=mine, gradients=gradients, loss=loss_tensor,
+                     train_ops=list(group))
 
 
 def _find_loss(graph: Graph, gradients: list[Tensor], train_op: str, applies: list[str]) -> Tensor:
@@ -184,9 +188,10 @@ def _label(graph: Graph, steps: list[TrainStep]) -> dict[str, str]:
     for step in steps:
         forward = graph.ancestors([step.loss.node]) | {step.loss.node}
         producers = {t.node for t in step.gradients}
+        ends = step.train_ops or [step.train_op]
         backward = (graph.ancestors(producers) | producers) - forward
         optimizer = (graph.descendants(step.applies) | set(step.applies)
-                     | graph.ancestors([step.train_op]) | {step.train_op}) - forward - backward
+                     | graph.ancestors(ends) | set(ends)) - forward - backward
         for names, label in ((optimizer, OPTIMIZER), (backward, BACKWARD), (forward, FORWARD)):
             labels.update(dict.fromkeys(names, label))
     return labels

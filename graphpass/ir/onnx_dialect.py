@@ -1,0 +1,412 @@
+"""The ONNX dialect: op knowledge for ONNX graphs (as read by
+``graphpass.ir.onnx_io``), and the builders for the small ops passes insert.
+
+* Types and shapes come from ``onnx.shape_inference``, run once over the whole
+  model and recorded per node in ``node.meta["dtypes"]`` / ``node.meta["shapes"]``
+  (a node added later triggers a fresh run), as the TF dialect does.
+* Constants the builders need (shapes, scalars) become initializers, written
+  like the ones read: valid in every opset, and no extra nodes in the list.
+* ONNX has no control dependencies and no gradient-stopping op. The
+  ``stop_gradient`` builder emits an ``Identity``: an exported ONNX graph
+  already holds its backward pass, so nothing differentiates it again and the
+  identity only marks intent (named by the caller).
+* Training structure: an ONNX training step written in standard ops updates a
+  parameter with plain SGD, ``new = Sub(param, Mul(lr, grad))`` (either Mul
+  operand order), and returns ``new`` as a graph output. That Sub is the
+  "apply op"; the loss needs no name rule (region analysis finds it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+from typing import Any
+
+from graphpass.errors import GraphpassError
+from graphpass.ir.dialect import Dialect
+from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
+from graphpass.ir.onnx_io import INITIALIZER, INPUT, SOURCE_OPS, model_from_graph
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+# Ops whose output is random on every run (never recomputed: the copy would differ).
+RANDOM_OPS = frozenset({
+    "RandomUniform", "RandomUniformLike", "RandomNormal", "RandomNormalLike",
+    "Bernoulli", "Multinomial",
+})
+# Ops that run subgraphs; treated as stateful (their bodies are not analysed).
+CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
+
+
+@cache
+def _dtype_enums() -> dict[str, int]:
+    """numpy-style dtype name -> ``TensorProto.DataType`` value."""
+    import onnx
+
+    names = {}
+    for enum in onnx.TensorProto.DataType.values():
+        name = _dtype_name(enum)
+        if name is not None:
+            names.setdefault(name, enum)
+    return names
+
+
+@cache
+def _dtype_name(enum: int) -> str | None:
+    import onnx
+
+    try:
+        return onnx.helper.tensor_dtype_to_np_dtype(enum).name
+    except (KeyError, ValueError, TypeError):  # UNDEFINED, STRING, new float8 kinds, ...
+        return None
+
+
+def dtype_enum(name: str) -> int:
+    """The ONNX element type for a numpy-style dtype name ("float32" -> FLOAT)."""
+    try:
+        return _dtype_enums()[name]
+    except KeyError:
+        raise GraphpassError(f"no ONNX element type for dtype {name!r}") from None
+
+
+class ONNXDialect(Dialect):
+    name = "onnx"
+    allows_empty_input_slots = True
+    dependency_modes = ("data",)
+    single_train_step = True
+
+    # -- structure ---------------------------------------------------------
+
+    def num_outputs(self, graph: Graph, name: str) -> int | None:
+        return len(graph.node(name).outputs)
+
+    def parse_tensor(self, graph: Graph, text: str) -> Tensor:
+        """An ONNX tensor name first (what users see in Netron); else ``node[:port]``."""
+        for node in graph.nodes():
+            if text in node.outputs:
+                return Tensor(node.name, node.outputs.index(text))
+        return parse_tensor_name(text)
+
+    def opset(self, graph: Graph, domain: str = "") -> int:
+        """The opset version the model imports for ``domain`` (0 if none)."""
+        for entry in graph.meta["model"].opset_import:
+            if entry.domain in ((domain,) if domain else DEFAULT_DOMAINS):
+                return entry.version
+        return 0
+
+    # -- op kinds ----------------------------------------------------------
+
+    def is_stateful(self, graph: Graph, name: str) -> bool:
+        """Random ops (``Dropout`` only in training mode), control flow, and ops
+        outside the ONNX schemas (custom domains: unknown, so assumed stateful)."""
+        node = graph.node(name)
+        if node.op in SOURCE_OPS:
+            return False
+        if node.domain not in DEFAULT_DOMAINS + ("ai.onnx.ml",) or not _has_schema(node):
+            return True
+        if node.op == "Dropout":
+            return self._dropout_trains(graph, name)
+        return node.op in RANDOM_OPS or node.op in CONTROL_FLOW_OPS
+
+    def _dropout_trains(self, graph: Graph, name: str) -> bool:
+        if self.opset(graph) < 7:  # is_test, default 0: training unless set
+            return self.get_attr(graph, name, "is_test", 0) == 0
+        mode = graph.input_slots(name).get(2)  # opset >= 12: training_mode input
+        if mode is None:
+            return False
+        value = self.constant_value(graph, mode)
+        return value is None or bool(value)
+
+    def is_source(self, graph: Graph, name: str) -> bool:
+        node = graph.node(name)
+        return node.op in SOURCE_OPS or (node.op == "Constant" and node.domain in DEFAULT_DOMAINS)
+
+    def is_shape_only(self, graph: Graph, name: str) -> bool:
+        return graph.node(name).op in SHAPE_ONLY_OPS
+
+    def is_variable(self, graph: Graph, name: str) -> bool:
+        """An input or initializer that an SGD update reads as its parameter
+        (the trainable ones); frozen weights of an inference model are constants."""
+        if graph.node(name).op not in SOURCE_OPS:
+            return False
+        return any(
+            slot == 0 and self._sgd_gradient(graph, user) is not None
+            for user, slot in graph.consumers(Tensor(name, 0))
+        )
+
+    def graph_inputs(self, graph: Graph) -> list[str]:
+        """The ``graphpass.Input`` nodes (fed values), in the model's input order."""
+        fed = {n.outputs[0]: n.name for n in graph.nodes() if n.op == INPUT}
+        return [fed[v.name] for v in graph.meta["inputs"] if v.name in fed]
+
+    def graph_outputs(self, graph: Graph) -> list[str]:
+        """The nodes producing the model's outputs, in output order."""
+        wanted = [v.name for v in graph.meta["outputs"]]
+        producers = {value: n.name for n in graph.nodes() for value in n.outputs if value}
+        return list(dict.fromkeys(producers[v] for v in wanted if v in producers))
+
+    def constant_value(self, graph: Graph, tensor: Tensor) -> Any:
+        """The numpy value of an initializer or ``Constant`` output, else None."""
+        from onnx import numpy_helper
+
+        node = graph.node(tensor.node)
+        if node.op == INITIALIZER:
+            proto = graph.meta["initializers"].get(node.outputs[0])
+            if proto is not None and proto.data_location != proto.EXTERNAL:
+                return numpy_helper.to_array(proto)
+        if node.op == "Constant" and "value" in node.attrs:
+            return numpy_helper.to_array(node.attrs["value"].t)
+        return None
+
+    # -- training structure -------------------------------------------------
+
+    def optimizer_applies(self, graph: Graph) -> dict[str, list[Tensor]]:
+        """SGD updates ``Sub(param, Mul(lr, grad))`` whose result is a graph output."""
+        applies = {}
+        for node in graph.nodes():
+            grad = self._sgd_gradient(graph, node.name)
+            if grad is not None:
+                applies[node.name] = [grad]
+        return applies
+
+    def _sgd_gradient(self, graph: Graph, name: str) -> Tensor | None:
+        """The gradient an SGD update applies, or None if ``name`` is not one.
+
+        An update is a ``Sub(param, Mul(..))`` whose result is a graph output.
+        Of the two ``Mul`` operands the gradient is the computed one (the rate
+        is an initializer or input); if both are computed, the one shaped like
+        the parameter.
+        """
+        node = graph.node(name)
+        if node.op != "Sub" or node.domain not in DEFAULT_DOMAINS or not node.outputs or \
+                node.outputs[0] not in {v.name for v in graph.meta["outputs"]}:
+            return None
+        inputs = graph.input_slots(name)
+        if 0 not in inputs or 1 not in inputs:
+            return None
+        step = graph.node(inputs[1].node)
+        if step.op != "Mul" or inputs[1].port != 0:
+            return None
+        operands = [t for _, t in sorted(graph.input_slots(step.name).items())]
+        if len(operands) != 2:
+            return None
+        computed = [t for t in operands if not self.is_source(graph, t.node)]
+        if len(computed) == 1:
+            return computed[0]
+        if len(computed) == 2:
+            param_shape = self.shape(graph, inputs[0])
+            shaped = [t for t in computed if param_shape and self.shape(graph, t) == param_shape]
+            if len(shaped) == 1:
+                return shaped[0]
+        return None
+
+    # -- tensors -----------------------------------------------------------
+
+    def dtype(self, graph: Graph, tensor: Tensor) -> str | None:
+        return self._inferred(graph, tensor, "dtypes")
+
+    def shape(self, graph: Graph, tensor: Tensor) -> tuple | None:
+        """Static shape from ONNX shape inference (None for symbolic dims)."""
+        return self._inferred(graph, tensor, "shapes")
+
+    def _inferred(self, graph: Graph, tensor: Tensor, key: str):
+        node = graph.node(tensor.node)
+        if key not in node.meta:
+            _infer_types(graph)
+        values = node.meta.get(key) or []
+        return values[tensor.port] if tensor.port < len(values) else None
+
+    def get_attr(self, graph: Graph, name: str, key: str, default: Any = None) -> Any:
+        """The attribute as a Python value; strings decoded, tensors as TensorProto."""
+        import onnx
+
+        value = graph.node(name).attrs.get(key)
+        if value is None:
+            return default
+        result = onnx.helper.get_attribute_value(value)
+        if isinstance(result, bytes):
+            return result.decode("utf-8", "replace")
+        if isinstance(result, list) and result and isinstance(result[0], bytes):
+            return [s.decode("utf-8", "replace") for s in result]
+        return result
+
+    def set_attr(self, graph: Graph, name: str, key: str, value: Any) -> None:
+        graph.node(name).attrs[key] = _attribute(key, value)
+
+    # -- builders ----------------------------------------------------------
+
+    def copy_node(self, graph: Graph, name: str, new_name: str) -> str:
+        """Same op, domain, attrs and extras (doc string, ...), fresh output names.
+
+        An initializer's copy holds the same tensor under the new name; a graph
+        input cannot be copied (it is fed).
+        """
+        import onnx
+
+        node = graph.node(name)
+        if node.op == INPUT or (node.op == INITIALIZER and
+                                node.outputs[0] in graph.meta["sparse_initializers"]):
+            raise GraphpassError(f"cannot copy {name!r}: it is a graph input or a sparse "
+                                 "initializer, not a node")
+        outputs = [_fresh_value(graph, new_name, port) if value else ""
+                   for port, value in enumerate(node.outputs)]
+        if node.op == INITIALIZER:
+            proto = onnx.TensorProto()
+            proto.CopyFrom(graph.meta["initializers"][node.outputs[0]])
+            proto.name = outputs[0]
+            _register_initializer(graph, proto)
+        copy = graph.add_node(new_name, node.op, attrs=node.attrs, device=node.device,
+                              domain=node.domain, outputs=outputs)
+        for key in ("onnx_extras", "onnx_arity"):
+            if key in node.meta:
+                copy.meta[key] = node.meta[key]
+        return new_name
+
+    def _op(self, graph: Graph, name: str, op: str, inputs: list[Tensor], **attrs) -> Tensor:
+        name = graph.unique_name(name)
+        graph.add_node(name, op, inputs, attrs={k: _attribute(k, v) for k, v in attrs.items()},
+                       outputs=[_fresh_value(graph, name, 0)])
+        return Tensor(name, 0)
+
+    def constant(self, graph: Graph, name: str, value: Any, dtype: str) -> Tensor:
+        """A new initializer (plus a graph input when IR < 4 requires one)."""
+        import numpy as np
+        import onnx
+
+        array = np.asarray(value)
+        key = graph.unique_name(name)
+        value_name = _fresh_value(graph, key, 0)
+        enum = dtype_enum(dtype)
+        proto = onnx.helper.make_tensor(value_name, enum, array.shape, array.flatten().tolist())
+        _register_initializer(graph, proto)
+        graph.add_node(key, INITIALIZER, outputs=[value_name])
+        return Tensor(key, 0)
+
+    def identity(self, graph: Graph, name: str, tensor: Tensor,
+                 control_inputs: Sequence[str] = ()) -> Tensor:
+        """An ``Identity``; refuses control inputs, which ONNX cannot express."""
+        if control_inputs:
+            raise GraphpassError(
+                f"cannot order {name!r} after {list(control_inputs)[:3]}: ONNX has no control "
+                "dependencies; use data-dependency mode"
+            )
+        return self._op(graph, name, "Identity", [tensor])
+
+    def scalar(self, graph: Graph, name: str, value: float, dtype: str) -> Tensor:
+        return self.constant(graph, name, value, dtype)
+
+    def first_element(self, graph: Graph, name: str, tensor: Tensor) -> Tensor:
+        """``Reshape(x, [-1])``, ``Slice [0:1]``, ``Reshape(., [])``, in the model's opset."""
+        opset = self.opset(graph)
+        flat = self._reshape(graph, f"{name}/flat", tensor, [-1], opset)
+        if opset >= 10:
+            head = self._op(graph, f"{name}/head", "Slice", [
+                flat,
+                self.constant(graph, f"{name}/starts", [0], "int64"),
+                self.constant(graph, f"{name}/ends", [1], "int64"),
+                self.constant(graph, f"{name}/axes", [0], "int64"),
+            ])
+        else:
+            head = self._op(graph, f"{name}/head", "Slice", [flat], starts=[0], ends=[1],
+                            axes=[0])
+        return self._reshape(graph, name, head, [], opset)
+
+    def _reshape(self, graph: Graph, name: str, tensor: Tensor, shape: list[int],
+                 opset: int) -> Tensor:
+        if opset >= 5:
+            target = self.constant(graph, f"{name}/shape", shape, "int64")
+            return self._op(graph, name, "Reshape", [tensor, target])
+        return self._op(graph, name, "Reshape", [tensor], shape=shape)
+
+    def add_n(self, graph: Graph, name: str, tensors: list[Tensor]) -> Tensor:
+        if len(tensors) == 1:
+            return tensors[0]
+        return self._op(graph, name, "Sum", list(tensors))
+
+    def cast(self, graph: Graph, name: str, tensor: Tensor, dtype: str) -> Tensor:
+        import onnx
+
+        if self.dtype(graph, tensor) == dtype:
+            return tensor
+        enum = dtype_enum(dtype)
+        to = enum if self.opset(graph) >= 6 else onnx.TensorProto.DataType.Name(enum)
+        return self._op(graph, name, "Cast", [tensor], to=to)
+
+    def binary(self, graph: Graph, name: str, op: str, a: Tensor, b: Tensor) -> Tensor:
+        onnx_op = {"add": "Add", "sub": "Sub", "mul": "Mul"}[op]
+        return self._op(graph, name, onnx_op, [a, b])
+
+    def stop_gradient(self, graph: Graph, name: str, tensor: Tensor) -> Tensor:
+        """An ``Identity``: ONNX has no StopGradient, and its backward is already built."""
+        return self._op(graph, name, "Identity", [tensor])
+
+
+def _register_initializer(graph: Graph, proto) -> None:
+    """Add ``proto`` to the carried initializers (and to the graph inputs when IR < 4
+    requires it). Copy on write: ``Graph.copy`` shares ``meta`` values."""
+    import onnx
+
+    graph.meta["initializers"] = {**graph.meta["initializers"], proto.name: proto}
+    if graph.meta["model"].ir_version < 4:
+        info = onnx.helper.make_tensor_value_info(proto.name, proto.data_type, proto.dims)
+        graph.meta["inputs"] = [*graph.meta["inputs"], info]
+
+
+def _has_schema(node) -> bool:
+    import onnx
+
+    return onnx.defs.has(node.op, node.domain if node.domain != "ai.onnx" else "")
+
+
+def _fresh_value(graph: Graph, node_name: str, port: int) -> str:
+    """A tensor name no node produces yet: the node name (port 0) or ``node:port``."""
+    used = {v for n in graph.nodes() for v in n.outputs}
+    base = node_name if port == 0 else f"{node_name}:{port}"
+    name, i = base, 0
+    while name in used:
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+def _attribute(key: str, value: Any):
+    """A Python value as an ``AttributeProto`` (kept as-is if it already is one)."""
+    import onnx
+
+    if isinstance(value, onnx.AttributeProto):
+        return value
+    try:
+        return onnx.helper.make_attribute(key, value)
+    except (ValueError, TypeError) as exc:
+        raise TypeError(f"cannot store {value!r} as ONNX attribute {key!r}: {exc}") from None
+
+
+def _infer_types(graph: Graph) -> None:
+    """Run ONNX shape inference once; record each node's output dtypes and shapes."""
+    import onnx
+
+    try:
+        model = onnx.shape_inference.infer_shapes(model_from_graph(graph), data_prop=True)
+    except (onnx.shape_inference.InferenceError, ValueError, GraphpassError):
+        model = None  # malformed or huge: everything stays unknown
+    types = {}
+    if model is not None:
+        for info in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+            types[info.name] = _type_of(info.type)
+    for name, tensor in graph.meta["initializers"].items():
+        types[name] = (_dtype_name(tensor.data_type), tuple(tensor.dims))
+    for node in graph.nodes():
+        known = [types.get(v, (None, None)) for v in node.outputs]
+        node.meta["dtypes"] = [dtype for dtype, _ in known]
+        node.meta["shapes"] = [shape for _, shape in known]
+
+
+def _type_of(type_proto) -> tuple[str | None, tuple | None]:
+    if type_proto.WhichOneof("value") != "tensor_type":
+        return None, None
+    tensor_type = type_proto.tensor_type
+    dtype = _dtype_name(tensor_type.elem_type) if tensor_type.elem_type else None
+    if not tensor_type.HasField("shape"):
+        return dtype, None
+    return dtype, tuple(d.dim_value if d.HasField("dim_value") else None
+                        for d in tensor_type.shape.dim)
