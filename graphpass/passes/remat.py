@@ -120,7 +120,8 @@ class RematPass(Pass):
                 f"(they support: {', '.join(modes)})"
             )
         regions = opts.regions.analyze(graph)
-        fetches = [s.train_op for s in regions.steps] + [s.loss.node for s in regions.steps]
+        fetches = [t for s in regions.steps for t in s.train_ops or [s.train_op]]
+        fetches += [s.loss.node for s in regions.steps]
         peak_before = estimated_peak_bytes(graph, fetches)
         forward = set(regions.nodes("forward"))
         backward = set(regions.nodes("backward"))
