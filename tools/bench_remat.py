@@ -67,8 +67,8 @@ def build_variants(args, work: Path) -> dict[str, dict]:
     hinted = _lowered(_hinted(original, work), target)
     variants["grappler manual"] = dict(spec, graph=str(hinted), nodes_added=0,
                                        grappler_manual=True)
-    source = tf_models.block_mlp_recompute_grad(batch=args.batch, width=args.width,
-                                                blocks=args.blocks, recompute=range(1, 8))
+    source = tf_models.block_mlp(batch=args.batch, width=args.width, blocks=args.blocks,
+                                 optimizer="sgd", recompute_grad_blocks=range(1, 8))
     path = work / "recompute_grad.pb"
     path.write_bytes(source.graph_def.SerializeToString(deterministic=True))
     variants["tf.recompute_grad"] = dict(spec, graph=str(_lowered(path, target)),

@@ -45,38 +45,14 @@ def _export(tf, graph, loss, train_op, feeds) -> Model:
 
 
 def block_mlp(batch=16, width=32, blocks=8, optimizer="adam", use_resource=True,
-              seed=0, debug_print=False) -> Model:
+              seed=0, debug_print=False, recompute_grad_blocks=()) -> Model:
     """The benchmark MLP: block i is ``h = tanh(relu(h @ W_i)) * 2``; loss ``mean(h*h)``.
-    ``debug_print`` puts a ``tf.print`` (no XLA kernel) into the step."""
-    tf = _tf()
-    tf1 = tf.compat.v1
-    graph = tf.Graph()
-    rng = np.random.RandomState(seed)
-    with graph.as_default():
-        tf1.set_random_seed(seed)
-        x = tf1.placeholder(tf.float32, [batch, width], name="x")
-        h = x
-        for i in range(1, blocks + 1):
-            with tf1.variable_scope(f"block{i}"):
-                w = tf1.get_variable("W", [width, width], use_resource=use_resource,
-                                     initializer=tf1.random_normal_initializer(
-                                         stddev=1.0 / np.sqrt(width), seed=seed + i))
-                h = tf.tanh(tf.nn.relu(tf.matmul(h, w))) * 2
-        printed = [tf.print("h:", tf.reduce_max(h), name="debug_print")] if debug_print else []
-        with tf.control_dependencies(printed):
-            loss = tf.reduce_mean(h * h, name="loss")
-        step = tf1.train.get_or_create_global_step()
-        opt = _optimizer(tf1, optimizer)
-        train = opt.minimize(loss, global_step=step, name="train")
-    feeds = {"x:0": rng.standard_normal([batch, width]).astype(np.float32)}
-    return _export(tf, graph, loss, train, feeds)
 
-
-def block_mlp_recompute_grad(batch=16, width=32, blocks=8, recompute=range(1, 8),
-                             seed=0) -> Model:
-    """The same MLP with source-level ``tf.recompute_grad`` around the given blocks
-    (the anchor graphpass is compared with). Weights enter each block as inputs,
-    so the recomputed function is pure."""
+    ``debug_print`` puts a ``tf.print`` (no XLA kernel) into the step.
+    ``recompute_grad_blocks`` wraps those blocks in source-level ``tf.recompute_grad``
+    (the anchor graphpass is compared with); their weights enter as inputs so the
+    recomputed function is pure.
+    """
     tf = _tf()
     tf1 = tf.compat.v1
     graph = tf.Graph()
@@ -91,14 +67,18 @@ def block_mlp_recompute_grad(batch=16, width=32, blocks=8, recompute=range(1, 8)
         h = x
         for i in range(1, blocks + 1):
             with tf1.variable_scope(f"block{i}"):
-                w = tf1.get_variable("W", [width, width], use_resource=True,
+                w = tf1.get_variable("W", [width, width], use_resource=use_resource,
                                      initializer=tf1.random_normal_initializer(
                                          stddev=1.0 / np.sqrt(width), seed=seed + i))
-                fn = tf.recompute_grad(block) if i in recompute else block
-                h = fn(h, w.read_value())
-        loss = tf.reduce_mean(h * h, name="loss")
+                if i in recompute_grad_blocks:
+                    h = tf.recompute_grad(block)(h, w.read_value())
+                else:
+                    h = block(h, w)
+        printed = [tf.print("h:", tf.reduce_max(h), name="debug_print")] if debug_print else []
+        with tf.control_dependencies(printed):
+            loss = tf.reduce_mean(h * h, name="loss")
         step = tf1.train.get_or_create_global_step()
-        train = _optimizer(tf1, "sgd").minimize(loss, global_step=step, name="train")
+        train = _optimizer(tf1, optimizer).minimize(loss, global_step=step, name="train")
     feeds = {"x:0": rng.standard_normal([batch, width]).astype(np.float32)}
     return _export(tf, graph, loss, train, feeds)
 
