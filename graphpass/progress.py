@@ -1,0 +1,55 @@
+"""A one-line progress indicator for long operations (verify steps, dumps).
+
+It writes only when its stream is a terminal and the user did not ask for
+``--quiet``: build logs and CI output stay clean, and a person at a terminal
+sees that a slow step is moving. The line is redrawn in place (``\\r``) and
+erased when the operation ends, so it never mixes with the real output.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+
+class Progress:
+    """``with Progress("verify", total=3) as p: p.update(1, "step 1")``."""
+
+    def __init__(self, label: str, total: int | None = None, *, quiet: bool = False,
+                 stream: TextIO | None = None) -> None:
+        self.label = label
+        self.total = total
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = not quiet and _is_terminal(self.stream)
+        self._width = 0
+
+    def update(self, done: int, detail: str = "") -> None:
+        """Redraw the line: ``label done/total detail``."""
+        if not self.enabled:
+            return
+        count = f"{done}/{self.total}" if self.total is not None else str(done)
+        text = f"graphpass: {self.label} {count} {detail}".rstrip()
+        self.stream.write("\r" + text.ljust(self._width))
+        self.stream.flush()
+        self._width = len(text)
+
+    def close(self) -> None:
+        """Erase the line so the next output starts clean."""
+        if self.enabled and self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self.stream.flush()
+            self._width = 0
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except ValueError:  # closed stream
+        return False
