@@ -226,3 +226,30 @@ def _library_differences(x, y) -> list[str]:
     notes += [f"library function changed: {n}" for n in sorted(set(before) & set(after))
               if before[n] != after[n]]
     return notes or ["library differs (gradients or other non-function entries)"]
+
+
+_SIGNS = {
+    "added_nodes": "+ node", "removed_nodes": "- node", "changed_nodes": "~ node",
+    "added_data_edges": "+ edge", "removed_data_edges": "- edge", "rewired_edges": "~ edge",
+    "added_control_edges": "+ ctrl", "removed_control_edges": "- ctrl",
+}
+
+
+def format_diff(diff: GraphDiff, a_label: str, b_label: str, *, limit: int | None = 20) -> str:
+    """Human-readable diff: totals, then each scope with its counts and (up to ``limit``
+    per category) its items; ``limit=None`` lists everything."""
+    if diff.equal:
+        return f"{a_label} and {b_label}: equal graphs"
+    totals = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in diff.counts().items() if v)
+    lines = [f"{a_label} -> {b_label}: {totals}"]
+    for scope, categories in diff.by_scope().items():
+        counts = ", ".join(f"{len(v)} {k.replace('_', ' ')}" for k, v in categories.items())
+        lines.append(f"  {scope}: {counts}")
+        for category, items in categories.items():
+            shown = items if limit is None else items[:limit]
+            lines += [f"    {_SIGNS[category]} {item}" for item in shown]
+            if len(shown) < len(items):
+                lines.append(f"    ... {len(items) - len(shown)} more {category.replace('_', ' ')}"
+                             " (--all lists them)")
+    lines += [f"  graph: {note}" for note in diff.meta]
+    return "\n".join(lines)
