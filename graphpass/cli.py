@@ -183,6 +183,7 @@ class Verify(Command):
         parser.add_argument("--init", help="the init op (default: the MetaGraph's "
                             "variable initialisers, else `init`)")
         parser.add_argument("--tag", help="SavedModel MetaGraph tag")
+        parser.add_argument("--json", action="store_true", help="print the report as JSON")
         parser.add_argument("--quiet", action="store_true",
                             help="no table or progress; only the verdict on a mismatch")
 
@@ -196,7 +197,9 @@ class Verify(Command):
             train_ops=tuple(args.train_op or ()), init=args.init, rtol=args.rtol,
             atol=args.atol, seed=args.seed, tag=args.tag, quiet=args.quiet)
         report = verify_files(args.original, args.rewritten, options)
-        if not args.quiet or not report.ok:
+        if args.json:
+            print(json.dumps(report.to_json(), indent=2, sort_keys=True))
+        elif not args.quiet or not report.ok:
             print(format_report(report, args.original, args.rewritten, options))
         return 0 if report.ok else 1
 

@@ -25,7 +25,7 @@ recompute but must not change arithmetic. NaNs compare equal to NaNs.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +82,20 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return self.failure is None and not any(s.mismatches for s in self.steps)
+
+    def median_peaks(self) -> tuple[int | None, int | None]:
+        """Median per-step peak of each graph: single steps are noisy (thread pools)."""
+        def median(values: list) -> int | None:
+            values = [v for v in values if v is not None]
+            return int(np.median(values)) if values else None
+
+        return (median([s.peak_bytes[0] for s in self.steps]),
+                median([s.peak_bytes[1] for s in self.steps]))
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data.update(ok=self.ok, median_peak_bytes=list(self.median_peaks()))
+        return data
 
 
 # -- entry point --------------------------------------------------------------
@@ -491,6 +505,11 @@ def format_report(report: VerifyReport, original: str, rewritten: str,
         lines += [f"        MISMATCH {m}" for m in s.mismatches[:10]]
         if len(s.mismatches) > 10:
             lines.append(f"        ... {len(s.mismatches) - 10} more mismatches")
+    peaks = report.median_peaks()
+    if None not in peaks:
+        ratio = f" (ratio {peaks[1] / peaks[0]:.2f})" if peaks[0] else ""
+        lines.append(f"  peak memory, median over steps: original {_bytes(peaks[0])}, "
+                     f"rewritten {_bytes(peaks[1])}{ratio}")
     if report.failure:
         lines.append(f"FAILED: {report.failure}")
     else:

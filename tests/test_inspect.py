@@ -109,21 +109,15 @@ def _write(model, directory: Path) -> Path:
 
 # -- graph_diff -------------------------------------------------------------------
 
-def test_graph_diff_of_a_copy_is_empty(model):
-    graph = graphpass.load(_write(model, Path(_tmp())))
+def test_graph_diff_of_a_copy_is_empty(model, tmp_path):
+    graph = graphpass.load(_write(model, tmp_path))
     diff = graph_diff(graph, graph.copy())
     assert diff.equal
     assert not any(diff.counts().values())
 
 
-def _tmp() -> str:
-    import tempfile
-
-    return tempfile.mkdtemp()
-
-
-def test_graph_diff_names_every_kind_of_change(model):
-    before = graphpass.load(_write(model, Path(_tmp())))
+def test_graph_diff_names_every_kind_of_change(model, tmp_path):
+    before = graphpass.load(_write(model, tmp_path))
     after = before.copy()
     Probe(None).run(after)
     diff = graph_diff(before, after)
@@ -143,8 +137,8 @@ def test_graph_diff_names_every_kind_of_change(model):
     assert len(back.removed_control_edges) == 2 and len(back.removed_data_edges) == 1
 
 
-def test_graph_diff_groups_by_pass_scope(model):
-    before = graphpass.load(_write(model, Path(_tmp())))
+def test_graph_diff_groups_by_pass_scope(model, tmp_path):
+    before = graphpass.load(_write(model, tmp_path))
     after = before.copy()
     Probe(None).run(after)
     scopes = graph_diff(before, after).scope_counts()
@@ -349,6 +343,18 @@ def test_verify_round_trip_matches(files, capsys):
     rows = [line for line in out.splitlines() if line.strip()[:1].isdigit()]
     assert len(rows) == 3  # one row per step, with losses and peak memory
     assert all("B" in row for row in rows)
+    assert "peak memory, median over steps: original" in out
+
+
+def test_verify_json(files, capsys):
+    assert main(["verify", str(files["original"]), str(files["broken"]), "--steps", "2",
+                 "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False and report["format"] == "tf"
+    assert report["compared"] == ["block1/W", "block2/W", "block3/W", "global_step"]
+    assert [s["step"] for s in report["steps"]] == [1, 2]
+    assert report["steps"][0]["max_abs"] > 0
+    assert any(m.startswith("block1/W") for m in report["steps"][0]["mismatches"])
 
 
 def test_verify_probed_graph_trains_identically(files, capsys):
