@@ -446,8 +446,8 @@ def test_progress_is_silent_off_a_terminal_and_when_quiet():
     assert plain.getvalue() == terminal.getvalue() == ""
 
 
-def test_graph_def_of_dumped_graph_imports(model, tmp_path):
-    """The pbtxt a dump writes is the same GraphDef the writer would emit."""
+def test_dumped_pbtxt_is_the_written_graph_def(model, tmp_path):
+    """The pbtxt a dump writes parses back to the GraphDef the writer would emit."""
     graph = graphpass.load(_write(model, tmp_path))
     from graphpass.dump import write_graph_text
 
