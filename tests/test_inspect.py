@@ -372,6 +372,43 @@ def test_verify_detects_a_changed_learning_rate(files, capsys):
     assert capsys.readouterr().out == ""
 
 
+def _add_counter(graph, assign_name: str) -> str:
+    """A pass-added variable (like the stale-gradient counter), absent from the
+    MetaGraph's collections, initialised by its own assign op."""
+    from tensorflow.core.framework import attr_value_pb2, tensor_shape_pb2, types_pb2
+
+    attr = attr_value_pb2.AttrValue
+    counter = "graphpass/stale/counter"
+    graph.add_node(counter, "VarHandleOp", attrs={
+        "dtype": attr(type=types_pb2.DT_FLOAT), "shape": attr(shape=tensor_shape_pb2.
+                                                             TensorShapeProto()),
+        "shared_name": attr(s=counter.encode()), "container": attr(s=b"")})
+    zero = graph.dialect.constant(graph, f"{counter}/zero", 0.0, "float32")
+    graph.add_node(assign_name, "AssignVariableOp", [Tensor(counter), zero],
+                   attrs={"dtype": attr(type=types_pb2.DT_FLOAT)})
+    return counter
+
+
+def test_verify_initialises_pass_added_variables_and_does_not_compare_them(files, tmp_path,
+                                                                           capsys):
+    graph = graphpass.load(files["original"])
+    counter = _add_counter(graph, "graphpass/stale/counter/Assign")
+    graphpass.save(graph, tmp_path / "counter.meta")
+    assert main(["verify", str(files["original"]), str(tmp_path / "counter.meta"),
+                 "--steps", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["only_rewritten"] == [counter] and counter not in report["compared"]
+
+
+def test_verify_names_an_uninitialisable_variable(files, tmp_path, capsys):
+    graph = graphpass.load(files["original"])
+    _add_counter(graph, "graphpass/stale/setup")
+    graphpass.save(graph, tmp_path / "counter.meta")
+    assert main(["verify", str(files["original"]), str(tmp_path / "counter.meta")]) == 2
+    err = capsys.readouterr().err
+    assert "graphpass/stale/counter" in err and "--init" in err
+
+
 def test_verify_with_feeds(files, model, tmp_path, capsys):
     feed = tmp_path / "x.npy"
     np.save(feed, model.feeds["x:0"])
