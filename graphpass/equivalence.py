@@ -113,6 +113,8 @@ def verify_files(original: str | Path, rewritten: str | Path,
         raise GraphpassError(f"{original} is {kind_a} but {rewritten} is {kind_b}; "
                              "verify compares two models of the same format")
     if kind_a == ONNX:
+        if options.xla:
+            raise GraphpassError("--xla applies to TF graphs; ONNX models run in onnxruntime")
         return verify_onnx(Path(original), Path(rewritten), options)
     import graphpass
 
@@ -160,7 +162,7 @@ def _run_tf_steps(a: _TFRunner, b: _TFRunner, common: list[str], inputs: _InputM
                   options: VerifyOptions, report: VerifyReport) -> None:
     with Progress("verify step", total=options.steps, quiet=options.quiet) as progress:
         for step in range(1, options.steps + 1):
-            progress.update(step - 1, "running")
+            progress.update(step, "running")
             feeds = inputs.next()
             losses_a, peak_a = a.step(feeds, step)
             try:
@@ -470,7 +472,7 @@ def verify_onnx(original: Path, rewritten: Path, options: VerifyOptions) -> Veri
     inputs = _InputMaker(specs, options.feeds, options.seed)
     with Progress("verify step", total=options.steps, quiet=options.quiet) as progress:
         for step in range(1, options.steps + 1):
-            progress.update(step - 1, "running")
+            progress.update(step, "running")
             feeds = inputs.next()
             results = [dict(zip(common, s.run(common, {i.name: feeds[i.name]
                                                        for i in s.get_inputs()})))

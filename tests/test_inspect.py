@@ -457,6 +457,7 @@ def test_verify_onnx_compares_outputs(tmp_path, capsys):
     assert "onnx" in capsys.readouterr().out
     assert main(["verify", str(times_two), str(plus_two)]) == 1
     assert "MISMATCH Y" in capsys.readouterr().out
+    assert main(["verify", str(times_two), str(plus_two), "--xla"]) == 2
 
 
 # -- progress -------------------------------------------------------------------------
