@@ -13,7 +13,11 @@ graphs side by side and compares them after every step:
   ``--feed`` arrays, else seeded random values of each placeholder's static
   shape and dtype. Peak memory of each step is the CPU allocator's peak after
   ``reset_memory_stats`` (``inter_op_parallelism_threads=1``, so the schedule
-  is stable), as in DESIGN.md's "Measuring".
+  is stable), as in DESIGN.md's "Measuring". Two caveats: both sessions share
+  the process's allocator, so single steps are noisy (the verdict line gives
+  the median); and oneDNN's CPU allocator keeps small buffers (below about
+  256 KiB) out of its statistics, so toy graphs read 0 B -- and with oneDNN
+  off (``TF_ENABLE_ONEDNN_OPTS=0``) there are no statistics at all ("n/a").
 * **ONNX**: both models run in onnxruntime on the same inputs and every
   output both models declare is compared (``verify_onnx``, kept separate so
   it does not depend on the ONNX IR reader).

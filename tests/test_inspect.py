@@ -427,7 +427,7 @@ def test_verify_xla_compiles_and_matches(files):
                PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     result = subprocess.run(
         [sys.executable, "-m", "graphpass.cli", "verify", str(files["original"]),
-         str(files["probed"]), "--xla", "--steps", "1"],
+         str(files["roundtrip"]), "--xla", "--steps", "1"],
         capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     assert "XLA on" in result.stdout
