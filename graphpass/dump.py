@@ -32,7 +32,7 @@ from graphpass.dot import neighbourhood_dot, render_svg
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
 from graphpass.passes.base import Instrument, Pass
-from graphpass.progress import Progress
+from graphpass.progress import PassProgress, Progress
 
 _OWN_FILE = re.compile(r"^\d{2,}-.*\.(pbtxt|onnx\.txt|dot|svg|diff\.json)$")
 TENSORBOARD_DIR = "tensorboard"
@@ -221,8 +221,16 @@ def add_dump_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def instruments_from_settings(settings: dict) -> list[Instrument]:
-    """The instruments the settings ask for (empty without ``dump_dir``)."""
-    if not settings.get("dump_dir"):
-        return []
-    return [DumpInstrument(settings["dump_dir"], full=bool(settings.get("dump_full")),
-                           quiet=bool(settings.get("quiet")))]
+    """The instruments ``graphpass rewrite`` runs with: dumps when ``dump_dir`` is set,
+    and a progress line on a terminal (silent otherwise, and with ``quiet``)."""
+    from graphpass.passes import build_passes
+
+    quiet = bool(settings.get("quiet"))
+    instruments: list[Instrument] = []
+    if settings.get("dump_dir"):
+        instruments.append(DumpInstrument(settings["dump_dir"],
+                                          full=bool(settings.get("dump_full")), quiet=quiet))
+    names = [p.name for p in build_passes(settings)]
+    if names:
+        instruments.append(PassProgress(names, quiet=quiet))
+    return instruments

@@ -29,7 +29,7 @@ from graphpass.dump import DumpInstrument
 from graphpass.ir.graph import Tensor
 from graphpass.ir.tf_io import graph_def_from_graph
 from graphpass.passes.base import Pass, Pipeline
-from graphpass.progress import Progress
+from graphpass.progress import PassProgress, Progress
 from tools import tf_models
 
 PROBE = "graphpass/probe/block1_relu"
@@ -495,3 +495,14 @@ def test_dumped_pbtxt_is_the_written_graph_def(model, tmp_path):
 
     parsed = text_format.Parse(path.read_text(), graph_pb2.GraphDef())
     assert parsed == graph_def_from_graph(graph)
+
+
+def test_pass_progress_names_the_running_pass_and_erases_itself(model, tmp_path):
+    stream = _Terminal()
+    graph = graphpass.load(_write(model, tmp_path))
+    Pipeline([Probe(None), Nothing(None)],
+             [PassProgress(["probe", "nothing"], stream=stream)]).run(graph)
+    text = stream.getvalue()
+    assert f"rewrite pass 1/2 probe ({len(graph) - 1} nodes)" in text
+    assert f"rewrite pass 2/2 nothing ({len(graph)} nodes)" in text
+    assert text.endswith("\r") and text.rstrip("\r ").endswith("nodes)")
