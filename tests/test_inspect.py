@@ -247,6 +247,20 @@ def test_dump_full_draws_every_node(model, tmp_path):
     assert _fill(nodes[PROBE]) == _colour("added", "fillcolor")
 
 
+def test_dot_view_draws_removed_nodes_dashed(model, tmp_path):
+    from graphpass.dot import neighbourhood_dot
+
+    without = graphpass.load(_write(model, tmp_path))
+    with_probe = without.copy()
+    Probe(None).run(with_probe)
+    text = neighbourhood_dot(without, graph_diff(with_probe, without), before=with_probe,
+                             title="undo")
+    [line] = [t for t in text.splitlines() if t.strip().startswith(f'"{PROBE}" [')]
+    assert STYLES["removed"].node in line
+    assert f'"{PROBE}" -> "block1/Tanh" [{STYLES["removed"].edge}]' in text
+    assert "1 removed nodes" in text
+
+
 def test_tensorboard_event_files_hold_the_graphs(dumped):
     import tensorflow as tf
     from tensorflow.core.framework import graph_pb2
