@@ -50,20 +50,23 @@ class Rewrite(Command):
         analysis.add_argument("--train-op", action="append",
                               help="a train op to rewrite (repeatable; default: all found)")
         analysis.add_argument("--global-step", help="the global step variable node")
+        from graphpass.dump import add_dump_arguments
         from graphpass.passes import registered_passes
 
+        add_dump_arguments(parser)
         for cls in registered_passes():
             cls.add_arguments(parser.add_argument_group(f"pass {cls.name}: {_first_line(cls)}"))
 
     def run(self, args):
         import graphpass
+        from graphpass.dump import instruments_from_settings
 
         settings = _settings(args)
         source, target = Path(settings["input"]), Path(settings["output"])
         _check_output(source, target, settings.get("in_place", False))
         graph = graphpass.load(source, tag=settings.get("tag"))
         nodes_before = len(graph)
-        results = graphpass.run_passes(graph, settings)
+        results = graphpass.run_passes(graph, settings, instruments_from_settings(settings))
         graphpass.save(graph, target, output_format=settings.get("output_format"))
         report = {
             "input": str(source),
@@ -124,7 +127,87 @@ class Passes(Command):
         return 0
 
 
-COMMANDS: list[type[Command]] = [Rewrite, Inspect, Passes]
+class Diff(Command):
+    """Compare two graphs: added / removed / rewired nodes and edges, grouped by scope.
+
+    Exits 0 when the graphs are equal and 1 when they differ, like diff(1).
+    """
+
+    name = "diff"
+
+    def add_arguments(self, parser):
+        parser.add_argument("a", help="the graph before (any format graphpass reads)")
+        parser.add_argument("b", help="the graph after")
+        parser.add_argument("--json", action="store_true", help="print JSON (full lists)")
+        parser.add_argument("--all", action="store_true",
+                            help="list every change, not the first 20 per scope and kind")
+        parser.add_argument("--tag", help="SavedModel MetaGraph tag")
+
+    def run(self, args):
+        import graphpass
+        from graphpass.diff import format_diff, graph_diff
+
+        a = graphpass.load(args.a, tag=args.tag)
+        b = graphpass.load(args.b, tag=args.tag)
+        diff = graph_diff(a, b)
+        if args.json:
+            print(json.dumps(diff.to_json(), indent=2, sort_keys=True))
+        else:
+            print(format_diff(diff, args.a, args.b, limit=None if args.all else 20))
+        return 0 if diff.equal else 1
+
+
+class Verify(Command):
+    """Train the original and the rewritten graph side by side and compare them.
+
+    Both start from the same variable values and get the same inputs; losses
+    and every variable (ONNX: every output) are compared after every step.
+    Exits 0 on a match, 1 on a mismatch.
+    """
+
+    name = "verify"
+
+    def add_arguments(self, parser):
+        parser.add_argument("original")
+        parser.add_argument("rewritten")
+        parser.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
+        parser.add_argument("--xla", action="store_true",
+                            help="run both with XLA JIT (global_jit_level ON_1)")
+        parser.add_argument("--feed", action="append", default=[], metavar="NAME=FILE.npy",
+                            help="input values (repeatable); default: seeded random values "
+                            "of each placeholder's static shape")
+        parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+        parser.add_argument("--rtol", type=float, default=0.0,
+                            help="relative tolerance (default 0: exact)")
+        parser.add_argument("--atol", type=float, default=0.0,
+                            help="absolute tolerance (default 0: exact)")
+        parser.add_argument("--loss", help="the loss tensor (default: region analysis)")
+        parser.add_argument("--train-op", action="append", help="train op (repeatable)")
+        parser.add_argument("--init", help="the init op (default: the MetaGraph's "
+                            "variable initialisers, else `init`)")
+        parser.add_argument("--tag", help="SavedModel MetaGraph tag")
+        parser.add_argument("--json", action="store_true", help="print the report as JSON")
+        parser.add_argument("--quiet", action="store_true",
+                            help="no table or progress; only the verdict on a mismatch")
+
+    def run(self, args):
+        from graphpass.equivalence import VerifyOptions, format_report, verify_files
+
+        if args.steps < 1:
+            raise GraphpassError(f"--steps must be at least 1, not {args.steps}")
+        options = VerifyOptions(
+            steps=args.steps, xla=args.xla, feeds=_read_feeds(args.feed), loss=args.loss,
+            train_ops=tuple(args.train_op or ()), init=args.init, rtol=args.rtol,
+            atol=args.atol, seed=args.seed, tag=args.tag, quiet=args.quiet)
+        report = verify_files(args.original, args.rewritten, options)
+        if args.json:
+            print(json.dumps(report.to_json(), indent=2, sort_keys=True))
+        elif not args.quiet or not report.ok:
+            print(format_report(report, args.original, args.rewritten, options))
+        return 0 if report.ok else 1
+
+
+COMMANDS: list[type[Command]] = [Rewrite, Inspect, Passes, Diff, Verify]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -182,6 +265,23 @@ def _read_config(path: Path, known: set[str]) -> dict:
             f"valid: {', '.join(sorted(known - {'command', 'config'}))}"
         )
     return settings
+
+
+def _read_feeds(specs: list[str]) -> dict:
+    """``NAME=FILE.npy`` options as ``{NAME: array}``."""
+    import numpy as np
+
+    feeds = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise GraphpassError(f"--feed {spec!r}: expected NAME=FILE.npy")
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise GraphpassError(f"--feed {spec}: cannot read {path} as a .npy array "
+                                 f"({exc})") from None
+    return feeds
 
 
 def _check_output(source: Path, target: Path, in_place: bool) -> None:
