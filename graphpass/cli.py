@@ -17,6 +17,10 @@ from pathlib import Path
 from graphpass.errors import GraphpassError
 
 
+#: Version of the ``--report`` JSON layout (documented in the README).
+REPORT_SCHEMA = 1
+
+
 class Command:
     """Base class: ``name``, ``add_arguments`` and ``run(args) -> exit status``."""
 
@@ -69,6 +73,8 @@ class Rewrite(Command):
         results = graphpass.run_passes(graph, settings, instruments_from_settings(settings))
         graphpass.save(graph, target, output_format=settings.get("output_format"))
         report = {
+            "schema": REPORT_SCHEMA,
+            "graphpass_version": graphpass.__version__,
             "input": str(source),
             "output": str(target),
             "format": graph.format,
