@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from graphpass.ir.dialect import Dialect
 from graphpass.ir.graph import Graph, Tensor
@@ -247,7 +247,8 @@ class TFDialect(Dialect):
                         SrcT=self._dt(graph, tensor), DstT=_DType(dtype), Truncate=False)
 
     def binary(self, graph, name, op, a, b) -> Tensor:
-        tf_op = {"add": "AddV2", "sub": "Sub", "mul": "Mul"}[op]
+        tf_op = {"add": "AddV2", "sub": "Sub", "mul": "Mul", "div": "RealDiv",
+                 "less_equal": "LessEqual"}[op]
         return self._op(graph, name, tf_op, [a, b], device=self._device(graph, a),
                         T=self._dt(graph, a))
 
@@ -258,11 +259,274 @@ class TFDialect(Dialect):
     def noop(self, graph: Graph, name: str, control_inputs: list[str], device: str = "") -> str:
         return self._op(graph, name, "NoOp", [], control_inputs, device=device).node
 
+    # -- variables, control flow, summaries (the stale-gradient pass) ----------
+
+    def has_outputs(self, graph: Graph, name: str) -> bool:
+        """Whether ``name`` produces a value (an ``AssignAdd`` does, its resource
+        twin ``AssignAddVariableOp`` does not)."""
+        return bool(self.output_dtypes(graph, name))
+
+    def is_ref(self, graph: Graph, tensor: Tensor) -> bool:
+        """A ref tensor (a ``VariableV2`` output, an ``Assign`` result): it aliases a
+        variable's buffer and cannot cross a function boundary."""
+        arg = _output_arg(graph, tensor)
+        return arg is not None and arg.is_ref
+
+    def is_resource_variable(self, graph: Graph, name: str) -> bool:
+        return graph.node(name).op == "VarHandleOp"
+
+    def read_variable(self, graph: Graph, name: str, variable: str,
+                      control_inputs: list[str] = (), device: str | None = None) -> Tensor:
+        """The variable's current value: ``ReadVariableOp`` of a resource, ``Identity``
+        of a ref variable (which may alias the buffer: add 0 to keep a snapshot)."""
+        node = graph.node(variable)
+        dtype = _DType(self.get_attr(graph, variable, "dtype"))
+        device = node.device if device is None else device
+        if self.is_resource_variable(graph, variable):
+            return self._op(graph, name, "ReadVariableOp", [Tensor(variable, 0)], control_inputs,
+                            device=device, dtype=dtype)
+        return self._op(graph, name, "Identity", [Tensor(variable, 0)], control_inputs,
+                        device=device, T=dtype)
+
+    def resource_variable(self, graph: Graph, name: str, value: float, dtype: str,
+                          device: str = "") -> ResourceVariable:
+        """A scalar resource variable laid out as ``tf.compat.v1.get_variable`` does
+        (``name``, ``name/Initializer/...``, ``name/Assign``, ``name/Read/ReadVariableOp``),
+        so a ``VariableDef`` can describe it. Its initializer runs nowhere yet."""
+        from tensorflow.core.framework import attr_value_pb2, tensor_shape_pb2
+
+        handle = graph.unique_name(name)
+        scalar = attr_value_pb2.AttrValue(shape=tensor_shape_pb2.TensorShapeProto())
+        self._op(graph, handle, "VarHandleOp", [], device=device, dtype=_DType(dtype),
+                 shape=scalar, shared_name=handle, container="")
+        initial = self.constant(graph, f"{handle}/Initializer/value", value, dtype, device)
+        assign = self._op(graph, f"{handle}/Assign", "AssignVariableOp",
+                          [Tensor(handle, 0), initial], device=device, dtype=_DType(dtype)).node
+        read = self.read_variable(graph, f"{handle}/Read/ReadVariableOp", handle)
+        return ResourceVariable(handle, assign, read, initial)
+
+    def assign_add_variable(self, graph: Graph, name: str, variable: str, value: Tensor,
+                            control_inputs: list[str] = ()) -> str:
+        """``variable += value`` for a resource variable; the op has no output."""
+        return self._op(graph, name, "AssignAddVariableOp", [Tensor(variable, 0), value],
+                        control_inputs, device=graph.node(variable).device,
+                        dtype=self._dt(graph, value)).node
+
+    def switch(self, graph: Graph, name: str, data: Tensor, pred: Tensor,
+               device: str = "") -> tuple[Tensor, Tensor]:
+        """v1 ``Switch``: ``(false output, true output)``; the untaken one is dead, and
+        every node reading it (data or control) is dead too: it does not run."""
+        switch = self._op(graph, name, "Switch", [data, pred], device=device,
+                          T=self._dt(graph, data))
+        return Tensor(switch.node, 0), Tensor(switch.node, 1)
+
+    def merge(self, graph: Graph, name: str, tensors: list[Tensor], device: str = "") -> Tensor:
+        """v1 ``Merge``: live as soon as one input is live (the end of a conditional)."""
+        return self._op(graph, name, "Merge", tensors, device=device, N=len(tensors),
+                        T=self._dt(graph, tensors[0]))
+
+    def scalar_summary(self, graph: Graph, name: str, tag: str, value: Tensor) -> Tensor:
+        tags = self.constant(graph, f"{name}/tags", tag, "string", self._device(graph, value))
+        return self._op(graph, name, "ScalarSummary", [tags, value],
+                        device=self._device(graph, value), T=self._dt(graph, value))
+
+    def functional_if(self, graph: Graph, name: str, pred: Tensor,
+                      branches: tuple[list[str], list[str]], results: tuple[float, float],
+                      device: str = "") -> Tensor:
+        """Move two sets of nodes into the then/else functions of one functional ``If``.
+
+        Why a function: XLA compiles ``If`` (it rejects v1 Switch/Merge), and inside a
+        branch function nodes run conditionally without dead tensors. Data inputs the
+        moved nodes read from outside become the If's inputs (arguments of both
+        branches); control inputs from outside become the If's control inputs. Each
+        branch returns one float32 scalar (its entry of ``results``) after every node
+        moved into it ran; its stateful nodes are also control outputs, so the function
+        runtime never prunes them. Moved nodes must not be read outside their branch,
+        and ref tensors cannot be inputs (raise ``ValueError``). Returns the If's output.
+        """
+        moved = [set(branch) for branch in branches]
+        for members in moved:
+            for node in members:
+                outside = [u for u in graph.users(node) if u not in members]
+                if outside:
+                    raise ValueError(f"{node!r} is read by {outside[0]!r} outside its branch")
+        external: dict[Tensor, int] = {}
+        controls: list[str] = []
+        for branch, members in zip(branches, moved):
+            for node in branch:
+                for tensor in graph.inputs(node):
+                    if tensor.node not in members and tensor not in external:
+                        if self.is_ref(graph, tensor):
+                            raise ValueError(f"{node!r} reads the ref tensor {tensor}")
+                        external[tensor] = len(external)
+                controls += [c for c in graph.control_inputs(node)
+                             if c not in members and c not in controls]
+        inputs = list(external)
+        types = [self._dt(graph, t) for t in inputs]
+        library = _copy_library(graph)
+        functions = []
+        for branch, kind, result in zip(branches, ("then", "else"), results):
+            fname = _unique_function_name(library, f"{name}_{kind}")
+            library.function.append(
+                _branch_function(self, graph, fname, branch, external, types, result))
+            functions.append(fname)
+        graph.meta["library"] = library
+        if_node = self._op(graph, name, "If", [pred, *inputs], controls, device=device,
+                           Tcond=self._dt(graph, pred), Tin=_TypeList(types),
+                           Tout=_TypeList([_DType("float32")]),
+                           then_branch=_Func(functions[0]), else_branch=_Func(functions[1]))
+        doomed = set().union(*moved)
+        for node in reversed(graph.topological_order()):
+            if node in doomed:
+                graph.remove_node(node)
+        return if_node
+
+    # -- MetaGraphDef collections ---------------------------------------------
+
+    def register_global_variable(self, graph: Graph, variable: ResourceVariable) -> bool:
+        """List a resource variable in a MetaGraphDef's global variables collection
+        (non-trainable), as ``get_variable`` would; False when there is no MetaGraphDef.
+        An existing Saver (``saver_def``) is left alone: its checkpoints stay loadable."""
+        from tensorflow.core.framework import variable_pb2
+
+        meta_graph = _editable_meta_graph(graph)
+        if meta_graph is None:
+            return False
+        definition = variable_pb2.VariableDef(
+            variable_name=f"{variable.handle}:0", initializer_name=variable.initializer,
+            snapshot_name=str(variable.read), initial_value_name=str(variable.initial_value),
+            is_resource=True, trainable=False)
+        values = meta_graph.collection_def["variables"].bytes_list.value
+        values.append(definition.SerializeToString())
+        return True
+
+    def add_to_collection(self, graph: Graph, key: str, tensor: Tensor) -> bool:
+        """Add a tensor name to a MetaGraphDef node-list collection (``summaries``)."""
+        meta_graph = _editable_meta_graph(graph)
+        if meta_graph is None:
+            return False
+        meta_graph.collection_def[key].node_list.value.append(f"{tensor.node}:{tensor.port}")
+        return True
+
     def _dt(self, graph: Graph, tensor: Tensor) -> _DType:
         dtype = self.dtype(graph, tensor)
         if dtype is None:
             raise ValueError(f"cannot tell the dtype of {tensor}")
         return _DType(dtype)
+
+
+class ResourceVariable(NamedTuple):
+    """The nodes of a variable a pass created (names as ``get_variable`` gives them)."""
+
+    handle: str
+    initializer: str
+    read: Tensor
+    initial_value: Tensor
+
+
+def _output_arg(graph: Graph, tensor: Tensor):
+    """The OpDef output argument that output ``tensor.port`` belongs to, and its index in
+    it, or None for unknown ops."""
+    located = _locate_output(graph, tensor)
+    return located[0] if located else None
+
+
+def _locate_output(graph: Graph, tensor: Tensor):
+    node = graph.node(tensor.node)
+    definition = op_def(node.op)
+    start = 0
+    for arg in definition.output_arg if definition else ():
+        if arg.number_attr:
+            count = node.attrs[arg.number_attr].i
+        elif arg.type_list_attr:
+            count = len(node.attrs[arg.type_list_attr].list.type)
+        else:
+            count = 1
+        if tensor.port < start + count:
+            return arg, tensor.port - start
+        start += count
+    return None
+
+
+def _copy_library(graph: Graph):
+    """An editable copy of the graph's FunctionDefLibrary (the read one stays untouched)."""
+    from tensorflow.core.framework import function_pb2
+
+    library = function_pb2.FunctionDefLibrary()
+    if graph.meta.get("library") is not None:
+        library.CopyFrom(graph.meta["library"])
+    return library
+
+
+def _unique_function_name(library, base: str) -> str:
+    base = re.sub(r"[^A-Za-z0-9_]", "_", base)
+    taken = {f.signature.name for f in library.function}
+    name, i = base, 0
+    while name in taken:
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+def _branch_function(dialect: TFDialect, graph: Graph, fname: str, branch: list[str],
+                     external: dict[Tensor, int], types: list[str], result: float):
+    """One ``If`` branch as a FunctionDef: the branch's nodes, reading the If's inputs
+    as arguments, returning ``result`` once they all ran."""
+    from tensorflow.core.framework import function_pb2
+
+    fdef = function_pb2.FunctionDef()
+    signature = fdef.signature
+    signature.name = fname
+    signature.is_stateful = True
+    args = [f"graphpass_arg_{i}" for i in range(len(types))]
+    for arg, dtype in zip(args, types):
+        signature.input_arg.add(name=arg, type=_dtype_enum(dtype))
+    signature.output_arg.add(name="result", type=_dtype_enum("float32"))
+    members = set(branch)
+
+    def reference(tensor: Tensor) -> str:
+        if tensor.node not in members:
+            return args[external[tensor]]
+        arg, index = _locate_output(graph, tensor)
+        return f"{tensor.node}:{arg.name}:{index}"
+
+    for name in branch:
+        node = graph.node(name)
+        node_def = fdef.node_def.add(name=name, op=node.op, device=node.device)
+        node_def.input.extend(reference(t) for t in graph.inputs(name))
+        node_def.input.extend(f"^{c}" for c in graph.control_inputs(name) if c in members)
+        for key, value in node.attrs.items():
+            if key != "_class":  # colocation names nodes of the outer graph
+                node_def.attr[key].CopyFrom(value)
+        if dialect.is_stateful(graph, name):
+            signature.control_output.append(name)
+            fdef.control_ret[name] = name
+    done = fdef.node_def.add(name="graphpass_result", op="Const")
+    done.input.extend(f"^{n}" for n in branch if not set(graph.users(n)) & members)
+    done.attr["dtype"].CopyFrom(_attr(_DType("float32")))
+    from tensorflow.python.framework import tensor_util
+
+    done.attr["value"].CopyFrom(_attr(_Raw(tensor_util.make_tensor_proto(result, "float32"))))
+    fdef.ret["result"] = "graphpass_result:output:0"
+    return fdef
+
+
+def _editable_meta_graph(graph: Graph):
+    """The MetaGraphDef the graph was read from, copied before each edit so that the
+    edit stays in this graph (``Graph.copy`` shares ``meta``); None for a GraphDef."""
+    if graph.meta.get("metagraph") is not None:
+        graph.meta["metagraph"] = _copy_proto(graph.meta["metagraph"])
+        return graph.meta["metagraph"]
+    if graph.meta.get("savedmodel") is not None:
+        graph.meta["savedmodel"] = _copy_proto(graph.meta["savedmodel"])
+        return graph.meta["savedmodel"].meta_graphs[graph.meta["metagraph_index"]]
+    return None
+
+
+def _copy_proto(message):
+    copied = type(message)()
+    copied.CopyFrom(message)
+    return copied
 
 
 def _infer_shapes(graph: Graph) -> None:
@@ -290,6 +554,14 @@ class _DType(str):
     """Marks a string attr value as a dtype."""
 
 
+class _TypeList(list):
+    """Marks a list of dtype names as a ``list(type)`` attr value."""
+
+
+class _Func(str):
+    """Marks a string as a function name (``func`` attr)."""
+
+
 class _Raw:
     """Wraps a proto (TensorProto) to store as an attr as-is."""
 
@@ -307,6 +579,11 @@ def _attr(value: Any):
         return attr_value_pb2.AttrValue(type=_dtype_enum(str(value)))
     if isinstance(value, _Raw):
         return attr_value_pb2.AttrValue(tensor=value.proto)
+    if isinstance(value, _TypeList):
+        return attr_value_pb2.AttrValue(
+            list=attr_value_pb2.AttrValue.ListValue(type=[_dtype_enum(t) for t in value]))
+    if isinstance(value, _Func):
+        return attr_value_pb2.AttrValue(func=attr_value_pb2.NameAttrList(name=str(value)))
     if isinstance(value, bool):
         return attr_value_pb2.AttrValue(b=value)
     if isinstance(value, int):
