@@ -7,7 +7,9 @@ from graphpass.passes.base import Pass, Pipeline, RegionOptions
 
 def registered_passes() -> list[type[Pass]]:
     """Every pass, in the order the pipeline runs them."""
-    return []
+    from graphpass.passes.stale import StalePass
+
+    return [StalePass]
 
 
 def build_passes(settings: dict) -> list[Pass]:
