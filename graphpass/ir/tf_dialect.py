@@ -272,6 +272,26 @@ class TFDialect(Dialect):
         arg = _output_arg(graph, tensor)
         return arg is not None and arg.is_ref
 
+    def frame_depths(self, graph: Graph) -> dict[str, int]:
+        """How deep in v1 ``while_loop`` frames each node runs (0: the root frame).
+
+        A node runs in its data inputs' frame, one deeper after an ``Enter``, one
+        shallower after an ``Exit``; a node without data inputs runs in its control
+        inputs' frame (a loop constant hangs on the loop's pivot). An edge between
+        frames other than into an Enter is invalid, so passes adding control edges
+        check both ends here.
+        """
+        depths: dict[str, int] = {}
+        order = graph.topological_order(ignore_edge=lambda s, d: self.is_back_edge(graph, s, d))
+        for name in order:
+            sources = [t.node for t in graph.inputs(name)] or graph.control_inputs(name)
+            depth = 0
+            for src in sources[:1]:
+                op = graph.node(src).op
+                depth = depths[src] + (op in ("Enter", "RefEnter")) - (op in ("Exit", "RefExit"))
+            depths[name] = max(depth, 0)
+        return depths
+
     def is_resource_variable(self, graph: Graph, name: str) -> bool:
         return graph.node(name).op == "VarHandleOp"
 

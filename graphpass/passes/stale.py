@@ -232,6 +232,7 @@ def _plan(graph: Graph, step: TrainStep, global_step: str) -> _StepPlan:
     entries, front = _gradient_entries(graph, step)
     inherited = _outside_control_inputs(graph, front, set(front))
     downstream = graph.descendants(entries)
+    depths = graph.dialect.frame_depths(graph)
     gradient_ops = [t.node for t in step.gradients]
     check_after = list(dict.fromkeys(gradient_ops + _outside_control_inputs(graph, unit, unit)))
     exits = [u for n in unit for u in graph.users(n) if u not in unit]
@@ -239,7 +240,7 @@ def _plan(graph: Graph, step: TrainStep, global_step: str) -> _StepPlan:
         train_op=step.train_op,
         unit=[n for n in graph if n in unit],
         entries=entries,
-        snapshot_after=[c for c in inherited if c not in downstream],
+        snapshot_after=[c for c in inherited if c not in downstream and depths[c] == 0],
         check_after=check_after,
         exits=list(dict.fromkeys(exits)),
     )
@@ -269,8 +270,9 @@ def _gradient_entries(graph: Graph, step: TrainStep) -> tuple[list[str], list[st
     The backward computation is what the gradients are computed from by *data*
     (so ops the graph orders before the gradients with control edges, such as a
     queue dequeue, stay outside) minus the forward pass. Entries are its
-    computed nodes that read no other computed backward node (loop back-edges
-    aside); ``front`` adds the
+    computed nodes in the root frame that read no other computed backward node
+    (loop back-edges aside: a gradient loop is entered from the root frame, and
+    the snapshot cannot send control edges into a loop); ``front`` adds the
     backward sources (constants), whose control inputs the snapshot inherits too
     (TF gives a ``grad_ys`` constant the same control inputs as the first gradient
     ops; constants inside a gradient loop only have the loop's own).
@@ -280,8 +282,9 @@ def _gradient_entries(graph: Graph, step: TrainStep) -> tuple[list[str], list[st
     producers = {t.node for t in step.gradients}
     backward = (graph.ancestors(producers, follow_control=False) | producers) - forward
     computed = {n for n in backward if not dialect.is_source(graph, n)}
+    depths = dialect.frame_depths(graph)
     entries = [
-        n for n in graph if n in computed and not any(
+        n for n in graph if n in computed and depths[n] == 0 and not any(
             p in computed and not dialect.is_back_edge(graph, p, n) for p in graph.producers(n))
     ]
     if not entries:  # the gradients are constants or forward values
