@@ -414,7 +414,8 @@ class TFDialect(Dialect):
             return False
         definition = variable_pb2.VariableDef(
             variable_name=f"{variable.handle}:0", initializer_name=variable.initializer,
-            snapshot_name=str(variable.read), initial_value_name=str(variable.initial_value),
+            snapshot_name=_tensor_name(variable.read),
+            initial_value_name=_tensor_name(variable.initial_value),
             is_resource=True, trainable=False)
         values = meta_graph.collection_def["variables"].bytes_list.value
         values.append(definition.SerializeToString())
@@ -425,7 +426,7 @@ class TFDialect(Dialect):
         meta_graph = _editable_meta_graph(graph)
         if meta_graph is None:
             return False
-        meta_graph.collection_def[key].node_list.value.append(f"{tensor.node}:{tensor.port}")
+        meta_graph.collection_def[key].node_list.value.append(_tensor_name(tensor))
         return True
 
     def _dt(self, graph: Graph, tensor: Tensor) -> _DType:
@@ -541,6 +542,11 @@ def _editable_meta_graph(graph: Graph):
         graph.meta["savedmodel"] = _copy_proto(graph.meta["savedmodel"])
         return graph.meta["savedmodel"].meta_graphs[graph.meta["metagraph_index"]]
     return None
+
+
+def _tensor_name(tensor: Tensor) -> str:
+    """``node:port`` always, as collections and VariableDefs spell tensors."""
+    return f"{tensor.node}:{tensor.port}"
 
 
 def _copy_proto(message):
