@@ -227,6 +227,29 @@ def test_devices_kept_on_a_ps_worker_graph():
     assert graph.node("train").device == "/job:worker/task:1"
 
 
+def test_ordering_is_inherited():
+    """TF's test orders the chief's gradients after a dequeue and the other workers'
+    apply after another: the chief's snapshot and the others' staleness read
+    inherit those control inputs (without them the matrix comes out different)."""
+    def rewritten(worker):
+        graph, _, report = rewrite(stale_cluster.worker_graph(worker, 2), drop_stale="0",
+                                   train_op=["train"], loss="loss")
+        return graph, report["steps"][0]["snapshot"]
+
+    chief, snapshot = rewritten(0)
+    dequeue_many = next(n.name for n in chief.nodes() if n.op == "QueueDequeueManyV2")
+    assert dequeue_many in chief.control_inputs(f"{snapshot}/read")
+    other, snapshot = rewritten(1)
+    dequeue = next(n.name for n in other.nodes() if n.op == "QueueDequeueV2")
+    check = snapshot.replace("local_step", "staleness/read")
+    assert dequeue in other.control_inputs(check)
+    assert dequeue not in other.ancestors([snapshot])
+    # the final enqueue (the train op) now follows the conditional, on both branches
+    merge = next(n.name for n in other.nodes() if n.op == "Merge")
+    assert merge in other.control_inputs("train")
+    assert not {"GradientDescent", "GradientDescent/update"} & set(other.control_inputs("train"))
+
+
 def test_second_run_is_refused_and_options():
     model = tf_models.block_mlp(blocks=2, optimizer="sgd")
     graph, _, _ = rewrite(model.graph_def, drop_stale="0")
