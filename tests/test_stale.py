@@ -275,6 +275,43 @@ def test_staleness_summary():
     assert value.simple_value == 2.0  # 2 drops / (global_step 0 + 1)
 
 
+def test_ref_global_step_train_op_keeps_its_value():
+    """With a ref global_step the train op is ``AssignAdd`` (``train:0`` is the new
+    step). The recreated ``train`` still yields it: the new step when applied, the
+    unchanged step when dropped."""
+    tf1 = _tf1()
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        step = tf1.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
+                            use_resource=False,
+                            collections=[tf1.GraphKeys.GLOBAL_VARIABLES,
+                                         tf1.GraphKeys.GLOBAL_STEP])
+        w = tf1.Variable([1.0, 2.0], name="w", use_resource=False)
+        train = tf1.train.GradientDescentOptimizer(0.5).minimize(
+            tf.reduce_sum(w * w, name="loss"), global_step=step, name="train")
+        tf1.global_variables_initializer()
+    assert train.type == "AssignAdd"
+
+    def run(graph_def):
+        g = tf1.Graph()
+        with g.as_default():
+            tf1.import_graph_def(graph_def, name="")
+        with tf1.Session(graph=g) as session:
+            session.run("init")
+            steps = [session.run("train:0") for _ in range(STEPS)]
+            return steps, session.run("w:0")
+
+    original = run(graph.as_graph_def())
+    _, accepted, _ = rewrite(graph.as_graph_def(), drop_stale="0")
+    got = run(accepted)
+    assert got[0] == original[0] == [1, 2, 3] and np.array_equal(got[1], original[1])
+    _, dropped, _ = rewrite(graph.as_graph_def(), drop_stale="-1")
+    got = run(dropped)
+    assert got[0] == [0, 0, 0] and np.array_equal(got[1], [1.0, 2.0])
+
+
 # -- checkpoints -------------------------------------------------------------------------
 
 

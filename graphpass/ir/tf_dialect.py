@@ -285,8 +285,9 @@ class TFDialect(Dialect):
         order = graph.topological_order(ignore_edge=lambda s, d: self.is_back_edge(graph, s, d))
         for name in order:
             sources = [t.node for t in graph.inputs(name)] or graph.control_inputs(name)
+            src = next((s for s in sources if s in depths), None)  # not a loop back-edge
             depth = 0
-            for src in sources[:1]:
+            if src is not None:
                 op = graph.node(src).op
                 depth = depths[src] + (op in ("Enter", "RefEnter")) - (op in ("Exit", "RefExit"))
             depths[name] = max(depth, 0)

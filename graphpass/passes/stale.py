@@ -146,38 +146,66 @@ class StalePass(Pass):
 
     def _rewrite_step(self, graph: Graph, plan: _StepPlan, global_step: str,
                       counter: str) -> dict:
+        xla = self.options.target == "xla"
         scope = graph.unique_name(f"{SCOPE}/{plan.train_op}")
         device = graph.node(global_step).device
         local_step = _snapshot(graph, scope, global_step, plan)
         pred = _staleness_check(graph, scope, global_step, local_step, plan,
                                 self.options.staleness)
         exits = _detach_exits(graph, plan)
-        original = graph.node(plan.train_op)
-        value_out = plan.train_op in plan.unit and self.options.target == "tf" and \
-            graph.dialect.has_outputs(graph, original.name)
-        train_device = original.device
-        unit = list(plan.unit)
-        accepted = None
-        if plan.train_op in plan.unit:
-            accepted = _rename(graph, plan.train_op, graph.unique_name(f"{plan.train_op}/accepted"))
-            unit[unit.index(plan.train_op)] = accepted
-        if self.options.target == "xla":
-            done = _gate_with_if(graph, scope, pred, unit, counter, device)
+        train = _TrainOp.detach(graph, plan, keep_value=not xla)
+        if xla:
+            done = _gate_with_if(graph, scope, pred, train.unit, counter, device)
         else:
-            done = _gate_with_switch(graph, scope, pred, unit, counter, device,
-                                     accepted if value_out else None)
+            done = _gate_with_switch(graph, scope, pred, train.unit, counter, device,
+                                     train.accepted if train.value_out else None)
         for name in exits:
             graph.add_control_input(name, done.node)
-        if accepted is not None:
-            _recreate_train_op(graph, plan.train_op, done, value_out, train_device)
+        train.recreate(graph, done)
         return {
             "train_op": plan.train_op,
             "snapshot": local_step.node,
             "entries": len(plan.entries),
             "gate": done.node,
             "gated": len(plan.unit),
-            "form": "If" if self.options.target == "xla" else "Switch/Merge",
+            "form": "If" if xla else "Switch/Merge",
         }
+
+
+@dataclass
+class _TrainOp:
+    """The train op while its step is rewritten. When it is part of the apply unit
+    (an increment or a grouping NoOp: the usual case) it moves to ``<name>/accepted``
+    inside the unit, and a new op of the old name follows the conditional."""
+
+    name: str
+    device: str
+    unit: list[str]
+    accepted: str | None = None
+    value_out: bool = False  # a ref update returning the new value (``AssignAdd``)
+
+    @classmethod
+    def detach(cls, graph: Graph, plan: _StepPlan, keep_value: bool) -> _TrainOp:
+        node = graph.node(plan.train_op)
+        train = cls(plan.train_op, node.device, list(plan.unit))
+        if plan.train_op in plan.unit:
+            train.value_out = keep_value and graph.dialect.has_outputs(graph, node.name)
+            train.accepted = _rename(graph, node.name,
+                                     graph.unique_name(f"{node.name}/accepted"))
+            train.unit[train.unit.index(node.name)] = train.accepted
+        return train
+
+    def recreate(self, graph: Graph, done: Tensor) -> None:
+        """The train op again, under its own name, after the conditional: it completes
+        on both branches, and fetching ``name`` (or ``name:0``) keeps working."""
+        if self.accepted is None:
+            return
+        dialect = graph.dialect
+        if self.value_out:
+            created = dialect.identity(graph, self.name, done).node
+        else:
+            created = dialect.noop(graph, self.name, [done.node])
+        graph.node(created).device = self.device
 
 
 # -- options -------------------------------------------------------------------
@@ -229,10 +257,10 @@ def _global_step(graph: Graph, regions: Regions) -> str:
 
 def _plan(graph: Graph, step: TrainStep, global_step: str) -> _StepPlan:
     unit = _apply_unit(graph, step, global_step)
-    entries, front = _gradient_entries(graph, step)
+    depths = graph.dialect.frame_depths(graph)
+    entries, front = _gradient_entries(graph, step, depths)
     inherited = _outside_control_inputs(graph, front, set(front))
     downstream = graph.descendants(entries)
-    depths = graph.dialect.frame_depths(graph)
     gradient_ops = [t.node for t in step.gradients]
     check_after = list(dict.fromkeys(gradient_ops + _outside_control_inputs(graph, unit, unit)))
     exits = [u for n in unit for u in graph.users(n) if u not in unit]
@@ -264,7 +292,8 @@ def _apply_unit(graph: Graph, step: TrainStep, global_step: str) -> set[str]:
     return between & (updates | graph.ancestors(updates))
 
 
-def _gradient_entries(graph: Graph, step: TrainStep) -> tuple[list[str], list[str]]:
+def _gradient_entries(graph: Graph, step: TrainStep,
+                      depths: dict[str, int]) -> tuple[list[str], list[str]]:
     """Where the gradient computation starts: ``(entries, front)``.
 
     The backward computation is what the gradients are computed from by *data*
@@ -282,7 +311,6 @@ def _gradient_entries(graph: Graph, step: TrainStep) -> tuple[list[str], list[st
     producers = {t.node for t in step.gradients}
     backward = (graph.ancestors(producers, follow_control=False) | producers) - forward
     computed = {n for n in backward if not dialect.is_source(graph, n)}
-    depths = dialect.frame_depths(graph)
     entries = [
         n for n in graph if n in computed and depths[n] == 0 and not any(
             p in computed and not dialect.is_back_edge(graph, p, n) for p in graph.producers(n))
@@ -430,18 +458,6 @@ def _gate_with_if(graph: Graph, scope: str, pred: Tensor, unit: list[str], count
                                  results=(0.0, 1.0), device=device)
     dialect.set_attr(graph, gate.node, GATE_ATTR, scope)
     return gate
-
-
-def _recreate_train_op(graph: Graph, name: str, done: Tensor, value_out: bool,
-                       device: str) -> None:
-    """The train op again, under its own name, after the conditional: it completes on
-    both branches, and a fetch of ``name`` (or ``name:0``) keeps working."""
-    dialect = graph.dialect
-    if value_out:
-        created = dialect.identity(graph, name, done).node
-    else:
-        created = dialect.noop(graph, name, [done.node])
-    graph.node(created).device = device
 
 
 # -- the counter -------------------------------------------------------------------
