@@ -41,11 +41,15 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.ir.regions import Regions, TrainStep
 from graphpass.passes.base import Pass, RegionOptions
+
+if TYPE_CHECKING:
+    from graphpass.ir.tf_dialect import ResourceVariable
 
 SCOPE = "graphpass/drop_stale"
 DEFAULT_COUNTER = "graphpass/stale_counter"
@@ -463,7 +467,7 @@ def _gate_with_if(graph: Graph, scope: str, pred: Tensor, unit: list[str], count
 # -- the counter -------------------------------------------------------------------
 
 
-def _make_counter(graph: Graph, requested: str | None, global_step: str):
+def _make_counter(graph: Graph, requested: str | None, global_step: str) -> ResourceVariable:
     dialect = graph.dialect
     if requested is not None and requested in graph:
         raise GraphpassError(f"--stale-counter {requested!r} names an existing node; choose a "
@@ -476,7 +480,7 @@ def _make_counter(graph: Graph, requested: str | None, global_step: str):
     return counter
 
 
-def _initialise(graph: Graph, counter) -> list[str]:
+def _initialise(graph: Graph, counter: ResourceVariable) -> list[str]:
     """Make the graph's init op(s) initialise the counter too; returns their names."""
     groups = _init_groups(graph)
     for name in groups:
@@ -514,7 +518,7 @@ def _is_initializer(graph: Graph, name: str) -> bool:
     return graph.node(value).op not in _RESTORE_OPS
 
 
-def _add_summary(graph: Graph, counter, global_step: str) -> str:
+def _add_summary(graph: Graph, counter: ResourceVariable, global_step: str) -> str:
     """``stale_counter / (global_step + 1)``, as TF's optimizer summarises it."""
     dialect = graph.dialect
     scope = f"{SCOPE}/summary"
@@ -532,8 +536,8 @@ def _add_summary(graph: Graph, counter, global_step: str) -> str:
 
 def _summary_lines(steps: list[dict], counter: str, init_ops: list[str]) -> list[str]:
     lines = [
-        f"{s['train_op']}: snapshot {s['snapshot']} before {s['entries']} gradient entries; "
-        f"{s['gated']} apply ops gated by {s['gate']} ({s['form']})" for s in steps
+        f"{s['train_op']}: snapshot {s['snapshot']} before {s['entries']} gradient entry "
+        f"op(s); {s['gated']} apply-unit ops gated by {s['gate']} ({s['form']})" for s in steps
     ]
     where = ", ".join(init_ops) if init_ops else "no init op found: run its Assign yourself"
     lines.append(f"drops counted in {counter} (initialised by {where})")
