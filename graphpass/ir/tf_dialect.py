@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from graphpass.ir.dialect import Dialect
 from graphpass.ir.graph import Graph, Tensor
@@ -247,7 +247,8 @@ class TFDialect(Dialect):
                         SrcT=self._dt(graph, tensor), DstT=_DType(dtype), Truncate=False)
 
     def binary(self, graph, name, op, a, b) -> Tensor:
-        tf_op = {"add": "AddV2", "sub": "Sub", "mul": "Mul"}[op]
+        tf_op = {"add": "AddV2", "sub": "Sub", "mul": "Mul", "div": "RealDiv",
+                 "less_equal": "LessEqual"}[op]
         return self._op(graph, name, tf_op, [a, b], device=self._device(graph, a),
                         T=self._dt(graph, a))
 
@@ -258,11 +259,160 @@ class TFDialect(Dialect):
     def noop(self, graph: Graph, name: str, control_inputs: list[str], device: str = "") -> str:
         return self._op(graph, name, "NoOp", [], control_inputs, device=device).node
 
+    # -- variables, control flow, summaries (the stale-gradient pass) ----------
+
+    def has_outputs(self, graph: Graph, name: str) -> bool:
+        """Whether ``name`` produces a value (an ``AssignAdd`` does, its resource
+        twin ``AssignAddVariableOp`` does not)."""
+        return bool(self.output_dtypes(graph, name))
+
+    def is_ref(self, graph: Graph, tensor: Tensor) -> bool:
+        """A ref tensor (a ``VariableV2`` output, an ``Assign`` result): it aliases a
+        variable's buffer and cannot cross a function boundary."""
+        arg = _output_arg(graph, tensor)
+        return arg is not None and arg.is_ref
+
+    def frame_depths(self, graph: Graph) -> dict[str, int]:
+        """How deep in v1 ``while_loop`` frames each node runs (0: the root frame).
+
+        A node runs in its data inputs' frame, one deeper after an ``Enter``, one
+        shallower after an ``Exit``; a node without data inputs runs in its control
+        inputs' frame (a loop constant hangs on the loop's pivot). An edge between
+        frames other than into an Enter is invalid, so passes adding control edges
+        check both ends here.
+        """
+        depths: dict[str, int] = {}
+        order = graph.topological_order(ignore_edge=lambda s, d: self.is_back_edge(graph, s, d))
+        for name in order:
+            sources = [t.node for t in graph.inputs(name)] or graph.control_inputs(name)
+            src = next((s for s in sources if s in depths), None)  # not a loop back-edge
+            depth = 0
+            if src is not None:
+                op = graph.node(src).op
+                depth = depths[src] + (op in ("Enter", "RefEnter")) - (op in ("Exit", "RefExit"))
+            depths[name] = max(depth, 0)
+        return depths
+
+    def is_resource_variable(self, graph: Graph, name: str) -> bool:
+        return graph.node(name).op == "VarHandleOp"
+
+    def read_variable(self, graph: Graph, name: str, variable: str,
+                      control_inputs: list[str] = (), device: str | None = None) -> Tensor:
+        """The variable's current value: ``ReadVariableOp`` of a resource, ``Identity``
+        of a ref variable (which may alias the buffer: add 0 to keep a snapshot)."""
+        node = graph.node(variable)
+        dtype = _DType(self.get_attr(graph, variable, "dtype"))
+        device = node.device if device is None else device
+        if self.is_resource_variable(graph, variable):
+            return self._op(graph, name, "ReadVariableOp", [Tensor(variable, 0)], control_inputs,
+                            device=device, dtype=dtype)
+        return self._op(graph, name, "Identity", [Tensor(variable, 0)], control_inputs,
+                        device=device, T=dtype)
+
+    def resource_variable(self, graph: Graph, name: str, value: float, dtype: str,
+                          device: str = "") -> ResourceVariable:
+        """A scalar resource variable laid out as ``tf.compat.v1.get_variable`` does
+        (``name``, ``name/Initializer/...``, ``name/Assign``, ``name/Read/ReadVariableOp``),
+        so a ``VariableDef`` can describe it. Its initializer runs nowhere yet."""
+        from tensorflow.core.framework import attr_value_pb2, tensor_shape_pb2
+
+        handle = graph.unique_name(name)
+        scalar = attr_value_pb2.AttrValue(shape=tensor_shape_pb2.TensorShapeProto())
+        self._op(graph, handle, "VarHandleOp", [], device=device, dtype=_DType(dtype),
+                 shape=scalar, shared_name=handle, container="")
+        initial = self.constant(graph, f"{handle}/Initializer/value", value, dtype, device)
+        assign = self._op(graph, f"{handle}/Assign", "AssignVariableOp",
+                          [Tensor(handle, 0), initial], device=device, dtype=_DType(dtype)).node
+        read = self.read_variable(graph, f"{handle}/Read/ReadVariableOp", handle)
+        return ResourceVariable(handle, assign, read, initial)
+
+    def assign_add_variable(self, graph: Graph, name: str, variable: str, value: Tensor,
+                            control_inputs: list[str] = ()) -> str:
+        """``variable += value`` for a resource variable; the op has no output."""
+        return self._op(graph, name, "AssignAddVariableOp", [Tensor(variable, 0), value],
+                        control_inputs, device=graph.node(variable).device,
+                        dtype=self._dt(graph, value)).node
+
+    def switch(self, graph: Graph, name: str, data: Tensor, pred: Tensor,
+               device: str = "") -> tuple[Tensor, Tensor]:
+        """v1 ``Switch``: ``(false output, true output)``; the untaken one is dead, and
+        every node reading it (data or control) is dead too: it does not run."""
+        switch = self._op(graph, name, "Switch", [data, pred], device=device,
+                          T=self._dt(graph, data))
+        return Tensor(switch.node, 0), Tensor(switch.node, 1)
+
+    def merge(self, graph: Graph, name: str, tensors: list[Tensor], device: str = "") -> Tensor:
+        """v1 ``Merge``: live as soon as one input is live (the end of a conditional)."""
+        return self._op(graph, name, "Merge", tensors, device=device, N=len(tensors),
+                        T=self._dt(graph, tensors[0]))
+
+    def scalar_summary(self, graph: Graph, name: str, tag: str, value: Tensor) -> Tensor:
+        tags = self.constant(graph, f"{name}/tags", tag, "string", self._device(graph, value))
+        return self._op(graph, name, "ScalarSummary", [tags, value],
+                        device=self._device(graph, value), T=self._dt(graph, value))
+
+    def functional_if(self, graph: Graph, name: str, pred: Tensor,
+                      branches: tuple[list[str], list[str]], results: tuple[float, float],
+                      device: str = "") -> Tensor:
+        """Move two sets of nodes into the then/else functions of one functional ``If``
+        (see :func:`graphpass.ir.tf_library.functional_if`); returns its output."""
+        from graphpass.ir import tf_library
+
+        return tf_library.functional_if(self, graph, name, pred, branches, results, device)
+
+    # -- MetaGraphDef collections ---------------------------------------------
+
+    def register_global_variable(self, graph: Graph, variable: ResourceVariable) -> bool:
+        """List a pass-made variable in the MetaGraphDef's global variables collection
+        (non-trainable); False for a bare GraphDef. Savers are left alone."""
+        from graphpass.ir import tf_library
+
+        return tf_library.register_global_variable(graph, variable)
+
+    def add_to_collection(self, graph: Graph, key: str, tensor: Tensor) -> bool:
+        """Add a tensor to a MetaGraphDef node-list collection (``summaries``)."""
+        from graphpass.ir import tf_library
+
+        return tf_library.add_to_collection(graph, key, tensor)
+
     def _dt(self, graph: Graph, tensor: Tensor) -> _DType:
         dtype = self.dtype(graph, tensor)
         if dtype is None:
             raise ValueError(f"cannot tell the dtype of {tensor}")
         return _DType(dtype)
+
+
+class ResourceVariable(NamedTuple):
+    """The nodes of a variable a pass created (names as ``get_variable`` gives them)."""
+
+    handle: str
+    initializer: str
+    read: Tensor
+    initial_value: Tensor
+
+
+def _output_arg(graph: Graph, tensor: Tensor):
+    """The OpDef output argument that output ``tensor.port`` belongs to, and its index in
+    it, or None for unknown ops."""
+    located = _locate_output(graph, tensor)
+    return located[0] if located else None
+
+
+def _locate_output(graph: Graph, tensor: Tensor):
+    node = graph.node(tensor.node)
+    definition = op_def(node.op)
+    start = 0
+    for arg in definition.output_arg if definition else ():
+        if arg.number_attr:
+            count = node.attrs[arg.number_attr].i
+        elif arg.type_list_attr:
+            count = len(node.attrs[arg.type_list_attr].list.type)
+        else:
+            count = 1
+        if tensor.port < start + count:
+            return arg, tensor.port - start
+        start += count
+    return None
 
 
 def _infer_shapes(graph: Graph) -> None:
@@ -290,6 +440,14 @@ class _DType(str):
     """Marks a string attr value as a dtype."""
 
 
+class _TypeList(list):
+    """Marks a list of dtype names as a ``list(type)`` attr value."""
+
+
+class _Func(str):
+    """Marks a string as a function name (``func`` attr)."""
+
+
 class _Raw:
     """Wraps a proto (TensorProto) to store as an attr as-is."""
 
@@ -307,6 +465,11 @@ def _attr(value: Any):
         return attr_value_pb2.AttrValue(type=_dtype_enum(str(value)))
     if isinstance(value, _Raw):
         return attr_value_pb2.AttrValue(tensor=value.proto)
+    if isinstance(value, _TypeList):
+        return attr_value_pb2.AttrValue(
+            list=attr_value_pb2.AttrValue.ListValue(type=[_dtype_enum(t) for t in value]))
+    if isinstance(value, _Func):
+        return attr_value_pb2.AttrValue(func=attr_value_pb2.NameAttrList(name=str(value)))
     if isinstance(value, bool):
         return attr_value_pb2.AttrValue(b=value)
     if isinstance(value, int):

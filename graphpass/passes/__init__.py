@@ -1,4 +1,11 @@
-"""The pass registry, in pipeline order: rewrites first, target lowering last."""
+"""The pass registry, in pipeline order.
+
+Rematerialization first (it needs the plain forward/backward structure), then
+target lowering (it labels the step by region analysis, which must still see the
+apply ops), then stale-gradient dropping, which for XLA moves the apply ops into
+an ``If`` branch function and makes its own nodes' placement (colocated with
+``global_step``) and conditional form from the same ``target`` setting.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +16,9 @@ def registered_passes() -> list[type[Pass]]:
     """Every pass, in the order the pipeline runs them."""
     from graphpass.passes.lower import LowerPass
     from graphpass.passes.remat import RematPass
+    from graphpass.passes.stale import StalePass
 
-    return [RematPass, LowerPass]
+    return [RematPass, LowerPass, StalePass]
 
 
 def build_passes(settings: dict) -> list[Pass]:
