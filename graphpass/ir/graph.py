@@ -306,18 +306,22 @@ class Graph:
 
     def ancestors(self, names: Iterable[str], *, follow_control: bool = True) -> set[str]:
         """All nodes ``names`` depend on (excluding ``names`` themselves, unless on a cycle)."""
-        return self._reach(names, self._in_edges, follow_control)
+        return self._reach(names, self._g._pred, follow_control)
 
     def descendants(self, names: Iterable[str], *, follow_control: bool = True) -> set[str]:
         """All nodes that depend on ``names``."""
-        return self._reach(names, self._out_edges, follow_control)
+        return self._reach(names, self._g._succ, follow_control)
 
-    def _reach(self, names, edges, follow_control) -> set[str]:
+    def _reach(self, names, adjacency, follow_control) -> set[str]:
+        """Breadth-first over networkx's ``_pred`` or ``_succ`` dicts (read-only)."""
         seen: set[str] = set()
         queue = deque(names)
         while queue:
-            for other, d in edges(queue.popleft()):
-                if other not in seen and (follow_control or not d["control"]):
+            for other, keyed in adjacency[queue.popleft()].items():
+                if other in seen:
+                    continue
+                # Control edges are keyed CONTROL_KEY; any other key is a data edge.
+                if follow_control or len(keyed) > 1 or CONTROL_KEY not in keyed:
                     seen.add(other)
                     queue.append(other)
         return seen

@@ -19,6 +19,7 @@ It works from the graph's shape, not from name scopes, so graphs built under
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from graphpass.errors import GraphpassError
@@ -144,15 +145,26 @@ def _find_loss(graph: Graph, gradients: list[Tensor], train_op: str, applies: li
     producers = {t.node for t in gradients}
     toward_grads = graph.ancestors(producers, follow_control=False) | producers
     after_update = graph.descendants(applies) | set(applies)
+    # A loss is computed from some value the gradients read. Keeping only such
+    # candidates (one walk) spares an ancestor walk for each unrelated scalar
+    # (checkpoint restores, optimizer slot reads), which made this quadratic.
+    related = graph.descendants(toward_grads, follow_control=False) | toward_grads
     order = {name: i for i, name in enumerate(graph)}
+    toward_grads_order = sorted(order[n] for n in toward_grads)
     score = {}
     for name in graph:
-        if name in after_update or name in producers or not _is_fetched_value(graph, name):
+        if name in after_update or name in producers or name not in related \
+                or not _is_fetched_value(graph, name):
             continue
         upstream = graph.ancestors([name], follow_control=False) | {name}
-        last = max(order[n] for n in upstream)
-        out_of_order = sum(1 for n in toward_grads - upstream if order[n] < last)
-        score[name] = (out_of_order, -len(upstream & toward_grads))
+        last = max(upstream, key=order.__getitem__)
+        covered = len(upstream & toward_grads)
+        # Values the gradients read that precede the loss's last op but are not
+        # part of it: all of toward_grads before it, less those in upstream
+        # (every upstream node but the last precedes it).
+        earlier = bisect.bisect_left(toward_grads_order, order[last])
+        out_of_order = earlier - (covered - (last in toward_grads))
+        score[name] = (out_of_order, -covered)
     best = min(score.values(), default=None)
     top = {c for c, s in score.items() if s == best}
     deepest = sorted(c for c in top if not graph.descendants([c]) & top)
