@@ -205,12 +205,15 @@ def _label(graph: Graph, steps: list[TrainStep]) -> dict[str, str]:
 
 
 def _global_step(graph: Graph, labels: dict[str, str], requested: str | None) -> str | None:
-    if requested is not None:
-        if requested not in graph:
-            raise GraphpassError(f"--global-step {requested!r} is not a node of the graph")
-        return requested
     increments = graph.dialect.step_increments(graph)
     variables = sorted({var for inc, var in increments if labels.get(inc) == OPTIMIZER})
+    if requested is not None:
+        if requested not in graph or not graph.dialect.is_variable(graph, requested):
+            what = "a node of the graph" if requested not in graph else "a variable"
+            found = ", ".join(sorted({var for _, var in increments})) or "none"
+            raise GraphpassError(f"--global-step {requested!r} is not {what}; "
+                                 f"step counters found: {found}")
+        return requested
     if len(variables) > 1:
         raise GraphpassError(
             f"several step counters are incremented by the optimizer ({', '.join(variables)}); "
