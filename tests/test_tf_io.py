@@ -185,6 +185,30 @@ def test_saved_model_tag_chooses_the_meta_graph(models, saved_models, tmp_path, 
     assert not (tmp_path / "other").exists()
 
 
+def test_saved_model_output_never_replaces_a_foreign_directory(saved_models, tmp_path, capsys):
+    source = saved_models("control_flow")
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep me too")
+    for target in (precious, a_file):
+        assert main(["rewrite", str(source), "-o", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"graphpass: error: {target}: ") and err.count("\n") == 1
+    assert (precious / "notes.txt").read_text() == "keep me"
+    assert a_file.read_text() == "keep me too"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "precious"]
+    # an earlier SavedModel output, and an empty directory, are replaced
+    target = tmp_path / "empty"
+    target.mkdir()
+    _rewrite(source, target)
+    _rewrite(source, target)  # over its own earlier output
+    assert graphpass.load(target).meta["container"] == "savedmodel"
+    assert sorted(p.name for p in target.iterdir()) == ["saved_model.pb", "variables"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "empty", "precious"]
+
+
 def test_saved_model_text_output(models, saved_models, tmp_path):
     source = saved_models("function_library")
     target = tmp_path / "out"

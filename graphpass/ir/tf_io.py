@@ -225,6 +225,14 @@ def _write_saved_model(graph: Graph, graph_def, path: Path, text: bool) -> None:
     if path.resolve() == source.resolve():
         raise GraphpassError(f"{path}: writing a SavedModel over its own directory is not "
                              "supported; choose another output directory")
+    # The output directory is replaced as a whole: never one that holds something else.
+    if path.is_dir() and any(path.iterdir()) and not any(
+            (path / name).is_file() for name in ("saved_model.pb", "saved_model.pbtxt")):
+        raise GraphpassError(f"{path}: the directory exists and is not a SavedModel, so it "
+                             "would be replaced; choose a new or empty output directory")
+    if path.exists() and not path.is_dir():
+        raise GraphpassError(f"{path}: a SavedModel is a directory, but this is a file; "
+                             "choose a directory")
     with atomic_output(path, directory=True) as tmp:
         name = "saved_model.pbtxt" if text else "saved_model.pb"
         (tmp / name).write_bytes(serialize(saved_model, text))
