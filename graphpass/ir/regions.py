@@ -126,8 +126,9 @@ def _find_loss(graph: Graph, gradients: list[Tensor], train_op: str, applies: li
     Candidates are float scalars (or of unknown rank) that nothing reads except
     shape-only ops or non-float consumers (summaries): a loss is fetched, not
     computed with. TF may seed gradients from ``Shape(loss)`` or from a constant
-    shape, so the loss need not be connected to the gradients at all. Two facts
-    single it out among the candidates (which include dangling gradients, e.g.
+    shape, so the loss itself need not feed the gradients; but it is computed
+    from values they read (activations, weights), and only such candidates
+    count. Two facts single it out among them (which include dangling gradients, e.g.
     of a constant factor):
 
     * the loss's computation is a *prefix* of the gradient computation: all of
