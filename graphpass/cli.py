@@ -68,8 +68,15 @@ class Rewrite(Command):
         settings = _settings(args)
         source, target = Path(settings["input"]), Path(settings["output"])
         _check_output(source, target, settings.get("in_place", False))
+        if settings.get("report"):
+            _check_output(source, Path(settings["report"]), False)
         graph = graphpass.load(source, tag=settings.get("tag"))
         nodes_before = len(graph)
+        if any(settings.get(k) for k in ("loss", "train_op", "global_step")):
+            # Overrides are checked even when no requested pass needs regions.
+            from graphpass.passes import RegionOptions
+
+            RegionOptions.from_settings(settings).analyze(graph)
         results = graphpass.run_passes(graph, settings, instruments_from_settings(settings))
         graphpass.save(graph, target, output_format=settings.get("output_format"))
         report = {
@@ -296,9 +303,9 @@ def _check_output(source: Path, target: Path, in_place: bool) -> None:
         raise GraphpassError(
             f"the output {target} is the input; choose another -o or pass --in-place"
         )
-    parent = target.parent if str(target.parent) else Path(".")
-    if not parent.is_dir():
-        raise GraphpassError(f"{target}: the output directory {parent} does not exist")
+    from graphpass.ir.formats import check_output_parent
+
+    check_output_parent(target)
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -320,14 +327,19 @@ def _summary(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _listed(names: list[str], limit: int = 10) -> str:
+    if not names:
+        return "-"
+    return ", ".join(names[:limit]) + (f" ... ({len(names)} in all)" if len(names) > limit else "")
+
+
 def _describe_text(info: dict) -> str:
     lines = [
         f"format:        {info['format']} ({info['container']})",
         f"nodes:         {info['nodes']}  control edges: {info['control_edges']}",
         f"inputs:        {', '.join(info['inputs']) or '-'}",
-        f"outputs:       {', '.join(info['outputs'][:10]) or '-'}"
-        + (" ..." if len(info["outputs"]) > 10 else ""),
-        f"variables:     {len(info['variables'])}",
+        f"outputs:       {_listed(info['outputs'])}",
+        f"variables:     {len(info['variables'])}: {_listed(info['variables'])}",
         "ops:           " + ", ".join(f"{op} {n}" for op, n in info["ops"].items()),
     ]
     regions = info.get("regions")

@@ -11,7 +11,12 @@ from graphpass.ir.graph import Graph
 def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | None = None,
              global_step: str | None = None, xla: bool = False) -> dict:
     """A JSON-able summary: counts, graph inputs/outputs, variables, regions; with
-    ``xla``, the step's ops that have no XLA kernel."""
+    ``xla``, the step's ops that have no XLA kernel.
+
+    A graph without a training step still gets described (``regions`` None,
+    ``regions_error`` says why); an override that does not fit the graph is
+    the caller's error and raises.
+    """
     from graphpass.ir.regions import analyze
 
     dialect = graph.dialect
@@ -30,6 +35,8 @@ def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | No
     try:
         regions = analyze(graph, loss=loss, train_ops=train_ops, global_step=global_step)
     except GraphpassError as exc:
+        if loss or train_ops or global_step:
+            raise
         info["regions"] = None
         info["regions_error"] = str(exc)
         if xla:

@@ -38,8 +38,9 @@ class Model:
 def _export(tf, graph, loss, train_op, feeds) -> Model:
     with graph.as_default():
         init = tf.compat.v1.global_variables_initializer()
-        tf.compat.v1.train.Saver()
-        meta = tf.compat.v1.train.export_meta_graph(graph=graph)
+        saver = tf.compat.v1.train.Saver()
+        meta = tf.compat.v1.train.export_meta_graph(graph=graph,
+                                                    saver_def=saver.as_saver_def())
     return Model(meta_graph=meta, loss=loss.name, train_op=train_op.name, init=init.name,
                  feeds=feeds)
 

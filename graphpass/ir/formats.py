@@ -90,7 +90,23 @@ def detect(path: Path) -> tuple[str, bool]:
     text_kind = _detect_text(data)
     if text_kind:
         return text_kind, True
+    if _is_plain_text(data):
+        first = data[:40].decode("utf-8", "replace").strip().splitlines()[0]
+        raise GraphpassError(
+            f"{path}: unknown format: a text file that is not a TF text proto (it starts with "
+            f"{first!r}); expected a GraphDef, MetaGraphDef, SavedModel or ONNX model")
     return _detect_binary(path, data), False
+
+
+def _is_plain_text(data: bytes) -> bool:
+    """UTF-8 without control characters other than whitespace (a binary protobuf
+    almost always has some: tags and lengths are small bytes)."""
+    head = data[:4096]
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return all(c.isprintable() or c in "\n\r\t" for c in text)
 
 
 def _detect_saved_model_dir(path: Path) -> tuple[str, bool]:
@@ -193,8 +209,8 @@ def _varint(path: Path, data: bytes, pos: int) -> tuple[int, int]:
 
 def _corrupt(path: Path, why: str) -> GraphpassError:
     return GraphpassError(
-        f"{path}: not a valid model file (corrupt or truncated protobuf: {why}); "
-        "re-export it or check the copy"
+        f"{path}: unknown format or a corrupt/truncated protobuf ({why}); expected a TF "
+        "GraphDef, MetaGraphDef, SavedModel or ONNX model: re-export it or check the copy"
     )
 
 
@@ -202,8 +218,7 @@ def _corrupt(path: Path, why: str) -> GraphpassError:
 def atomic_output(path: Path, *, directory: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; move it over ``path`` on success only."""
     parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise GraphpassError(f"{path}: the output directory {parent} does not exist")
+    check_output_parent(path)
     try:
         if directory:
             tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=parent))
@@ -216,9 +231,21 @@ def atomic_output(path: Path, *, directory: bool = False) -> Iterator[Path]:
     try:
         yield tmp
         _replace(tmp, path, directory)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True) if directory else tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):  # e.g. -o names a directory, or the disk is full
+            raise GraphpassError(f"{path}: cannot write there ({exc.strerror or exc})") from None
         raise
+
+
+def check_output_parent(path: Path) -> None:
+    """A user error unless the directory that will hold ``path`` exists."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if parent.is_dir():
+        return
+    if parent.exists():
+        raise GraphpassError(f"{path}: cannot write there ({parent} is a file, not a directory)")
+    raise GraphpassError(f"{path}: the output directory {parent} does not exist")
 
 
 def _replace(tmp: Path, path: Path, directory: bool) -> None:

@@ -127,43 +127,66 @@ class Graph:
         for name, data in self._g.nodes(data=True):
             yield Node(name, data)
 
+    def _in_edges(self, name: str) -> Iterator[tuple[str, dict]]:
+        """``(producer, edge data)`` for every in-edge of ``name``.
+
+        Reads networkx's adjacency dicts directly (read-only): the edge views
+        cost an object per call, which dominated reading and writing large graphs.
+        """
+        try:
+            keyed_by_src = self._g._pred[name]
+        except KeyError:
+            raise KeyError(f"no node named {name!r} in the graph") from None
+        for src, keyed in keyed_by_src.items():
+            for data in keyed.values():
+                yield src, data
+
+    def _out_edges(self, name: str) -> Iterator[tuple[str, dict]]:
+        """``(consumer, edge data)`` for every out-edge of ``name`` (see ``_in_edges``)."""
+        try:
+            keyed_by_dst = self._g._succ[name]
+        except KeyError:
+            raise KeyError(f"no node named {name!r} in the graph") from None
+        for dst, keyed in keyed_by_dst.items():
+            for data in keyed.values():
+                yield dst, data
+
     def inputs(self, name: str) -> list[Tensor]:
         """Data inputs of ``name`` in slot order."""
         edges = [
-            (d["dst_port"], Tensor(src, d["src_port"]))
-            for src, _, d in self._g.in_edges(name, data=True)
+            (d["dst_port"], src, d["src_port"]) for src, d in self._in_edges(name)
             if not d["control"]
         ]
-        return [t for _, t in sorted(edges)]
+        edges.sort()
+        return [Tensor(src, port) for _, src, port in edges]
 
     def input_slots(self, name: str) -> dict[int, Tensor]:
         """Data inputs of ``name`` by slot (ONNX may leave optional slots empty)."""
         return {
             d["dst_port"]: Tensor(src, d["src_port"])
-            for src, _, d in self._g.in_edges(name, data=True)
+            for src, d in self._in_edges(name)
             if not d["control"]
         }
 
     def control_inputs(self, name: str) -> list[str]:
         """Control inputs of ``name`` in the order they were added."""
-        edges = [
-            (d["order"], src) for src, _, d in self._g.in_edges(name, data=True) if d["control"]
-        ]
-        return [src for _, src in sorted(edges)]
+        edges = [(d["order"], src) for src, d in self._in_edges(name) if d["control"]]
+        edges.sort()
+        return [src for _, src in edges]
 
     def consumers(self, tensor: Tensor) -> list[tuple[str, int]]:
         """``(consumer, slot)`` pairs reading ``tensor``."""
         return [
             (dst, d["dst_port"])
-            for _, dst, d in self._g.out_edges(tensor.node, data=True)
+            for dst, d in self._out_edges(tensor.node)
             if not d["control"] and d["src_port"] == tensor.port
         ]
 
     def data_users(self, name: str) -> list[str]:
-        return _unique(dst for _, dst, d in self._g.out_edges(name, data=True) if not d["control"])
+        return _unique(dst for dst, d in self._out_edges(name) if not d["control"])
 
     def control_users(self, name: str) -> list[str]:
-        return _unique(dst for _, dst, d in self._g.out_edges(name, data=True) if d["control"])
+        return _unique(dst for dst, d in self._out_edges(name) if d["control"])
 
     def users(self, name: str) -> list[str]:
         return _unique(self._g.successors(name))
@@ -173,9 +196,7 @@ class Graph:
 
     def used_ports(self, name: str) -> list[int]:
         """Output ports of ``name`` that some node reads."""
-        return sorted(
-            {d["src_port"] for _, _, d in self._g.out_edges(name, data=True) if not d["control"]}
-        )
+        return sorted({d["src_port"] for _, d in self._out_edges(name) if not d["control"]})
 
     # -- editing -----------------------------------------------------------
 
@@ -219,9 +240,9 @@ class Graph:
 
     def clear_input(self, name: str, slot: int) -> None:
         """Leave input ``slot`` of ``name`` empty (ONNX optional inputs)."""
-        for src, _, key, d in list(self._g.in_edges(name, keys=True, data=True)):
-            if not d["control"] and d["dst_port"] == slot:
-                self._g.remove_edge(src, name, key)
+        # A data edge's key is its slot (set_input), so look the slot up per producer.
+        for src in [s for s, keyed in self._g._pred[name].items() if slot in keyed]:
+            self._g.remove_edge(src, name, slot)
 
     def add_control_input(self, name: str, src: str) -> None:
         """Make ``name`` run after ``src``; adding an existing one is a no-op."""
@@ -285,19 +306,22 @@ class Graph:
 
     def ancestors(self, names: Iterable[str], *, follow_control: bool = True) -> set[str]:
         """All nodes ``names`` depend on (excluding ``names`` themselves, unless on a cycle)."""
-        return self._reach(names, self._g.in_edges, 0, follow_control)
+        return self._reach(names, self._g._pred, follow_control)
 
     def descendants(self, names: Iterable[str], *, follow_control: bool = True) -> set[str]:
         """All nodes that depend on ``names``."""
-        return self._reach(names, self._g.out_edges, 1, follow_control)
+        return self._reach(names, self._g._succ, follow_control)
 
-    def _reach(self, names, edges, end, follow_control) -> set[str]:
+    def _reach(self, names, adjacency, follow_control) -> set[str]:
+        """Breadth-first over networkx's ``_pred`` or ``_succ`` dicts (read-only)."""
         seen: set[str] = set()
         queue = deque(names)
         while queue:
-            for edge in edges(queue.popleft(), data=True):
-                other = edge[end]
-                if other not in seen and (follow_control or not edge[2]["control"]):
+            for other, keyed in adjacency[queue.popleft()].items():
+                if other in seen:
+                    continue
+                # Control edges are keyed CONTROL_KEY; any other key is a data edge.
+                if follow_control or len(keyed) > 1 or CONTROL_KEY not in keyed:
                     seen.add(other)
                     queue.append(other)
         return seen

@@ -19,6 +19,7 @@ It works from the graph's shape, not from name scopes, so graphs built under
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from graphpass.errors import GraphpassError
@@ -129,8 +130,9 @@ def _find_loss(graph: Graph, gradients: list[Tensor], train_op: str, applies: li
     Candidates are float scalars (or of unknown rank) that nothing reads except
     shape-only ops or non-float consumers (summaries): a loss is fetched, not
     computed with. TF may seed gradients from ``Shape(loss)`` or from a constant
-    shape, so the loss need not be connected to the gradients at all. Two facts
-    single it out among the candidates (which include dangling gradients, e.g.
+    shape, so the loss itself need not feed the gradients; but it is computed
+    from values they read (activations, weights), and only such candidates
+    count. Two facts single it out among them (which include dangling gradients, e.g.
     of a constant factor):
 
     * the loss's computation is a *prefix* of the gradient computation: all of
@@ -148,15 +150,26 @@ def _find_loss(graph: Graph, gradients: list[Tensor], train_op: str, applies: li
     producers = {t.node for t in gradients}
     toward_grads = graph.ancestors(producers, follow_control=False) | producers
     after_update = graph.descendants(applies) | set(applies)
+    # A loss is computed from some value the gradients read. Keeping only such
+    # candidates (one walk) spares an ancestor walk for each unrelated scalar
+    # (checkpoint restores, optimizer slot reads), which made this quadratic.
+    related = graph.descendants(toward_grads, follow_control=False) | toward_grads
     order = {name: i for i, name in enumerate(graph)}
+    toward_grads_order = sorted(order[n] for n in toward_grads)
     score = {}
     for name in graph:
-        if name in after_update or name in producers or not _is_fetched_value(graph, name):
+        if name in after_update or name in producers or name not in related \
+                or not _is_fetched_value(graph, name):
             continue
         upstream = graph.ancestors([name], follow_control=False) | {name}
-        last = max(order[n] for n in upstream)
-        out_of_order = sum(1 for n in toward_grads - upstream if order[n] < last)
-        score[name] = (out_of_order, -len(upstream & toward_grads))
+        last = max(upstream, key=order.__getitem__)
+        covered = len(upstream & toward_grads)
+        # Values the gradients read that precede the loss's last op but are not
+        # part of it: all of toward_grads before it, less those in upstream
+        # (every upstream node but the last precedes it).
+        earlier = bisect.bisect_left(toward_grads_order, order[last])
+        out_of_order = earlier - (covered - (last in toward_grads))
+        score[name] = (out_of_order, -covered)
     best = min(score.values(), default=None)
     top = {c for c, s in score.items() if s == best}
     deepest = sorted(c for c in top if not graph.descendants([c]) & top)
@@ -198,12 +211,15 @@ def _label(graph: Graph, steps: list[TrainStep]) -> dict[str, str]:
 
 
 def _global_step(graph: Graph, labels: dict[str, str], requested: str | None) -> str | None:
-    if requested is not None:
-        if requested not in graph:
-            raise GraphpassError(f"--global-step {requested!r} is not a node of the graph")
-        return requested
     increments = graph.dialect.step_increments(graph)
     variables = sorted({var for inc, var in increments if labels.get(inc) == OPTIMIZER})
+    if requested is not None:
+        if requested not in graph or not graph.dialect.is_variable(graph, requested):
+            what = "a node of the graph" if requested not in graph else "a variable"
+            found = ", ".join(sorted({var for _, var in increments})) or "none"
+            raise GraphpassError(f"--global-step {requested!r} is not {what}; "
+                                 f"step counters found: {found}")
+        return requested
     if len(variables) > 1:
         raise GraphpassError(
             f"several step counters are incremented by the optimizer ({', '.join(variables)}); "

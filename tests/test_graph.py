@@ -1,0 +1,79 @@
+"""The IR's edge bookkeeping, which the reader and writer rely on: both
+directions of every edge agree after any edit (onnx-graphsurgeon's rule)."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphpass.ir.graph import Graph, Tensor
+
+
+def _graph() -> Graph:
+    graph = Graph("tf")
+    graph.add_node("a", "Placeholder")
+    graph.add_node("b", "Placeholder")
+    graph.add_node("c", "AddV2", [Tensor("a"), Tensor("b")], ["b"])
+    graph.add_node("d", "Mul", [Tensor("c"), Tensor("c")], ["a", "b"])
+    return graph
+
+
+def _both_directions_agree(graph: Graph) -> None:
+    for name in graph:
+        for slot, tensor in enumerate(graph.inputs(name)):
+            assert (name, slot) in graph.consumers(tensor)
+            assert tensor.port in graph.used_ports(tensor.node)
+        for src in graph.control_inputs(name):
+            assert name in graph.control_users(src)
+        for user in graph.data_users(name):
+            assert any(t.node == name for t in graph.inputs(user))
+
+
+def test_inputs_in_slot_order_and_control_inputs_in_added_order():
+    graph = _graph()
+    assert graph.inputs("d") == [Tensor("c"), Tensor("c")]
+    assert graph.control_inputs("d") == ["a", "b"]
+    assert graph.consumers(Tensor("c")) == [("d", 0), ("d", 1)]
+    assert graph.users("b") == ["c", "d"] and graph.producers("d") == ["c", "a", "b"]
+    _both_directions_agree(graph)
+
+
+def test_set_input_replaces_only_its_slot():
+    graph = _graph()
+    graph.set_input("d", 1, Tensor("a"))
+    assert graph.inputs("d") == [Tensor("c"), Tensor("a")]
+    assert graph.consumers(Tensor("c")) == [("d", 0)]
+    graph.set_input("d", 0, Tensor("b"))
+    assert graph.inputs("d") == [Tensor("b"), Tensor("a")]
+    assert graph.data_users("c") == [] and graph.control_inputs("d") == ["a", "b"]
+    _both_directions_agree(graph)
+
+
+def test_clear_input_and_control_edges_beside_data_edges():
+    graph = _graph()
+    graph.clear_input("c", 0)
+    assert graph.input_slots("c") == {1: Tensor("b")}
+    assert graph.control_inputs("c") == ["b"]  # the control edge from b is untouched
+    graph.clear_input("c", 1)
+    assert graph.inputs("c") == [] and graph.control_inputs("c") == ["b"]
+    graph.remove_control_input("c", "b")
+    assert graph.users("b") == ["d"]
+    _both_directions_agree(graph)
+
+
+def test_ancestors_with_and_without_control_edges():
+    graph = _graph()
+    graph.add_node("e", "Identity", [Tensor("a")], ["d"])
+    assert graph.ancestors(["e"]) == {"a", "b", "c", "d"}
+    assert graph.ancestors(["e"], follow_control=False) == {"a"}
+    assert graph.descendants(["b"], follow_control=False) == {"c", "d"}
+    assert graph.descendants(["d"]) == {"e"}
+    assert graph.descendants(["d"], follow_control=False) == set()
+
+
+def test_unknown_node_is_a_key_error_not_an_empty_answer():
+    graph = _graph()
+    graph.add_node("x", "Placeholder")
+    # "xd" is not a node, though "x" and "d" are: no character-wise lookup
+    for method in (graph.inputs, graph.control_inputs, graph.data_users):
+        with pytest.raises(KeyError, match="no node named 'xd'"):
+            method("xd")
