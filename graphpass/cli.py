@@ -16,7 +16,6 @@ from pathlib import Path
 
 from graphpass.errors import GraphpassError
 
-
 #: Version of the ``--report`` JSON layout (documented in the README).
 REPORT_SCHEMA = 1
 
