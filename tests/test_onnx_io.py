@@ -519,8 +519,8 @@ def test_cli_rewrite_and_inspect(tmp_path):
         assert main(["inspect", str(target), "--loss", "loss"]) == 0
     assert "loss:          loss" in text.getvalue()
     text = io.StringIO()
-    with contextlib.redirect_stdout(text):
-        assert main(["inspect", str(target), "--loss", "no_such_tensor"]) == 0
+    with contextlib.redirect_stderr(text):  # a bad override is the caller's error
+        assert main(["inspect", str(target), "--loss", "no_such_tensor"]) == 2
     assert "--loss 'no_such_tensor' is not a node" in text.getvalue()
     with contextlib.redirect_stderr(io.StringIO()):
         assert main(["rewrite", str(tmp_path / "missing.onnx"), "-o", str(target)]) == 2
