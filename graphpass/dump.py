@@ -54,7 +54,7 @@ class DumpInstrument(Instrument):
         self.index: list[dict] = []
         self._previous: Graph | None = None
 
-    def before_pipeline(self, graph: Graph) -> None:
+    def before_pipeline(self, graph: Graph, passes: list) -> None:
         _prepare(self.dump_dir)
         self.index, self.notes = [], []
         self._dump(graph, "input", diff=None, before=None, pass_info={})
@@ -223,14 +223,10 @@ def add_dump_arguments(parser: argparse.ArgumentParser) -> None:
 def instruments_from_settings(settings: dict) -> list[Instrument]:
     """The instruments ``graphpass rewrite`` runs with: dumps when ``dump_dir`` is set,
     and a progress line on a terminal (silent otherwise, and with ``quiet``)."""
-    from graphpass.passes import build_passes
-
     quiet = bool(settings.get("quiet"))
     instruments: list[Instrument] = []
     if settings.get("dump_dir"):
         instruments.append(DumpInstrument(settings["dump_dir"],
                                           full=bool(settings.get("dump_full")), quiet=quiet))
-    names = [p.name for p in build_passes(settings)]
-    if names:
-        instruments.append(PassProgress(names, quiet=quiet))
+    instruments.append(PassProgress(quiet=quiet))
     return instruments

@@ -59,31 +59,24 @@ def _is_terminal(stream: TextIO) -> bool:
 
 
 class PassProgress(Instrument):
-    """Pipeline instrument: ``rewrite pass 2/3 remat (52000 nodes)`` on a terminal.
+    """Pipeline instrument: ``rewrite pass 2/3 remat (52000 nodes)`` on a terminal,
+    naming each pass as it starts and erasing the line when the pipeline ends."""
 
-    It is told the pass names up front (the pipeline has no before-pass hook),
-    so after each pass it names the one that runs next, and erases the line
-    after the last.
-    """
+    def __init__(self, *, quiet: bool = False, stream: TextIO | None = None) -> None:
+        self.quiet = quiet
+        self.stream = stream
+        self.progress: Progress | None = None
+        self._total = self._done = 0
 
-    def __init__(self, pass_names: list[str], *, quiet: bool = False,
-                 stream: TextIO | None = None) -> None:
-        self.pass_names = list(pass_names)
-        self.progress = Progress("rewrite pass", total=len(self.pass_names), quiet=quiet,
-                                 stream=stream)
-        self._done = 0
+    def before_pipeline(self, graph: Graph, passes: list[Pass]) -> None:
+        self._total, self._done = len(passes), 0
+        self.progress = Progress("rewrite pass", total=self._total, quiet=self.quiet,
+                                 stream=self.stream)
 
-    def before_pipeline(self, graph: Graph) -> None:
-        self._done = 0
-        self._show(graph)
+    def before_pass(self, pass_: Pass, graph: Graph) -> None:
+        self.progress.update(self._done + 1, f"{pass_.name} ({len(graph)} nodes)")
 
     def after_pass(self, pass_: Pass, graph: Graph, changed: bool, seconds: float) -> None:
         self._done += 1
-        self._show(graph)
-
-    def _show(self, graph: Graph) -> None:
-        if self._done >= len(self.pass_names):
+        if self._done == self._total:
             self.progress.close()
-            return
-        name = self.pass_names[self._done]
-        self.progress.update(self._done + 1, f"{name} ({len(graph)} nodes)")

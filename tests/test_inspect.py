@@ -515,7 +515,7 @@ def test_pass_progress_names_the_running_pass_and_erases_itself(model, tmp_path)
     stream = _Terminal()
     graph = graphpass.load(_write(model, tmp_path))
     Pipeline([Probe(None), Nothing(None)],
-             [PassProgress(["probe", "nothing"], stream=stream)]).run(graph)
+             [PassProgress(stream=stream)]).run(graph)
     text = stream.getvalue()
     assert f"rewrite pass 1/2 probe ({len(graph) - 1} nodes)" in text
     assert f"rewrite pass 2/2 nothing ({len(graph)} nodes)" in text

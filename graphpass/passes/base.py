@@ -69,7 +69,9 @@ class Pass(ABC):
 class Instrument:
     """Hooks around passes (timing, dumps, progress); they never change the graph."""
 
-    def before_pipeline(self, graph: Graph) -> None: ...
+    def before_pipeline(self, graph: Graph, passes: list[Pass]) -> None: ...
+
+    def before_pass(self, pass_: Pass, graph: Graph) -> None: ...
 
     def after_pass(self, pass_: Pass, graph: Graph, changed: bool, seconds: float) -> None: ...
 
@@ -92,9 +94,11 @@ class Pipeline:
     def run(self, graph: Graph) -> list[PassResult]:
         verify(graph, after="input")
         for instrument in self.instruments:
-            instrument.before_pipeline(graph)
+            instrument.before_pipeline(graph, self.passes)
         results = []
         for pass_ in self.passes:
+            for instrument in self.instruments:
+                instrument.before_pass(pass_, graph)
             start = time.perf_counter()
             changed = pass_.run(graph)
             seconds = time.perf_counter() - start
