@@ -65,6 +65,10 @@ class Dialect(ABC):
         """A trainable or optimizer state variable."""
         return False
 
+    def is_variable_value(self, graph: Graph, name: str) -> bool:
+        """``name``'s output is a variable's value (the variable, or a read of it)."""
+        return self.is_variable(graph, name)
+
     def graph_inputs(self, graph: Graph) -> list[str]:
         """What the graph is fed (TF placeholders, ONNX graph inputs)."""
         return []

@@ -76,6 +76,13 @@ class TFDialect(Dialect):
     def is_variable(self, graph: Graph, name: str) -> bool:
         return graph.node(name).op in REF_VARIABLE_OPS | {"VarHandleOp"}
 
+    def is_variable_value(self, graph: Graph, name: str) -> bool:
+        node = graph.node(name)
+        if self.is_variable(graph, name) or node.op == "ReadVariableOp":
+            return True
+        inputs = graph.inputs(name) if node.op == "Identity" else []
+        return bool(inputs) and graph.node(inputs[0].node).op in REF_VARIABLE_OPS
+
     def graph_inputs(self, graph: Graph) -> list[str]:
         return [n.name for n in graph.nodes() if n.op.startswith("Placeholder")]
 

@@ -310,28 +310,37 @@ def _order_by_control(graph: Graph, copy_of: dict[str, str], triggers: list[Tens
 
 def _order_by_data(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor],
                    segment: str) -> None:
-    """Tie every float input from outside the copies to the trigger:
-    ``x + stop_gradient(tiny * s)`` (recompute_grad's use_data_dep)."""
+    """Tie the copies' float inputs from outside to the trigger:
+    ``x + stop_gradient(tiny * s)`` (recompute_grad's use_data_dep).
+
+    Like ``recompute_grad``, which ties the function's arguments and not the
+    variables it reads, only activations are tied: tying a weight would make a
+    weight-sized temporary per segment. Weights are tied only when a segment
+    reads nothing else.
+    """
     dialect = graph.dialect
     copies = set(copy_of.values())
-    scope = f"{SCOPE}{segment.rstrip('/')}/dep"
-    tied: dict[Tensor, Tensor] = {}
-    signal: dict[str, Tensor] = {}
-    for copy in copy_of.values():
-        for slot, tensor in graph.input_slots(copy).items():
-            if tensor.node in copies or not dialect.is_float(graph, tensor):
-                continue
-            if tensor not in tied:
-                dtype = dialect.dtype(graph, tensor)
-                if dtype not in signal:
-                    signal[dtype] = _tiny_signal(graph, f"{scope}/{dtype}", triggers, dtype)
-                tied[tensor] = dialect.binary(graph, f"{scope}/tie", "add", tensor, signal[dtype])
-            graph.set_input(copy, slot, tied[tensor])
-    if not tied:
+    external = _unique_tensors(
+        t for c in copy_of.values() for t in graph.inputs(c)
+        if t.node not in copies and dialect.is_float(graph, t)
+    )
+    if not external:
         raise GraphpassError(
             f"segment {segment!r} has no float input to tie to the gradient in data mode; "
             "mark a larger segment (one that reads a float tensor) or use --dependency control"
         )
+    activations = [t for t in external if not dialect.is_variable_value(graph, t.node)]
+    scope = f"{SCOPE}{segment.rstrip('/')}/dep"
+    signal: dict[str, Tensor] = {}
+    for tensor in activations or external:
+        dtype = dialect.dtype(graph, tensor)
+        if dtype not in signal:
+            signal[dtype] = _tiny_signal(graph, f"{scope}/{dtype}", triggers, dtype)
+        tied = dialect.binary(graph, f"{scope}/tie", "add", tensor, signal[dtype])
+        for copy in copy_of.values():
+            for slot, source in graph.input_slots(copy).items():
+                if source == tensor:
+                    graph.set_input(copy, slot, tied)
 
 
 def _tiny_signal(graph: Graph, scope: str, tensors: list[Tensor], dtype: str) -> Tensor:
