@@ -98,6 +98,15 @@ class Dialect(ABC):
         """Static shape, None for unknown dims; None if even the rank is unknown."""
         return None
 
+    def dependency_scale(self, dtype: str) -> float:
+        """The factor of data-mode ordering, ``x + stop_gradient(scale * s)``: the
+        dtype's smallest normal number, as ``recompute_grad(use_data_dep=True)``."""
+        import numpy as np
+
+        from graphpass.ir.memory import np_dtype
+
+        return float(np.finfo(np_dtype(dtype)).tiny)
+
     def is_float(self, graph: Graph, tensor: Tensor) -> bool:
         return self.dtype(graph, tensor) in FLOAT_DTYPES
 
