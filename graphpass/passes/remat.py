@@ -81,7 +81,8 @@ class RematPass(Pass):
                            help="regex matched at the start of node names; each distinct "
                                 "matched text is one segment (repeatable)")
         group.add_argument("--recompute-hints", action="store_true",
-                           help="mark by the Grappler-compatible _recompute_hint node attribute")
+                           help="mark by the Grappler-compatible _recompute_hint node attribute "
+                                "(ONNX: a NodeProto metadata_props entry)")
         group.add_argument("--dependency", choices=["control", "data"],
                            help="how copies are ordered (default: control for --target tf, "
                                 "data for xla and ONNX)")
