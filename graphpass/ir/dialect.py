@@ -34,6 +34,12 @@ class Dialect(ABC):
         """True for loop back-edges, which topological orders ignore."""
         return False
 
+    def schedule(self, graph: Graph) -> list[str]:
+        """Every node, in the order the format's runtime executes them (the memory
+        estimate walks it): here topological, ties broken by graph order, so nodes a
+        pass appended run as late as their users allow."""
+        return graph.topological_order(ignore_edge=lambda s, d: self.is_back_edge(graph, s, d))
+
     def num_outputs(self, graph: Graph, name: str) -> int | None:
         """Number of outputs of ``name`` when cheaply known, else None."""
         return None

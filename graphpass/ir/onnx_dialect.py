@@ -28,7 +28,13 @@ from typing import Any
 from graphpass.errors import GraphpassError
 from graphpass.ir.dialect import Dialect
 from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
-from graphpass.ir.onnx_io import INITIALIZER, INPUT, SOURCE_OPS, model_from_graph
+from graphpass.ir.onnx_io import (
+    INITIALIZER,
+    INPUT,
+    SOURCE_OPS,
+    model_from_graph,
+    ort_schedule,
+)
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 # get_attr/set_attr keys with this prefix are node annotations (metadata_props).
@@ -84,6 +90,11 @@ class ONNXDialect(Dialect):
 
     def num_outputs(self, graph: Graph, name: str) -> int | None:
         return len(graph.node(name).outputs)
+
+    def schedule(self, graph: Graph) -> list[str]:
+        """onnxruntime's default order for the model the writer emits (a DFS from the
+        leaves; see ``onnx_io.ort_schedule``), not a plain topological order."""
+        return ort_schedule(graph)
 
     def parse_tensor(self, graph: Graph, text: str) -> Tensor:
         """An ONNX tensor name first (what users see in Netron); else ``node[:port]``."""

@@ -246,10 +246,7 @@ def model_from_graph(graph: Graph):
     out = model.graph
     live: set[str] = set()
     live_sources: set[str] = set()
-    order = emission_order(graph)
-    if any(READ_INDEX not in n.meta for n in graph.nodes() if n.op not in SOURCE_OPS):
-        order = ort_leaf_order(graph, order)
-    for name in order:
+    for name in file_order(graph):
         node = graph.node(name)
         live.update(v for v in node.outputs if v)
         if node.op in SOURCE_OPS:
@@ -300,6 +297,43 @@ def emission_order(graph: Graph) -> list[str]:
                 done.add(name)
                 order.append(name)
     return order
+
+
+def file_order(graph: Graph) -> list[str]:
+    """The order the writer emits nodes in (source nodes included, where they fall):
+    :func:`emission_order`, and for a graph a pass added nodes to, leaves last
+    (:func:`ort_leaf_order`)."""
+    order = emission_order(graph)
+    if any(READ_INDEX not in n.meta for n in graph.nodes() if n.op not in SOURCE_OPS):
+        order = ort_leaf_order(graph, order)
+    return order
+
+
+def ort_schedule(graph: Graph) -> list[str]:
+    """The order onnxruntime runs the written model in, by default: a depth-first
+    walk from the leaves, the last leaf of the file first, each node's producers
+    latest-in-file first, a node running once its producers have (its
+    ``GraphViewer`` order). Source nodes come first. ORT's own rewrites (fusions)
+    can move a few nodes; the order of the rest stands."""
+    order = file_order(graph)
+    index = {name: i for i, name in enumerate(order)}
+    sources = [n for n in order if graph.node(n).op in SOURCE_OPS]
+    stack = [(n, False) for n in order if n not in sources and not graph.users(n)]
+    visited: set[str] = set()
+    schedule = []
+    while stack:
+        name, leaving = stack.pop()
+        if leaving:
+            schedule.append(name)
+            continue
+        if name in visited:
+            continue
+        visited.add(name)
+        stack.append((name, True))
+        producers = sorted((p for p in graph.producers(name) if graph.node(p).op not in SOURCE_OPS),
+                           key=index.__getitem__)
+        stack.extend((p, False) for p in producers if p not in visited)
+    return sources + schedule
 
 
 def ort_leaf_order(graph: Graph, order: list[str]) -> list[str]:

@@ -270,16 +270,20 @@ def _triggers(graph: Graph, consumers: set[str], backward: set[str]) -> list[Ten
     layer of their backward descendants that reads such a gradient gives the
     trigger. There, values computed from forward tensors and constants only
     (``Transpose(h)``) are not gradients and are passed over while a real one
-    exists. Constants never trigger: they order nothing.
+    exists. Stored values (constants, variable reads) trigger only when
+    nothing else can: they order little (a TF graph whose gradients wait on
+    the moving-average updates, ``control_dependencies(update_ops)``, has
+    every gradient downstream of its segments' own update ops).
     """
     dialect = graph.dialect
     after = graph.descendants(consumers) | consumers
 
-    def entering(nodes: set[str]) -> list[Tensor]:
+    def entering(nodes: set[str], sources: bool = False) -> list[Tensor]:
         return _unique_tensors(
             t for c in sorted(nodes) for t in graph.inputs(c)
             if t.node in backward and t.node not in after
-            and not dialect.is_source(graph, t.node) and dialect.is_float(graph, t)
+            and (sources or not dialect.is_source(graph, t.node))
+            and dialect.is_float(graph, t)
         )
 
     direct = entering(consumers)
@@ -296,7 +300,7 @@ def _triggers(graph: Graph, consumers: set[str], backward: set[str]) -> list[Ten
         if gradients:
             return gradients
         fallback = fallback or found
-    return fallback
+    return fallback or entering(consumers, sources=True)
 
 
 def _carries_gradient(graph: Graph, tensor: Tensor, backward: set[str]) -> bool:
