@@ -34,6 +34,12 @@ class Dialect(ABC):
         """True for loop back-edges, which topological orders ignore."""
         return False
 
+    def schedule(self, graph: Graph) -> list[str]:
+        """Every node, in the order the format's runtime executes them (the memory
+        estimate walks it): here topological, ties broken by graph order, so nodes a
+        pass appended run as late as their users allow."""
+        return graph.topological_order(ignore_edge=lambda s, d: self.is_back_edge(graph, s, d))
+
     def num_outputs(self, graph: Graph, name: str) -> int | None:
         """Number of outputs of ``name`` when cheaply known, else None."""
         return None
@@ -101,6 +107,15 @@ class Dialect(ABC):
     def shape(self, graph: Graph, tensor: Tensor) -> tuple | None:
         """Static shape, None for unknown dims; None if even the rank is unknown."""
         return None
+
+    def dependency_scale(self, dtype: str) -> float:
+        """The factor of data-mode ordering, ``x + stop_gradient(scale * s)``: the
+        dtype's smallest normal number, as ``recompute_grad(use_data_dep=True)``."""
+        import numpy as np
+
+        from graphpass.ir.memory import np_dtype
+
+        return float(np.finfo(np_dtype(dtype)).tiny)
 
     def is_float(self, graph: Graph, tensor: Tensor) -> bool:
         return self.dtype(graph, tensor) in FLOAT_DTYPES

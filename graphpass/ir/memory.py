@@ -1,8 +1,9 @@
 """Static tensor sizes and a liveness-based peak-memory estimate.
 
-The estimate walks one topological schedule (ties broken by graph order, so
-nodes a pass appended run as late as their users allow, which is how a
-per-segment recomputation behaves) and keeps a tensor live from its
+The estimate walks the dialect's schedule (``Dialect.schedule``: for TF a
+topological order with ties broken by graph order, so nodes a pass appended
+run as late as their users allow, which is how a per-segment recomputation
+behaves; for ONNX onnxruntime's own order) and keeps a tensor live from its
 producer until its last reader. Stored and fed values (variables, constants,
 placeholders) are left out: they are not allocated by the step. Unknown
 sizes count as zero, so the estimate is a lower bound on what it can see.
@@ -43,8 +44,7 @@ def estimated_peak_bytes(graph: Graph, fetches: list[str]) -> int:
     runs (as the TF runtime prunes), in the graph's deterministic schedule."""
     dialect = graph.dialect
     needed = graph.ancestors(fetches) | set(fetches)
-    order = [n for n in graph.topological_order(
-        ignore_edge=lambda s, d: dialect.is_back_edge(graph, s, d)) if n in needed]
+    order = [n for n in dialect.schedule(graph) if n in needed]
     readers: dict[Tensor, int] = {}
     for name in order:
         for tensor in graph.inputs(name):

@@ -10,6 +10,9 @@
   ``stop_gradient`` builder emits an ``Identity``: an exported ONNX graph
   already holds its backward pass, so nothing differentiates it again and the
   identity only marks intent (named by the caller).
+* Annotations: attribute keys starting with ``_`` (``_recompute_hint``) are
+  read from and written to the NodeProto's ``metadata_props``, since the
+  checker refuses undeclared attributes on standard ops (see ``get_attr``).
 * Training structure: an ONNX training step written in standard ops updates a
   parameter with plain SGD, ``new = Sub(param, Mul(lr, grad))`` (either Mul
   operand order), and returns ``new`` as a graph output. That Sub is the
@@ -25,9 +28,17 @@ from typing import Any
 from graphpass.errors import GraphpassError
 from graphpass.ir.dialect import Dialect
 from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
-from graphpass.ir.onnx_io import INITIALIZER, INPUT, SOURCE_OPS, model_from_graph
+from graphpass.ir.onnx_io import (
+    INITIALIZER,
+    INPUT,
+    SOURCE_OPS,
+    model_from_graph,
+    ort_schedule,
+)
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
+# get_attr/set_attr keys with this prefix are node annotations (metadata_props).
+ANNOTATION_PREFIX = "_"
 # Ops whose output is random on every run (never recomputed: the copy would differ).
 RANDOM_OPS = frozenset({
     "RandomUniform", "RandomUniformLike", "RandomNormal", "RandomNormalLike",
@@ -79,6 +90,11 @@ class ONNXDialect(Dialect):
 
     def num_outputs(self, graph: Graph, name: str) -> int | None:
         return len(graph.node(name).outputs)
+
+    def schedule(self, graph: Graph) -> list[str]:
+        """onnxruntime's default order for the model the writer emits (a DFS from the
+        leaves; see ``onnx_io.ort_schedule``), not a plain topological order."""
+        return ort_schedule(graph)
 
     def parse_tensor(self, graph: Graph, text: str) -> Tensor:
         """An ONNX tensor name first (what users see in Netron); else ``node[:port]``."""
@@ -216,10 +232,33 @@ class ONNXDialect(Dialect):
         values = node.meta.get(key) or []
         return values[tensor.port] if tensor.port < len(values) else None
 
+    def dependency_scale(self, dtype: str) -> float:
+        """0: data-mode ties are ``x + Identity(0 * s)``, exact for finite ``s``.
+
+        ``tiny * s`` is subnormal whenever ``|s| < 1``, and added to the zeros a
+        ReLU leaves it makes subnormal activations; onnxruntime on CPU does not
+        flush them (``session.set_denormal_as_zero`` is off by default), so the
+        recomputed MatMuls take the slow subnormal path (a 13x slower step on
+        the benchmark MLP). ``0 * s`` is still a data dependency no ORT
+        optimizer removes: constant folding needs constant inputs, and
+        ``NoopElimination`` drops only an ``Add`` of a constant 0 or a ``Mul``
+        by a constant 1 (it is also NaN if ``s`` is, like ``tiny * s``).
+        """
+        return 0.0
+
     def get_attr(self, graph: Graph, name: str, key: str, default: Any = None) -> Any:
-        """The attribute as a Python value; strings decoded, tensors as TensorProto."""
+        """The attribute as a Python value; strings decoded, tensors as TensorProto.
+
+        Keys starting with ``_`` are annotations, not op attributes (TF's
+        ``_recompute_hint``): the ONNX checker rejects attributes a standard op
+        does not declare, so they live in the NodeProto's ``metadata_props``
+        (a string -> string map, IR 10; older readers skip the field). Their
+        value is the entry's string, e.g. ``_recompute_hint`` = ``"1"``.
+        """
         import onnx
 
+        if key.startswith(ANNOTATION_PREFIX):
+            return _metadata_props(graph.node(name)).get(key, default)
         value = graph.node(name).attrs.get(key)
         if value is None:
             return default
@@ -231,6 +270,10 @@ class ONNXDialect(Dialect):
         return result
 
     def set_attr(self, graph: Graph, name: str, key: str, value: Any) -> None:
+        """An op attribute; an ``_``-key annotation goes to ``metadata_props`` as ``str(value)``."""
+        if key.startswith(ANNOTATION_PREFIX):
+            _set_metadata_prop(graph.node(name), key, str(value))
+            return
         graph.node(name).attrs[key] = _attribute(key, value)
 
     # -- builders ----------------------------------------------------------
@@ -339,6 +382,28 @@ class ONNXDialect(Dialect):
     def stop_gradient(self, graph: Graph, name: str, tensor: Tensor) -> Tensor:
         """An ``Identity``: ONNX has no StopGradient, and its backward is already built."""
         return self._op(graph, name, "Identity", [tensor])
+
+
+def _metadata_props(node) -> dict[str, str]:
+    extras = node.meta.get("onnx_extras")
+    return {e.key: e.value for e in extras.metadata_props} if extras is not None else {}
+
+
+def _set_metadata_prop(node, key: str, value: str) -> None:
+    """Set one ``metadata_props`` entry. Copy on write: ``Graph.copy`` shares the
+    extras proto between the copies."""
+    import onnx
+
+    extras = onnx.NodeProto()
+    if "onnx_extras" in node.meta:
+        extras.CopyFrom(node.meta["onnx_extras"])
+    for entry in extras.metadata_props:
+        if entry.key == key:
+            entry.value = value
+            break
+    else:
+        extras.metadata_props.add(key=key, value=value)
+    node.meta["onnx_extras"] = extras
 
 
 def _register_initializer(graph: Graph, proto) -> None:

@@ -20,7 +20,7 @@ Ordering: ``control`` mode gives the copies control inputs on the trigger
 as ``x + stop_gradient(tiny * s)``, ``s`` summing element 0 of each incoming
 gradient and ``tiny`` the dtype's smallest normal number, exactly as
 ``recompute_grad(use_data_dep=True)`` does (XLA ignores control edges; ONNX has
-none).
+none). The factor is the dialect's ``dependency_scale`` (ONNX: 0, see there).
 """
 
 from __future__ import annotations
@@ -29,11 +29,9 @@ import difflib
 import re
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
-from graphpass.ir.memory import estimated_peak_bytes, np_dtype, tensor_bytes
+from graphpass.ir.memory import estimated_peak_bytes, tensor_bytes
 from graphpass.passes.base import Pass, RegionOptions
 
 GENERATED_SCOPE = "graphpass/"
@@ -83,7 +81,8 @@ class RematPass(Pass):
                            help="regex matched at the start of node names; each distinct "
                                 "matched text is one segment (repeatable)")
         group.add_argument("--recompute-hints", action="store_true",
-                           help="mark by the Grappler-compatible _recompute_hint node attribute")
+                           help="mark by the Grappler-compatible _recompute_hint node attribute "
+                                "(ONNX: a NodeProto metadata_props entry)")
         group.add_argument("--dependency", choices=["control", "data"],
                            help="how copies are ordered (default: control for --target tf, "
                                 "data for xla and ONNX)")
@@ -256,12 +255,60 @@ def _plan(graph: Graph, segment: Segment, forward: set[str], backward: set[str])
     needed = _upstream_within(graph, {t.node for _, _, t in rewires}, recomputable)
     copies = [n for n in segment.nodes if n in needed]
     consumers = {c for c, _, _ in rewires}
+    return _Plan(copies=copies, rewires=rewires,
+                 triggers=_triggers(graph, consumers, backward))
+
+
+def _triggers(graph: Graph, consumers: set[str], backward: set[str]) -> list[Tensor]:
+    """The gradient flowing into the segment: computed float backward tensors that
+    the segment's gradient ops read and that do not depend on them.
+
+    Fused gradient ops (TF ``ReluGrad(grad, relu)``) read the incoming gradient
+    next to the activation. Decomposed ones (ONNX: ``Greater(z, 0)`` then
+    ``Where(., grad, 0)``; ``Mul(t, t)`` then ``Mul(grad, 1 - .)``) read the
+    activation alone and the gradient joins further down; then the nearest
+    layer of their backward descendants that reads such a gradient gives the
+    trigger. There, values computed from forward tensors and constants only
+    (``Transpose(h)``) are not gradients and are passed over while a real one
+    exists. Stored values (constants, variable reads) trigger only when
+    nothing else can: they order little (a TF graph whose gradients wait on
+    the moving-average updates, ``control_dependencies(update_ops)``, has
+    every gradient downstream of its segments' own update ops).
+    """
+    dialect = graph.dialect
     after = graph.descendants(consumers) | consumers
-    triggers = _unique_tensors(
-        t for c in sorted(consumers) for t in graph.inputs(c)
-        if t.node in backward and t.node not in after and dialect.is_float(graph, t)
-    )
-    return _Plan(copies=copies, rewires=rewires, triggers=triggers)
+
+    def entering(nodes: set[str], sources: bool = False) -> list[Tensor]:
+        return _unique_tensors(
+            t for c in sorted(nodes) for t in graph.inputs(c)
+            if t.node in backward and t.node not in after
+            and (sources or not dialect.is_source(graph, t.node))
+            and dialect.is_float(graph, t)
+        )
+
+    direct = entering(consumers)
+    if direct:
+        return direct
+    fallback: list[Tensor] = []
+    seen, layer = set(consumers), set(consumers)
+    while layer:
+        layer = {u for n in layer for u in graph.data_users(n)
+                 if u in backward and u not in seen}
+        seen |= layer
+        found = entering(layer)
+        gradients = [t for t in found if _carries_gradient(graph, t, backward)]
+        if gradients:
+            return gradients
+        fallback = fallback or found
+    return fallback or entering(consumers, sources=True)
+
+
+def _carries_gradient(graph: Graph, tensor: Tensor, backward: set[str]) -> bool:
+    """Computed from some other backward value (not from forward values and
+    constants alone, as a ``Transpose`` of an activation or a weight is)."""
+    dialect = graph.dialect
+    return any(n in backward and not dialect.is_source(graph, n)
+               for n in graph.ancestors([tensor.node]))
 
 
 def _is_boundary(readers: list[tuple[str, int]], members: set[str], forward: set[str]) -> bool:
@@ -344,7 +391,8 @@ def _order_by_data(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor]
 
 
 def _tiny_signal(graph: Graph, scope: str, tensors: list[Tensor], dtype: str) -> Tensor:
-    """``stop_gradient(tiny * sum(first elements))`` in ``dtype``: numerically nothing
+    """``stop_gradient(scale * sum(first elements))`` in ``dtype`` (``scale``: the
+    dialect's ``dependency_scale``, ``tiny`` by default): numerically nothing
     for any normal value, but a data dependency no compiler may drop."""
     dialect = graph.dialect
     firsts = [
@@ -353,7 +401,7 @@ def _tiny_signal(graph: Graph, scope: str, tensors: list[Tensor], dtype: str) ->
         for t in tensors
     ]
     total = dialect.add_n(graph, f"{scope}/sum", firsts)
-    tiny = dialect.scalar(graph, f"{scope}/tiny", float(np.finfo(np_dtype(dtype)).tiny), dtype)
+    tiny = dialect.scalar(graph, f"{scope}/tiny", dialect.dependency_scale(dtype), dtype)
     return dialect.stop_gradient(graph, f"{scope}/stop",
                                  dialect.binary(graph, f"{scope}/scaled", "mul", total, tiny))
 

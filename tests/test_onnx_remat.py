@@ -1,0 +1,236 @@
+"""Rematerialization of ONNX training steps (data mode), checked with onnxruntime:
+checker, opset and metadata kept, same training over several steps with all ORT
+optimizations, copies that ORT's optimizer keeps, per-segment triggers, hint
+marks in ``metadata_props``, and ORT's executed order giving the memory saving."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import graphpass
+from graphpass.cli import main
+from graphpass.ir.onnx_io import READ_INDEX, SOURCE_OPS, graph_from_model, ort_schedule
+from graphpass.passes.remat import SCOPE
+from tools import onnx_models
+
+MARKS = {"block_mlp": "block[1-7]/", "conv_net": "conv[12]/"}
+BUILDERS = {"block_mlp": lambda: onnx_models.block_mlp(batch=16, width=32),
+            "conv_net": onnx_models.conv_net}
+
+
+@pytest.fixture(scope="module")
+def built():
+    return {name: build() for name, build in BUILDERS.items()}
+
+
+def _with_metadata(model: onnx.ModelProto) -> onnx.ModelProto:
+    tagged = onnx.ModelProto()
+    tagged.CopyFrom(model)
+    tagged.doc_string = "a training step"
+    tagged.model_version = 7
+    tagged.metadata_props.add(key="owner", value="graphpass tests")
+    return tagged
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(list(argv))
+    return status, out.getvalue(), err.getvalue()
+
+
+def _rewrite(model: onnx.ModelProto, tmp_path: Path, *options: str) -> tuple[Path, dict]:
+    source, target = tmp_path / "step.onnx", tmp_path / "out.onnx"
+    report = tmp_path / "report.json"
+    onnx.save(model, source)
+    status, _, err = _cli("rewrite", str(source), "-o", str(target), "--report", str(report),
+                          *options)
+    assert status == 0, err
+    return target, json.loads(report.read_text())["passes"][0]
+
+
+def _ort_session(model_path: Path, optimized: Path | None = None) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = 1
+    if optimized is not None:
+        options.optimized_model_filepath = str(optimized)
+    return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_rewrite_passes_checker_keeps_model_fields_and_trains_identically(name, built, tmp_path):
+    model = _with_metadata(built[name].model)
+    target, result = _rewrite(model, tmp_path, "--recompute", MARKS[name])
+    assert result["changed"]
+    rewritten = onnx.load(target)
+    onnx.checker.check_model(rewritten, full_check=True)
+    assert list(rewritten.opset_import) == list(model.opset_import)
+    assert rewritten.ir_version == model.ir_version
+    assert rewritten.producer_name == model.producer_name
+    assert (rewritten.doc_string, rewritten.model_version) == ("a training step", 7)
+    assert list(rewritten.metadata_props) == list(model.metadata_props)
+    assert any(n.name.startswith(SCOPE) for n in rewritten.graph.node)
+    # onnx_models.run uses ORT's default optimization level: all of them.
+    assert ort.SessionOptions().graph_optimization_level == \
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    losses, params = onnx_models.train_steps(model, built[name], steps=3)
+    new_losses, new_params = onnx_models.train_steps(rewritten, built[name], steps=3)
+    np.testing.assert_allclose(new_losses, losses, rtol=1e-6)
+    assert set(new_params) == set(params)
+    for param, value in params.items():
+        np.testing.assert_allclose(new_params[param], value, rtol=1e-6, atol=1e-7,
+                                   err_msg=param)
+
+
+def test_copies_survive_onnxruntime_optimizer(built, tmp_path):
+    target, result = _rewrite(built["block_mlp"].model, tmp_path, "--recompute",
+                              MARKS["block_mlp"])
+    assert result["report"]["nodes_added"] == 21  # MatMul, Relu, Tanh of blocks 1..7
+    optimized = tmp_path / "optimized.onnx"
+    _ort_session(target, optimized)
+    nodes = onnx.load(optimized).graph.node
+    # ORT may fuse a copy (MatMul + scale -> FusedMatMul, renamed ".../MatMulScaleFusion/"),
+    # but CSE must not merge a copy into its original: both compute, side by side.
+    for i in range(1, 8):
+        for op in ("MatMul", "Relu", "Tanh"):
+            copies = [n for n in nodes if n.name.startswith(f"{SCOPE}block{i}/{op}")]
+            originals = [n for n in nodes if n.name.startswith(f"block{i}/{op}")]
+            assert len(copies) == 1 and len(originals) == 1, (i, op, copies, originals)
+            assert copies[0].output[0] != originals[0].output[0]
+    copies = [n for n in nodes if n.name.startswith(SCOPE) and "/dep/" not in n.name]
+    assert len(copies) == 21
+
+
+def test_each_segment_is_triggered_by_its_own_incoming_gradient(built, tmp_path):
+    _, result = _rewrite(built["block_mlp"].model, tmp_path, "--recompute", MARKS["block_mlp"])
+    segments = result["report"]["segments"]
+    # Greater(z, 0) and Mul(t, t) read the activations alone; the gradient joins one
+    # op further down. The trigger is that gradient, never the constant next to z.
+    assert [s["triggers"] for s in segments] == \
+        [[f"gradients/block{i}/mul_grad"] for i in range(1, 8)]
+
+
+def test_onnxruntime_runs_each_recomputation_when_the_backward_reaches_it(built, tmp_path):
+    target, _ = _rewrite(built["block_mlp"].model, tmp_path, "--recompute", MARKS["block_mlp"])
+    order = _executed_order(target, built["block_mlp"].feeds, tmp_path, optimize=True)
+
+    def first(prefix: str) -> int:
+        return next(i for i, n in enumerate(order) if n.startswith(prefix))
+
+    for i in range(1, 8):
+        # after the block above is done (its weight update too), before its own backward
+        assert first(f"sgd/block{i + 1}/update") < first(f"{SCOPE}block{i}/MatMul") \
+            < first(f"gradients/block{i}/Tanh_grad"), i
+
+
+def _executed_order(model_path: Path, feeds: dict, tmp_path: Path, optimize: bool) -> list[str]:
+    options = ort.SessionOptions()
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.enable_profiling = True
+    options.profile_file_prefix = str(tmp_path / "profile")
+    session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    session.run(None, feeds)
+    events = json.loads(Path(session.end_profiling()).read_text())
+    return [e["name"][:-len("_kernel_time")] for e in events
+            if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_ort_schedule_is_the_order_onnxruntime_executes(name, built, tmp_path):
+    target, _ = _rewrite(built[name].model, tmp_path, "--recompute", MARKS[name])
+    for path in (tmp_path / "step.onnx", target):
+        graph = graphpass.load(path)
+        expected = [n for n in ort_schedule(graph) if graph.node(n).op not in SOURCE_OPS]
+        assert _executed_order(path, built[name].feeds, tmp_path, optimize=False) == expected
+
+
+def test_writer_puts_leaves_last_only_in_rewritten_graphs(built, tmp_path):
+    model = built["block_mlp"].model
+    target, _ = _rewrite(model, tmp_path, "--recompute", MARKS["block_mlp"])
+    names = [n.name for n in onnx.load(target).graph.node]
+    # ORT's DFS starts from the last leaf: the forward's leaf (the loss), then the
+    # update of the block whose gradient is ready first.
+    assert names[-9:] == [*(f"sgd/block{i}/update" for i in range(1, 9)), "loss"]
+    untouched = graphpass.load(tmp_path / "step.onnx")
+    assert all(READ_INDEX in n.meta for n in untouched.nodes() if not n.op.startswith("graphpass"))
+    graphpass.save(untouched, tmp_path / "round_trip.onnx")
+    assert (tmp_path / "round_trip.onnx").read_bytes() == (tmp_path / "step.onnx").read_bytes()
+
+
+def test_peak_over_ort_executed_order_is_at_most_070x(tmp_path):
+    from tools.bench_onnx_remat import _executed_order_peak
+
+    mlp = onnx_models.block_mlp(batch=64, width=64, params_as_inputs=True)
+    source = tmp_path / "step.onnx"
+    onnx.save(mlp.model, source)
+    target, result = _rewrite(mlp.model, tmp_path, "--recompute", MARKS["block_mlp"])
+    # graphpass's own estimate walks the order ORT runs the written model in
+    report = result["report"]
+    assert report["estimated_peak_bytes_after"] <= 0.70 * report["estimated_peak_bytes_before"]
+    fetches = [mlp.loss, *mlp.updates.values()]
+    peaks = {}
+    for path in (source, target):
+        optimized = path.with_suffix(".optimized.onnx")
+        _ort_session(path, optimized)
+        peaks[path.name] = _executed_order_peak(
+            {"model": str(path), "fetches": fetches, "threads": 1}, str(optimized), mlp.feeds)
+    assert peaks["out.onnx"] <= 0.70 * peaks["step.onnx"], peaks
+
+
+def test_hint_marks_in_metadata_props(built, tmp_path):
+    mlp = built["block_mlp"]
+    graph = graph_from_model(mlp.model)
+    dialect = graph.dialect
+    for name in list(graph):
+        found = re.match(r"block([1-7])/", name)
+        if found:
+            dialect.set_attr(graph, name, "_recompute_hint", int(found.group(1)))
+    assert dialect.get_attr(graph, "block3/Relu", "_recompute_hint") == "3"
+    assert dialect.get_attr(graph, "block8/Relu", "_recompute_hint") is None
+    hinted = tmp_path / "hinted.onnx"
+    graphpass.save(graph, hinted)
+    model = onnx.load(hinted)
+    onnx.checker.check_model(model, full_check=True)
+    node = next(n for n in model.graph.node if n.name == "block3/Relu")
+    assert {e.key: e.value for e in node.metadata_props} == {"_recompute_hint": "3"}
+    assert not any(a.name.startswith("_") for n in model.graph.node for a in n.attribute)
+    target, result = _rewrite(model, tmp_path, "--recompute-hints")
+    segments = result["report"]["segments"]
+    assert [s["segment"] for s in segments] == [f"hint {i}" for i in range(1, 8)]
+    assert all(s["copied"] == 3 for s in segments)
+    losses, _ = onnx_models.train_steps(mlp.model, mlp, steps=3)
+    new_losses, _ = onnx_models.train_steps(onnx.load(target), mlp, steps=3)
+    np.testing.assert_allclose(new_losses, losses, rtol=1e-6)
+
+
+def test_control_dependency_on_onnx_exits_2_with_one_line(built, tmp_path):
+    source = tmp_path / "step.onnx"
+    onnx.save(built["block_mlp"].model, source)
+    status, out, err = _cli("rewrite", str(source), "-o", str(tmp_path / "out.onnx"),
+                            "--recompute", MARKS["block_mlp"], "--dependency", "control")
+    assert status == 2
+    assert err.count("\n") == 1 and "--dependency control" in err and "data" in err, err
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_second_rewrite_is_a_no_op(built, tmp_path):
+    target, _ = _rewrite(built["conv_net"].model, tmp_path, "--recompute", MARKS["conv_net"])
+    again = tmp_path / "again.onnx"
+    report = tmp_path / "again.json"
+    status, _, err = _cli("rewrite", str(target), "-o", str(again), "--report", str(report),
+                          "--recompute", MARKS["conv_net"])
+    assert status == 0, err
+    result = json.loads(report.read_text())["passes"][0]
+    assert not result["changed"]
+    assert again.read_bytes() == target.read_bytes()

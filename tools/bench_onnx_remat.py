@@ -1,0 +1,281 @@
+"""Peak memory and step time of one ONNX training step under onnxruntime,
+rematerialized by graphpass or not.
+
+The 8-block MLP of ``tools/onnx_models.block_mlp`` (x [2048, 1024] float32,
+block i ``h = tanh(relu(h @ W_i)) * 2``, loss ``mean(h*h)``, SGD; the
+parameters are graph inputs, fed every step), blocks 1..7 marked. Variants,
+each run in its own process:
+
+* original         -- the generated training step, untouched
+* original, leaves -- the same nodes with the leaves (loss, updates) in the order
+                      graphpass's writer gives a rewritten graph (see
+                      ``graphpass.ir.onnx_io``): how much of the saving is
+                      onnxruntime's schedule alone
+* graphpass data   -- ``graphpass rewrite --recompute 'block[1-7]/'`` (data mode,
+                      the only one ONNX has)
+
+onnxruntime runs on CPU with all graph optimizations (``ORT_ENABLE_ALL``), the
+CPU memory arena off (``enable_cpu_mem_arena=False``: every tensor is its own
+allocation, freed when ORT's plan says it is dead) and one intra-op thread.
+"peak" runs with ORT's memory pattern off, "pattern" with it on (ORT's default:
+after the first run it allocates one block per run laid out by its pattern
+planner, a first-fit packing of the first run's allocations, so that figure is
+the packing's size rather than the live bytes).
+
+Peak = the rise of the process's resident set over one step after a warm-up
+step: ``VmHWM`` (the kernel's high-water mark, reset to the current RSS by
+writing ``5`` to ``/proc/self/clear_refs`` right before the step) minus
+``VmRSS`` before it. The worker runs with ``MALLOC_MMAP_THRESHOLD_`` fixed at
+64 KiB, so glibc serves every tensor buffer from its own ``mmap`` and gives it
+back to the kernel on free (by default the threshold grows with the first large
+free and later buffers come from the heap, which keeps freed pages resident and
+would hide the step's peak). The RSS rise is then the step's live tensor bytes
+plus a little allocator overhead. ``ru_maxrss`` alone cannot be used: it is the
+lifetime maximum, already reached by the warm-up step.
+
+The "plan MiB" column is a second, independent figure: the liveness peak of
+the step's tensors (static sizes from ONNX shape inference) over the order in
+which onnxruntime executed the optimized graph's nodes (from its profiler;
+the optimized graph is the one ORT writes to ``optimized_model_filepath``).
+Ratios are against the original, measured in the same run.
+
+    python tools/bench_onnx_remat.py [--batch 2048 --width 1024 --blocks 8 --steps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MARK = "block[1-7]/"
+MMAP_THRESHOLD_BYTES = 64 * 1024
+
+
+def build_variants(args, work: Path) -> dict[str, dict]:
+    """Write one ONNX model per variant and the feeds; return variant -> run spec."""
+    import onnx
+
+    import graphpass
+    from tools import onnx_models
+
+    built = onnx_models.block_mlp(batch=args.batch, width=args.width, blocks=args.blocks,
+                                  params_as_inputs=True, check=False)
+    feeds = work / "feeds.npz"
+    np.savez(feeds, **{k.replace("/", "|"): v for k, v in built.feeds.items()})
+    original = work / "original.onnx"
+    onnx.save(built.model, original)
+    spec = {"feeds": str(feeds), "fetches": [built.loss, *built.updates.values()],
+            "threads": args.threads}
+    variants = {"original": dict(spec, model=str(original), nodes_added=0)}
+    leaves = work / "original_leaves.onnx"
+    onnx.save(_leaves_reordered(built.model), leaves)
+    variants["original, leaves"] = dict(spec, model=str(leaves), nodes_added=0)
+    graph = graphpass.load(original)
+    results = graphpass.run_passes(graph, {"recompute": [MARK]})
+    path = work / "graphpass_data.onnx"
+    graphpass.save(graph, path)
+    variants["graphpass data"] = dict(spec, model=str(path),
+                                      nodes_added=results[0].report["nodes_added"])
+    return variants
+
+
+def _leaves_reordered(model):
+    """``model`` with its nodes in the order graphpass's writer emits a rewritten graph."""
+    import onnx
+
+    from graphpass.ir.onnx_io import emission_order, graph_from_model, ort_leaf_order
+
+    graph = graph_from_model(model)
+    protos = {(n.name, tuple(n.output)): n for n in model.graph.node}
+    order = ort_leaf_order(graph, emission_order(graph))
+    reordered = onnx.ModelProto()
+    reordered.CopyFrom(model)
+    del reordered.graph.node[:]
+    reordered.graph.node.extend(
+        protos[(name, tuple(graph.node(name).outputs))] for name in order
+        if (name, tuple(graph.node(name).outputs)) in protos)
+    onnx.checker.check_model(reordered)
+    return reordered
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _reset_high_water_mark() -> None:
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")
+
+
+def measure(spec: dict, steps: int) -> dict:
+    """Run in a worker process: RSS peak of one step, median step seconds, the
+    executed node order's liveness peak."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.enable_cpu_mem_arena = False
+    options.enable_mem_pattern = spec["mem_pattern"]
+    options.intra_op_num_threads = spec["threads"]
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    work = Path(spec["model"]).parent
+    stem = Path(spec["model"]).stem
+    options.optimized_model_filepath = str(work / f"{stem}.ort_optimized.onnx")
+    session = ort.InferenceSession(spec["model"], options, providers=["CPUExecutionProvider"])
+    with np.load(spec["feeds"]) as data:
+        feeds = {k.replace("|", "/"): data[k] for k in data.files}
+    session.run(spec["fetches"], feeds)  # warm-up: kernels, thread pool, first-run caches
+    _reset_high_water_mark()
+    before = _status_kib("VmRSS")
+    outputs = session.run(spec["fetches"], feeds)
+    peak = (_status_kib("VmHWM") - before) * 1024
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        session.run(spec["fetches"], feeds)
+        times.append(time.perf_counter() - start)
+    result = {"peak": peak, "step_s": statistics.median(times), "loss": float(outputs[0])}
+    if not spec["mem_pattern"]:
+        result["plan_peak"] = _executed_order_peak(spec, options.optimized_model_filepath,
+                                                   feeds)
+    return result
+
+
+def _executed_order_peak(spec: dict, optimized: str, feeds: dict) -> int:
+    """Liveness peak of the optimized graph's tensors over the node order onnxruntime
+    executes (a profiled session with the measured one's settings)."""
+    import onnx
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.enable_cpu_mem_arena = False
+    options.enable_mem_pattern = False
+    options.intra_op_num_threads = spec["threads"]
+    options.enable_profiling = True
+    options.profile_file_prefix = str(Path(optimized).with_suffix(""))
+    session = ort.InferenceSession(spec["model"], options, providers=["CPUExecutionProvider"])
+    session.run(spec["fetches"], feeds)
+    profile = session.end_profiling()
+    events = json.loads(Path(profile).read_text())
+    order = [e["name"][:-len("_kernel_time")] for e in events
+             if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    model = onnx.load(optimized)
+    # Fused ops (com.microsoft FusedMatMul, ...) have no ONNX shape inference; their
+    # outputs keep the names of the values they replace, typed in the input model.
+    sizes = {**_value_sizes(onnx.load(spec["model"])), **_value_sizes(model)}
+    return liveness_peak(model, order, sizes, set(spec["fetches"]))
+
+
+def _value_sizes(model) -> dict[str, int]:
+    """Tensor name -> bytes, for values whose shape ONNX shape inference knows."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    sizes = {}
+    for info in [*inferred.graph.value_info, *inferred.graph.output]:
+        tensor_type = info.type.tensor_type
+        if not tensor_type.elem_type or not tensor_type.HasField("shape"):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim]
+        if any(d < 0 for d in dims):
+            continue
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).itemsize
+        sizes[info.name] = int(np.prod(dims, dtype=np.int64)) * itemsize
+    return sizes
+
+
+def liveness_peak(model, order: list[str], sizes: dict[str, int], fetches: set[str]) -> int:
+    """Peak bytes of live computed tensors when ``model``'s nodes run in ``order``
+    (a tensor lives from its producer to its last reader; outputs to the end)."""
+    nodes = {n.name: n for n in model.graph.node}
+    ran = [nodes[name] for name in order if name in nodes]
+    last_read = {}
+    for i, node in enumerate(ran):
+        for value in node.input:
+            last_read[value] = i
+    live = peak = 0
+    alive = set()
+    for i, node in enumerate(ran):
+        for value in node.output:
+            if value and value in sizes and (value in last_read or value in fetches):
+                alive.add(value)
+                live += sizes[value]
+        peak = max(peak, live)
+        for value in set(node.input):
+            if value in alive and last_read.get(value) == i and value not in fetches:
+                alive.discard(value)
+                live -= sizes[value]
+    return peak
+
+
+def run_worker(name: str, spec: dict, steps: int) -> dict:
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD_BYTES),
+               OMP_NUM_THREADS=str(spec["threads"]))
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker", json.dumps(spec), "--steps", str(steps)],
+        capture_output=True, text=True, env=env, timeout=1800,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=2048)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--blocks", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per variant")
+    parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
+    parser.add_argument("--worker")
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(measure(json.loads(args.worker), args.steps)))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        variants = build_variants(args, work)
+        results = {}
+        for name, spec in variants.items():
+            results[name] = run_worker(name, dict(spec, mem_pattern=False), args.steps)
+            with_pattern = run_worker(name, dict(spec, mem_pattern=True), args.steps)
+            results[name]["pattern_peak"] = with_pattern["peak"]
+    print_table(args, variants, results)
+
+
+def print_table(args, variants: dict, results: dict) -> None:
+    base = results["original"]
+    print(f"{args.blocks}-block MLP step, x [{args.batch}, {args.width}] float32, blocks 1..7 "
+          f"marked; onnxruntime CPU, ORT_ENABLE_ALL, arena off, {args.threads} thread(s)")
+    print(f"{'variant':16s} {'peak MiB':>9s} {'peak':>7s} {'pattern MiB':>11s} {'pattern':>7s} "
+          f"{'plan MiB':>9s} {'plan':>7s} {'step ms':>8s} {'time':>6s} {'nodes+':>6s} "
+          f"{'loss':>12s}")
+    for name, r in results.items():
+        print(f"{name:16s} {r['peak'] / 2**20:9.1f} {r['peak'] / base['peak']:6.2f}x "
+              f"{r['pattern_peak'] / 2**20:11.1f} "
+              f"{r['pattern_peak'] / base['pattern_peak']:6.2f}x "
+              f"{r['plan_peak'] / 2**20:9.1f} {r['plan_peak'] / base['plan_peak']:6.2f}x "
+              f"{r['step_s'] * 1e3:8.1f} {r['step_s'] / base['step_s']:5.2f}x "
+              f"{variants[name]['nodes_added']:6d} {r['loss']:12.6g}")
+
+
+if __name__ == "__main__":
+    main()
