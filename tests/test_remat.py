@@ -153,6 +153,14 @@ def test_batch_norm_dropout_state_and_randomness_are_not_duplicated():
                                                                          "Apply")))
     assert ops_before == ops_after
     assert not [c for c in copies if graph.node(c).op.startswith("Placeholder")]
+    # The moving-average updates the gradients wait on (control_dependencies(update_ops))
+    # are not gradient ops: each conv block is triggered by its own incoming gradient.
+    regions = graphpass.analyze(graph)
+    for segment in result.report["segments"]:
+        for trigger in segment["triggers"]:
+            node = trigger.split(":")[0]
+            assert regions.label(node) == "backward", trigger
+            assert not dialect.is_variable_value(graph, node), trigger
     _assert_same_training(model, graph)
 
 

@@ -202,12 +202,26 @@ def _label(graph: Graph, steps: list[TrainStep]) -> dict[str, str]:
         forward = graph.ancestors([step.loss.node]) | {step.loss.node}
         producers = {t.node for t in step.gradients}
         ends = step.train_ops or [step.train_op]
-        backward = (graph.ancestors(producers) | producers) - forward
+        backward = _backward(graph, producers, forward)
         optimizer = (graph.descendants(step.applies) | set(step.applies)
                      | graph.ancestors(ends) | set(ends)) - forward - backward
         for names, label in ((optimizer, OPTIMIZER), (backward, BACKWARD), (forward, FORWARD)):
             labels.update(dict.fromkeys(names, label))
     return labels
+
+
+def _backward(graph: Graph, producers: set[str], forward: set[str]) -> set[str]:
+    """What the gradients are computed from, minus the forward pass.
+
+    Data ancestors, plus the control-only ancestors that themselves depend on
+    gradient ops (TF's ``tuple/group_deps``). Ops a graph orders before its
+    gradients by control edges alone, such as moving-average updates under
+    ``control_dependencies(update_ops)``, are not gradient computation: they
+    read forward values only, and land with the optimizer.
+    """
+    by_data = (graph.ancestors(producers, follow_control=False) | producers) - forward
+    by_control = graph.ancestors(producers) - forward - by_data
+    return by_data | (by_control & graph.descendants(by_data))
 
 
 def _global_step(graph: Graph, labels: dict[str, str], requested: str | None) -> str | None:
