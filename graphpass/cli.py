@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -223,6 +224,9 @@ COMMANDS: list[type[Command]] = [Rewrite, Inspect, Passes, Diff, Verify]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # TF's C++ start-up chatter (oneDNN, CPU features) would bury the one-line
+    # errors and summaries; a user who wants it sets the variable themselves.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = argparse.ArgumentParser(prog="graphpass", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     commands = {}
