@@ -7,6 +7,8 @@ Variants, each run in its own process (the allocator's peak is per process):
 * original           -- the exported training graph, untouched
 * graphpass control  -- ``graphpass rewrite --recompute 'block[1-7]/'``
 * graphpass data     -- the same with ``--dependency data``
+* graphpass auto     -- ``--recompute auto --memory-budget-bytes B``, B = 0.6x the
+                        original's estimated peak: the planner picks the blocks
 * grappler manual    -- the original with ``_recompute_hint`` on the same nodes and
                         Grappler's memory optimizer in MANUAL mode
 * tf.recompute_grad  -- the model rebuilt with source-level ``tf.recompute_grad``
@@ -41,6 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 MARK = "block[1-7]/"
+#: The auto variant's budget, as a fraction of the original step's estimated peak.
+AUTO_BUDGET = 0.6
 
 
 def build_variants(args, work: Path) -> dict[str, dict]:
@@ -64,6 +68,9 @@ def build_variants(args, work: Path) -> dict[str, dict]:
         graphpass.save(graph, path)
         variants[f"graphpass {dependency}"] = dict(
             spec, graph=str(path), nodes_added=results[0].report["nodes_added"])
+    estimate = results[0].report["estimated_peak_bytes_before"]
+    variants["graphpass auto"] = _auto_variant(original, work, int(AUTO_BUDGET * estimate),
+                                               target, spec)
     hinted = _lowered(_hinted(original, work), target)
     variants["grappler manual"] = dict(spec, graph=str(hinted), nodes_added=0,
                                        grappler_manual=True)
@@ -75,6 +82,19 @@ def build_variants(args, work: Path) -> dict[str, dict]:
                                          loss=source.loss, train_op=source.train_op,
                                          init=source.init, nodes_added=0)
     return variants
+
+
+def _auto_variant(original: Path, work: Path, budget: int, target: dict, spec: dict) -> dict:
+    """The planner's choice for ``budget`` bytes (printed: which blocks it took)."""
+    import graphpass
+
+    graph = graphpass.load(original)
+    results = graphpass.run_passes(
+        graph, {"recompute": ["auto"], "memory_budget_bytes": budget, **target})
+    print(results[0].report["summary"][0])
+    path = work / "graphpass_auto.pb"
+    graphpass.save(graph, path)
+    return dict(spec, graph=str(path), nodes_added=results[0].report["nodes_added"])
 
 
 def _lowered(path: Path, target: dict) -> Path:
@@ -190,7 +210,8 @@ def main() -> None:
 def print_table(args, variants: dict, results: dict) -> None:
     base = results["original"]
     mode = "XLA (step clustered)" if args.xla else "TF runtime, Grappler defaults"
-    print(f"8-block MLP step, x [{args.batch}, {args.width}] float32, blocks 1..7 marked; {mode}")
+    print(f"8-block MLP step, x [{args.batch}, {args.width}] float32, blocks 1..7 marked "
+          f"(auto: budget {AUTO_BUDGET}x the estimated peak); {mode}")
     header = f"{'variant':20s} {'peak MiB':>9s} {'peak':>7s} {'step ms':>8s} {'time':>6s} " \
              f"{'nodes+':>6s} {'loss':>12s}"
     if args.xla:

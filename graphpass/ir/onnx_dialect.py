@@ -300,7 +300,9 @@ class ONNXDialect(Dialect):
             _register_initializer(graph, proto)
         copy = graph.add_node(new_name, node.op, attrs=node.attrs, device=node.device,
                               domain=node.domain, outputs=outputs)
-        for key in ("onnx_extras", "onnx_arity"):
+        # Same op on inputs of the same types and shapes: the inferred ones carry over,
+        # so a pass that copies nodes does not re-run shape inference on the model.
+        for key in ("onnx_extras", "onnx_arity", "dtypes", "shapes"):
             if key in node.meta:
                 copy.meta[key] = node.meta[key]
         return new_name

@@ -171,7 +171,9 @@ class TFDialect(Dialect):
 
         Shapes come from TF's own shape inference: the graph is imported once
         into a ``tf.Graph`` and every output's shape recorded on its node
-        (``node.meta["shapes"]``); nodes added later trigger a fresh inference.
+        (``node.meta["shapes"]``); nodes added later trigger a fresh inference,
+        unless their builder recorded the shape (copies and the small ops of
+        this dialect do, so a pass that adds them does not re-infer the graph).
         """
         node = graph.node(tensor.node)
         if "shapes" not in node.meta:
@@ -201,13 +203,19 @@ class TFDialect(Dialect):
 
     def copy_node(self, graph: Graph, name: str, new_name: str) -> str:
         node = graph.node(name)
-        graph.add_node(new_name, node.op, attrs=node.attrs, device=node.device)
+        copy = graph.add_node(new_name, node.op, attrs=node.attrs, device=node.device)
+        if "shapes" in node.meta:  # same op, same inputs' shapes: same outputs' shapes
+            copy.meta["shapes"] = node.meta["shapes"]
         return new_name
 
-    def _op(self, graph, name, op, inputs, control_inputs=(), device="", **attrs) -> Tensor:
+    def _op(self, graph, name, op, inputs, control_inputs=(), device="", output_shapes=None,
+            **attrs) -> Tensor:
+        """Add one node; ``output_shapes`` (when known) is recorded as inference would."""
         name = graph.unique_name(name)
-        graph.add_node(name, op, inputs, control_inputs,
-                       attrs={k: _attr(v) for k, v in attrs.items()}, device=device)
+        node = graph.add_node(name, op, inputs, control_inputs,
+                              attrs={k: _attr(v) for k, v in attrs.items()}, device=device)
+        if output_shapes is not None:
+            node.meta["shapes"] = output_shapes
         return Tensor(name, 0)
 
     def _device(self, graph: Graph, tensor: Tensor) -> str:
@@ -215,14 +223,16 @@ class TFDialect(Dialect):
 
     def identity(self, graph, name, tensor, control_inputs=()) -> Tensor:
         return self._op(graph, name, "Identity", [tensor], control_inputs,
-                        device=self._device(graph, tensor), T=self._dt(graph, tensor))
+                        device=self._device(graph, tensor), T=self._dt(graph, tensor),
+                        output_shapes=_derived_shapes(graph, [tensor], _same_shape))
 
     def constant(self, graph: Graph, name: str, value, dtype: str, device: str = "") -> Tensor:
         from tensorflow.python.framework import tensor_util
 
         proto = tensor_util.make_tensor_proto(value, dtype=dtype)
+        shape = tuple(d.size for d in proto.tensor_shape.dim)
         return self._op(graph, name, "Const", [], device=device, dtype=_DType(dtype),
-                        value=_Raw(proto))
+                        value=_Raw(proto), output_shapes=[shape])
 
     def scalar(self, graph, name, value, dtype) -> Tensor:
         return self.constant(graph, name, value, dtype)
@@ -232,39 +242,45 @@ class TFDialect(Dialect):
         dtype = self._dt(graph, tensor)
         flat = self._op(graph, f"{name}/flat", "Reshape",
                         [tensor, self.constant(graph, f"{name}/minus_one", [-1], "int32", device)],
-                        device=device, T=dtype, Tshape=_DType("int32"))
+                        device=device, T=dtype, Tshape=_DType("int32"),
+                        output_shapes=_derived_shapes(graph, [tensor], _flat_shape))
         head = self._op(graph, f"{name}/head", "Slice",
                         [flat, self.constant(graph, f"{name}/begin", [0], "int32", device),
                          self.constant(graph, f"{name}/size", [1], "int32", device)],
-                        device=device, T=dtype, Index=_DType("int32"))
+                        device=device, T=dtype, Index=_DType("int32"), output_shapes=[(1,)])
         scalar_shape = self.constant(graph, f"{name}/scalar_shape", [], "int32", device)
         return self._op(graph, name, "Reshape", [head, scalar_shape], device=device,
-                        T=dtype, Tshape=_DType("int32"))
+                        T=dtype, Tshape=_DType("int32"), output_shapes=[()])
 
     def add_n(self, graph, name, tensors) -> Tensor:
         if len(tensors) == 1:
             return tensors[0]
         return self._op(graph, name, "AddN", tensors, device=self._device(graph, tensors[0]),
-                        N=len(tensors), T=self._dt(graph, tensors[0]))
+                        N=len(tensors), T=self._dt(graph, tensors[0]),
+                        output_shapes=_derived_shapes(graph, tensors[:1], _same_shape))
 
     def cast(self, graph, name, tensor, dtype) -> Tensor:
         if self.dtype(graph, tensor) == dtype:
             return tensor
         return self._op(graph, name, "Cast", [tensor], device=self._device(graph, tensor),
-                        SrcT=self._dt(graph, tensor), DstT=_DType(dtype), Truncate=False)
+                        SrcT=self._dt(graph, tensor), DstT=_DType(dtype), Truncate=False,
+                        output_shapes=_derived_shapes(graph, [tensor], _same_shape))
 
     def binary(self, graph, name, op, a, b) -> Tensor:
         tf_op = {"add": "AddV2", "sub": "Sub", "mul": "Mul", "div": "RealDiv",
                  "less_equal": "LessEqual"}[op]
         return self._op(graph, name, tf_op, [a, b], device=self._device(graph, a),
-                        T=self._dt(graph, a))
+                        T=self._dt(graph, a),
+                        output_shapes=_derived_shapes(graph, [a, b], _broadcast_shape))
 
     def stop_gradient(self, graph, name, tensor) -> Tensor:
         return self._op(graph, name, "StopGradient", [tensor],
-                        device=self._device(graph, tensor), T=self._dt(graph, tensor))
+                        device=self._device(graph, tensor), T=self._dt(graph, tensor),
+                        output_shapes=_derived_shapes(graph, [tensor], _same_shape))
 
     def noop(self, graph: Graph, name: str, control_inputs: list[str], device: str = "") -> str:
-        return self._op(graph, name, "NoOp", [], control_inputs, device=device).node
+        return self._op(graph, name, "NoOp", [], control_inputs, device=device,
+                        output_shapes=[]).node
 
     # -- variables, control flow, summaries (the stale-gradient pass) ----------
 
@@ -420,6 +436,49 @@ def _locate_output(graph: Graph, tensor: Tensor):
             return arg, tensor.port - start
         start += count
     return None
+
+
+def _derived_shapes(graph: Graph, inputs: list[Tensor], rule) -> list | None:
+    """``[rule(*input shapes)]`` when inference already recorded every input's shape;
+    else None, and the new node is inferred with the whole graph when first asked."""
+    shapes = []
+    for tensor in inputs:
+        recorded = graph.node(tensor.node).meta.get("shapes")
+        if recorded is None:
+            return None
+        shapes.append(recorded[tensor.port] if tensor.port < len(recorded) else None)
+    return [rule(*shapes)]
+
+
+def _same_shape(shape: tuple | None) -> tuple | None:
+    return shape
+
+
+def _flat_shape(shape: tuple | None) -> tuple | None:
+    """``Reshape(x, [-1])``."""
+    if shape is None or any(d is None for d in shape):
+        return (None,)
+    size = 1
+    for d in shape:
+        size *= d
+    return (size,)
+
+
+def _broadcast_shape(a: tuple | None, b: tuple | None) -> tuple | None:
+    """numpy broadcasting of two static shapes (None where a dim cannot be told)."""
+    if a is None or b is None:
+        return None
+    rank = max(len(a), len(b))
+    a, b = (1,) * (rank - len(a)) + a, (1,) * (rank - len(b)) + b
+    dims = []
+    for x, y in zip(a, b):
+        if x == 1 or x == y:
+            dims.append(y)
+        elif y == 1:
+            dims.append(x)
+        else:
+            dims.append(None)
+    return tuple(dims)
 
 
 def _infer_shapes(graph: Graph) -> None:

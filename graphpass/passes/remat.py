@@ -33,6 +33,7 @@ from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.ir.memory import estimated_peak_bytes, tensor_bytes
 from graphpass.passes.base import Pass, RegionOptions
+from graphpass.passes.remat_plan import AUTO, AutoPlan, candidate_scopes, parse_bytes, plan
 
 GENERATED_SCOPE = "graphpass/"
 SCOPE = "graphpass/remat/"
@@ -43,6 +44,8 @@ HINT_ATTR = "_recompute_hint"
 class RematOptions:
     patterns: tuple[str, ...] = ()
     use_hints: bool = False
+    auto: bool = False  # the planner chooses the segments (remat_plan)
+    memory_budget_bytes: int | None = None  # the planner's target; None: least memory
     dependency: str | None = None  # None: control for the TF runtime, data otherwise
     tupleize_grads: bool = False
     regions: RegionOptions = field(default_factory=RegionOptions)
@@ -54,6 +57,16 @@ class Segment:
 
     name: str
     nodes: list[str]
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What every segment's rewrite of one graph needs (decided once, before any)."""
+
+    forward: set[str]
+    backward: set[str]
+    fetches: list[str]
+    dependency: str
 
 
 @dataclass
@@ -79,7 +92,12 @@ class RematPass(Pass):
     def add_arguments(cls, group):
         group.add_argument("--recompute", action="append", metavar="PATTERN",
                            help="regex matched at the start of node names; each distinct "
-                                "matched text is one segment (repeatable)")
+                                "matched text is one segment (repeatable); 'auto': the "
+                                "planner chooses name scopes (alone, not with patterns)")
+        group.add_argument("--memory-budget-bytes", metavar="N",
+                           help="with --recompute auto: recompute as little as keeps the "
+                                "step's estimated peak at most N bytes (or e.g. 300MiB); "
+                                "without it, auto recomputes every scope that saves memory")
         group.add_argument("--recompute-hints", action="store_true",
                            help="mark by the Grappler-compatible _recompute_hint node attribute "
                                 "(ONNX: a NodeProto metadata_props entry)")
@@ -93,46 +111,63 @@ class RematPass(Pass):
     def from_settings(cls, settings):
         patterns = tuple(settings.get("recompute") or ())
         use_hints = bool(settings.get("recompute_hints"))
+        budget = settings.get("memory_budget_bytes")
+        auto = _check_auto(patterns, use_hints, budget)
         if not patterns and not use_hints:
             return None
-        for pattern in patterns:
+        for pattern in () if auto else patterns:
             try:
                 re.compile(pattern)
             except re.error as exc:
                 raise GraphpassError(
                     f"--recompute {pattern!r} is not a valid regex: {exc}") from None
         return cls(RematOptions(
-            patterns=patterns,
+            patterns=() if auto else patterns,
             use_hints=use_hints,
+            auto=auto,
+            memory_budget_bytes=None if budget is None else parse_bytes(budget),
             dependency=settings.get("dependency") or _default_dependency(settings),
             tupleize_grads=bool(settings.get("tupleize_grads")),
             regions=RegionOptions.from_settings(settings),
         ))
 
     def run(self, graph: Graph) -> bool:
-        opts = self.options
+        step = self._analyze(graph)
+        peak_before = estimated_peak_bytes(graph, step.fetches)
+        auto = None
+        if self.options.auto:
+            auto = self._auto_plan(graph, step)
+            segments, skipped = self._scope_segments(graph, step, auto.chosen), []
+        else:
+            segments, skipped = self._segments(graph, step.forward, step.backward)
+        entries = self._rewrite(graph, segments, step)
+        changed = any(e["copied"] for e in entries)
+        peak_after = estimated_peak_bytes(graph, step.fetches) if changed else peak_before
+        self.report = _report(entries, skipped, step.dependency, peak_before, peak_after, auto)
+        return changed
+
+    def _analyze(self, graph: Graph) -> _Step:
         modes = graph.dialect.dependency_modes
-        dependency = opts.dependency or modes[0]
+        dependency = self.options.dependency or modes[0]
         if dependency not in modes:
             raise GraphpassError(
                 f"--dependency {dependency} is not possible for {graph.format} graphs "
                 f"(they support: {', '.join(modes)})"
             )
-        regions = opts.regions.analyze(graph)
+        regions = self.options.regions.analyze(graph)
         fetches = [t for s in regions.steps for t in s.train_ops or [s.train_op]]
         fetches += [s.loss.node for s in regions.steps]
-        peak_before = estimated_peak_bytes(graph, fetches)
-        forward = set(regions.nodes("forward"))
-        backward = set(regions.nodes("backward"))
-        segments, skipped = self._segments(graph, forward, backward)
+        return _Step(forward=set(regions.nodes("forward")),
+                     backward=set(regions.nodes("backward")),
+                     fetches=fetches, dependency=dependency)
+
+    def _rewrite(self, graph: Graph, segments: list[Segment], step: _Step) -> list[dict]:
+        """Plan and apply each segment in turn (a plan sees the earlier rewrites)."""
         entries = []
         for segment in segments:
-            plan = _plan(graph, segment, forward, backward)
-            entries.append(self._apply(graph, segment, plan, dependency))
-        changed = any(e["copied"] for e in entries)
-        peak_after = estimated_peak_bytes(graph, fetches) if changed else peak_before
-        self.report = _report(entries, skipped, dependency, peak_before, peak_after)
-        return changed
+            segment_plan = _plan(graph, segment, step.forward, step.backward)
+            entries.append(self._apply(graph, segment, segment_plan, step.dependency))
+        return entries
 
     # -- marks ---------------------------------------------------------------
 
@@ -155,6 +190,38 @@ class RematPass(Pass):
             marked.update(hinted)
             skipped.extend(hint_skipped)
         return [Segment(k, _unique(v)) for k, v in marked.items() if v], sorted(set(skipped))
+
+    # -- the automatic planner ------------------------------------------------
+
+    def _auto_plan(self, graph: Graph, step: _Step) -> AutoPlan:
+        """Candidate scopes, judged by rewriting copies of the graph: the estimate
+        of a selection is the peak of the step with exactly that rewrite."""
+        read_back = [n for n in graph if n in step.forward and not is_generated(n)
+                     and graph.dialect.is_recomputable(graph, n)
+                     and any(u in step.backward for u in graph.data_users(n))]
+
+        def estimate(scopes: list[str]) -> int:
+            trial = graph.copy()
+            self._rewrite(trial, self._scope_segments(trial, step, scopes), step)
+            return estimated_peak_bytes(trial, step.fetches)
+
+        def cost(scope: str) -> int:
+            segment, = self._scope_segments(graph, step, [scope])
+            copies = _plan(graph, segment, step.forward, step.backward).copies
+            return sum(tensor_bytes(graph, Tensor(n, p)) or 0
+                       for n in copies for p in graph.used_ports(n))
+
+        return plan(candidate_scopes(read_back), estimate, cost,
+                    self.options.memory_budget_bytes)
+
+    @staticmethod
+    def _scope_segments(graph: Graph, step: _Step, scopes: list[str]) -> list[Segment]:
+        """Each scope's forward nodes, exactly as ``--recompute SCOPE`` marks them."""
+        segments = []
+        for scope in scopes:
+            names = _match(graph, re.escape(scope)).get(scope, [])
+            segments.append(Segment(scope, [n for n in names if n in step.forward]))
+        return segments
 
     # -- rewrite -------------------------------------------------------------
 
@@ -182,6 +249,20 @@ class RematPass(Pass):
                      released=[str(t) for t in released],
                      released_bytes=sum(tensor_bytes(graph, t) or 0 for t in released))
         return entry
+
+
+def _check_auto(patterns: tuple[str, ...], use_hints: bool, budget) -> bool:
+    """Whether the planner is asked for; refuses mixing it with explicit marks
+    (whose segments it would have to plan around) and a budget without it."""
+    auto = AUTO in patterns
+    if auto and (len(patterns) > 1 or use_hints):
+        raise GraphpassError(
+            "--recompute auto chooses the segments itself and cannot be combined with "
+            "other --recompute patterns or --recompute-hints; drop either")
+    if budget is not None and not auto:
+        raise GraphpassError("--memory-budget-bytes is the automatic planner's target; "
+                             "add --recompute auto (or drop the budget)")
+    return auto
 
 
 def _default_dependency(settings: dict) -> str | None:
@@ -439,8 +520,8 @@ def _leaves(readers: list[tuple[str, int]], ops: set[str], internal: set[str]) -
 
 
 def _report(entries: list[dict], skipped: list[str], dependency: str, peak_before: int,
-            peak_after: int) -> dict:
-    summary = []
+            peak_after: int, auto: AutoPlan | None = None) -> dict:
+    summary = [auto.summary()] if auto else []
     for e in entries:
         line = f"segment {e['segment']}: "
         if e["copied"]:
@@ -457,7 +538,9 @@ def _report(entries: list[dict], skipped: list[str], dependency: str, peak_befor
     if peak_before:
         summary.append(f"estimated peak {peak_before / 2**20:.1f} MiB -> "
                        f"{peak_after / 2**20:.1f} MiB ({peak_after / peak_before:.2f}x)")
+    extra = {"auto": auto.to_json()} if auto else {}
     return {
+        **extra,
         "dependency": dependency,
         "estimated_peak_bytes_before": peak_before,
         "estimated_peak_bytes_after": peak_after,
