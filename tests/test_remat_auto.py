@@ -63,6 +63,7 @@ def test_chosen_scopes_rewrite_exactly_as_patterns(model, estimates):
     by_hand, manual = _rewrite(model, recompute=patterns)
     assert list(graph) == list(by_hand)
     assert all(graph.inputs(n) == by_hand.inputs(n) for n in graph)
+    assert all(graph.control_inputs(n) == by_hand.control_inputs(n) for n in graph)
     assert [s["copies"] for s in result.report["segments"]] == \
         [s["copies"] for s in manual.report["segments"]]
 
@@ -148,3 +149,19 @@ def test_candidates_descend_into_a_single_enclosing_scope():
     assert candidate_scopes(names) == ["tower0/block1/", "tower0/block2/"]
     assert candidate_scopes(["block1/a", "block2/b", "x"]) == ["block1/", "block2/"]
     assert candidate_scopes(["x", "y"]) == []
+
+
+def test_onnx_budget_is_met(tmp_path):
+    import onnx
+
+    from tools import onnx_models
+
+    source = tmp_path / "step.onnx"
+    onnx.save(onnx_models.block_mlp(batch=16, width=32).model, source)
+    graph = graphpass.load(source)
+    before = graphpass.run_passes(graph.copy(), {"recompute": ["auto"]})[0].report
+    budget = (before["estimated_peak_bytes_before"] + before["estimated_peak_bytes_after"]) // 2
+    result = graphpass.run_passes(graph, {"recompute": ["auto"],
+                                          "memory_budget_bytes": budget})[0]
+    assert 0 < len(result.report["auto"]["chosen"]) < len(BLOCKS)
+    assert result.report["estimated_peak_bytes_after"] <= budget

@@ -15,6 +15,10 @@ outputs (values other forward nodes read: they are kept anyway as the next
 segment's checkpoint), and anything graphpass generated (names under
 ``graphpass/``), which is what makes a second run a no-op.
 
+Marks: ``--recompute`` patterns, ``_recompute_hint`` attributes, or ``--recompute
+auto``, where the planner (``remat_plan``) chooses name scopes for a memory budget
+and they are rewritten exactly as those patterns would be.
+
 Ordering: ``control`` mode gives the copies control inputs on the trigger
 (TF runtime); ``data`` mode ties each float input of the copies to the trigger
 as ``x + stop_gradient(tiny * s)``, ``s`` summing element 0 of each incoming
@@ -33,7 +37,7 @@ from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.ir.memory import estimated_peak_bytes, tensor_bytes
 from graphpass.passes.base import Pass, RegionOptions
-from graphpass.passes.remat_plan import AUTO, AutoPlan, candidate_scopes, parse_bytes, plan
+from graphpass.passes.remat_plan import AUTO, AutoPlan, candidate_scopes, choose_scopes, parse_bytes
 
 GENERATED_SCOPE = "graphpass/"
 SCOPE = "graphpass/remat/"
@@ -115,12 +119,8 @@ class RematPass(Pass):
         auto = _check_auto(patterns, use_hints, budget)
         if not patterns and not use_hints:
             return None
-        for pattern in () if auto else patterns:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise GraphpassError(
-                    f"--recompute {pattern!r} is not a valid regex: {exc}") from None
+        if not auto:
+            _check_patterns(patterns)
         return cls(RematOptions(
             patterns=() if auto else patterns,
             use_hints=use_hints,
@@ -211,8 +211,8 @@ class RematPass(Pass):
             return sum(tensor_bytes(graph, Tensor(n, p)) or 0
                        for n in copies for p in graph.used_ports(n))
 
-        return plan(candidate_scopes(read_back), estimate, cost,
-                    self.options.memory_budget_bytes)
+        return choose_scopes(candidate_scopes(read_back), estimate, cost,
+                             self.options.memory_budget_bytes)
 
     @staticmethod
     def _scope_segments(graph: Graph, step: _Step, scopes: list[str]) -> list[Segment]:
@@ -263,6 +263,14 @@ def _check_auto(patterns: tuple[str, ...], use_hints: bool, budget) -> bool:
         raise GraphpassError("--memory-budget-bytes is the automatic planner's target; "
                              "add --recompute auto (or drop the budget)")
     return auto
+
+
+def _check_patterns(patterns: tuple[str, ...]) -> None:
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise GraphpassError(f"--recompute {pattern!r} is not a valid regex: {exc}") from None
 
 
 def _default_dependency(settings: dict) -> str | None:

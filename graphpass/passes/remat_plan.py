@@ -69,9 +69,11 @@ class AutoPlan:
         """One line: the greedy steps and the final estimate against the budget."""
         steps = "".join(f", +{s} {_size(e)}" for s, e in self.steps)
         verdict = "" if self.budget_bytes is None else f" (budget {_size(self.budget_bytes)})"
+        unusable = f"; {len(self.unusable)} not recomputable alone: " \
+            f"{', '.join(self.unusable)}" if self.unusable else ""
         return (f"auto: {len(self.chosen)} of {len(self.candidates)} candidate segments "
                 f"chosen; estimate {_size(self.estimate_before)}{steps} -> "
-                f"{_size(self.estimate)}{verdict}")
+                f"{_size(self.estimate)}{verdict}{unusable}")
 
 
 def parse_bytes(value: int | str) -> int:
@@ -105,7 +107,7 @@ def candidate_scopes(names: list[str]) -> list[str]:
         prefix = next(iter(scopes))
 
 
-def plan(candidates: list[str], estimate: Callable[[list[str]], int],
+def choose_scopes(candidates: list[str], estimate: Callable[[list[str]], int],
          cost: Callable[[str], int], budget_bytes: int | None) -> AutoPlan:
     """Choose candidates greedily until ``estimate(chosen) <= budget_bytes``.
 
