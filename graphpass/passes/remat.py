@@ -147,6 +147,8 @@ class RematPass(Pass):
         return changed
 
     def _analyze(self, graph: Graph) -> _Step:
+        """Dependency mode, regions and fetches, once: the planner's trial rewrites
+        of copies of the graph reuse them (node names are the same there)."""
         modes = graph.dialect.dependency_modes
         dependency = self.options.dependency or modes[0]
         if dependency not in modes:

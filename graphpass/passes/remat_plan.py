@@ -165,4 +165,4 @@ def _size(value: int) -> str:
     """Bytes for people: MiB, or KiB below one MiB (small test graphs)."""
     if value < 2**20:
         return f"{value / 2**10:.1f} KiB"
-    return f"{value / 2**20:.1f} MiB"
+    return f"{value / 2**20:.2f} MiB"
