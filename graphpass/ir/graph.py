@@ -128,28 +128,24 @@ class Graph:
             yield Node(name, data)
 
     def _in_edges(self, name: str) -> Iterator[tuple[str, dict]]:
-        """``(producer, edge data)`` for every in-edge of ``name``.
-
-        Reads networkx's adjacency dicts directly (read-only): the edge views
-        cost an object per call, which dominated reading and writing large graphs.
-        """
-        try:
-            keyed_by_src = self._g._pred[name]
-        except KeyError:
-            raise KeyError(f"no node named {name!r} in the graph") from None
-        for src, keyed in keyed_by_src.items():
-            for data in keyed.values():
-                yield src, data
+        """``(producer, edge data)`` for every in-edge of ``name``."""
+        return self._edges(self._g._pred, name)
 
     def _out_edges(self, name: str) -> Iterator[tuple[str, dict]]:
-        """``(consumer, edge data)`` for every out-edge of ``name`` (see ``_in_edges``)."""
+        """``(consumer, edge data)`` for every out-edge of ``name``."""
+        return self._edges(self._g._succ, name)
+
+    @staticmethod
+    def _edges(adjacency: dict, name: str) -> Iterator[tuple[str, dict]]:
+        """Read networkx's adjacency dicts directly (read-only): the edge views
+        cost an object per call, which dominated reading and writing large graphs."""
         try:
-            keyed_by_dst = self._g._succ[name]
+            keyed_by_other = adjacency[name]
         except KeyError:
             raise KeyError(f"no node named {name!r} in the graph") from None
-        for dst, keyed in keyed_by_dst.items():
+        for other, keyed in keyed_by_other.items():
             for data in keyed.values():
-                yield dst, data
+                yield other, data
 
     def inputs(self, name: str) -> list[Tensor]:
         """Data inputs of ``name`` in slot order."""
