@@ -232,7 +232,7 @@ class _TFRunner:
             self._ops = {op.name: op for op in self.tf_graph.get_operations()
                          if op.type in _VARIABLE_OPS}
             with tf.name_scope("graphpass_verify"):
-                self._reads = {n: _read(tf, op) for n, op in self._ops.items()}
+                self._reads = {n: variable_value(tf, op) for n, op in self._ops.items()}
                 self._is_init = {n: _is_initialized(tf, op) for n, op in self._ops.items()}
                 self._assigns = {n: _assign(tf, op) for n, op in self._ops.items()}
         self.variables = list(self._ops)
@@ -288,7 +288,8 @@ class _TFRunner:
         self.session.close()
 
 
-def _read(tf, op):
+def variable_value(tf, op):
+    """A tensor holding a variable's current value (resource or ref variable)."""
     if op.type == "VarHandleOp":
         return tf.raw_ops.ReadVariableOp(resource=op.outputs[0], dtype=op.get_attr("dtype"))
     return tf.identity(op.outputs[0])

@@ -261,11 +261,7 @@ def run_steps(graph_def, model: Model, steps=3, config=None, feeds=None, fetch_e
 
 
 def _variable_reads(tf, graph) -> dict:
-    reads = {}
-    for op in graph.get_operations():
-        if op.type in ("VariableV2", "Variable"):
-            reads[op.name] = op.outputs[0]
-        elif op.type == "VarHandleOp":
-            reads[op.name] = tf.raw_ops.ReadVariableOp(
-                resource=op.outputs[0], dtype=op.get_attr("dtype"))
-    return reads
+    from graphpass.equivalence import variable_value
+
+    return {op.name: variable_value(tf, op) for op in graph.get_operations()
+            if op.type in ("VariableV2", "Variable", "VarHandleOp")}

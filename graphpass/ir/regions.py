@@ -210,6 +210,12 @@ def _label(graph: Graph, steps: list[TrainStep]) -> dict[str, str]:
     return labels
 
 
+def gradient_computation(graph: Graph, producers: set[str], forward: set[str]) -> set[str]:
+    """What the gradients are computed from by *data* edges, minus the forward pass:
+    ops a graph orders before the gradients by control edges alone stay outside."""
+    return (graph.ancestors(producers, follow_control=False) | producers) - forward
+
+
 def _backward(graph: Graph, producers: set[str], forward: set[str]) -> set[str]:
     """What the gradients are computed from, minus the forward pass.
 
@@ -219,7 +225,7 @@ def _backward(graph: Graph, producers: set[str], forward: set[str]) -> set[str]:
     ``control_dependencies(update_ops)``, are not gradient computation: they
     read forward values only, and land with the optimizer.
     """
-    by_data = (graph.ancestors(producers, follow_control=False) | producers) - forward
+    by_data = gradient_computation(graph, producers, forward)
     by_control = graph.ancestors(producers) - forward - by_data
     return by_data | (by_control & graph.descendants(by_data))
 

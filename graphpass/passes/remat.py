@@ -370,7 +370,7 @@ def _triggers(graph: Graph, consumers: set[str], backward: set[str]) -> list[Ten
     after = graph.descendants(consumers) | consumers
 
     def entering(nodes: set[str], sources: bool = False) -> list[Tensor]:
-        return _unique_tensors(
+        return _unique(
             t for c in sorted(nodes) for t in graph.inputs(c)
             if t.node in backward and t.node not in after
             and (sources or not dialect.is_source(graph, t.node))
@@ -458,7 +458,7 @@ def _order_by_data(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor]
     """
     dialect = graph.dialect
     copies = set(copy_of.values())
-    external = _unique_tensors(
+    external = _unique(
         t for c in copy_of.values() for t in graph.inputs(c)
         if t.node not in copies and dialect.is_float(graph, t)
     )
@@ -504,7 +504,7 @@ def _tupleize(graph: Graph, segment: str, gradient_ops: list[str], dependency: s
     # Values that flow back into the segment's own gradient ops are internal to
     # it; gating those on all the ops would be a cycle.
     internal = graph.ancestors(ops)
-    outputs = _unique_tensors(
+    outputs = _unique(
         Tensor(op, port) for op in sorted(ops) for port in graph.used_ports(op)
         if dialect.is_float(graph, Tensor(op, port))
         and _leaves(graph.consumers(Tensor(op, port)), ops, internal)
@@ -563,8 +563,4 @@ def _report(entries: list[dict], skipped: list[str], dependency: str, peak_befor
 
 
 def _unique(items) -> list:
-    return list(dict.fromkeys(items))
-
-
-def _unique_tensors(items) -> list[Tensor]:
     return list(dict.fromkeys(items))

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
-from graphpass.ir.regions import Regions, TrainStep
+from graphpass.ir.regions import Regions, TrainStep, gradient_computation
 from graphpass.passes.base import Pass, RegionOptions
 
 if TYPE_CHECKING:
@@ -313,7 +313,7 @@ def _gradient_entries(graph: Graph, step: TrainStep,
     dialect = graph.dialect
     forward = graph.ancestors([step.loss.node]) | {step.loss.node}
     producers = {t.node for t in step.gradients}
-    backward = (graph.ancestors(producers, follow_control=False) | producers) - forward
+    backward = gradient_computation(graph, producers, forward)
     computed = {n for n in backward if not dialect.is_source(graph, n)}
     entries = [
         n for n in graph if n in computed and depths[n] == 0 and not any(
