@@ -9,6 +9,7 @@ Builders add nodes to the graph and return the new tensor.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
@@ -88,6 +89,11 @@ class Dialect(ABC):
     @abstractmethod
     def optimizer_applies(self, graph: Graph) -> dict[str, list[Tensor]]:
         """Each optimizer update node, with the gradient tensors it consumes."""
+
+    def applies_for(self, graph: Graph, train_ops: Sequence[str]) -> dict[str, list[Tensor]]:
+        """The apply ops when the user named the train ops (``--train-op``); a
+        dialect that can attribute updates only with that help overrides this."""
+        return self.optimizer_applies(graph)
 
     def ends_train_step(self, graph: Graph, name: str) -> bool:
         """Whether a sink downstream of the apply ops can be a train op (an update

@@ -77,7 +77,7 @@ def analyze(
     each node's label in ``node.meta["region"]``.
     """
     dialect = graph.dialect
-    applies = dialect.optimizer_applies(graph)
+    applies = dialect.applies_for(graph, train_ops or ())
     if not applies:
         raise GraphpassError(
             "found no optimizer apply ops (Apply*/ResourceApply*), so this is not a training "
