@@ -22,8 +22,10 @@ raises, so a wrong hand-written backward can never be saved.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -68,10 +70,14 @@ class _Builder:
         self.initializers.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
         return name
 
-    def param(self, name: str, shape: tuple[int, ...], scale: float) -> str:
-        value = (self.rng.standard_normal(shape) * scale).astype(np.float32)
+    def param(self, name: str, shape: tuple[int, ...], scale: float, offset: float = 0.0) -> str:
+        value = (offset + self.rng.standard_normal(shape) * scale).astype(np.float32)
         self.params[name] = value
         return self.const(name, value)
+
+    def value(self, name: str) -> np.ndarray:
+        """An initializer's value."""
+        return next(numpy_helper.to_array(t) for t in self.initializers if t.name == name)
 
     def op(self, op_type: str, inputs: list[str], name: str, **attrs) -> str:
         self.nodes.append(helper.make_node(op_type, inputs, [name], name=name, **attrs))
@@ -287,6 +293,11 @@ def _training_model(b: _Builder, name: str, data_inputs: list, loss: str,
                  state=added.state, optimizer=optimizer)
 
 
+def _scope(param: str) -> str:
+    """The name scope of a parameter's update nodes (``block1/W`` -> ``block1``)."""
+    return param.removesuffix("/W")
+
+
 def _elem_type(value: np.ndarray) -> int:
     return helper.np_dtype_to_tensor_dtype(np.asarray(value).dtype)
 
@@ -300,7 +311,7 @@ def _apply_optimizer(b: _Builder, opt: Optimizer, gradients: dict[str, str]) -> 
         return added
     lr = _learning_rate(b, opt, added)
     for param, grad in gradients.items():
-        scope = f"{opt.kind}/{param.rsplit('/', 1)[0]}"
+        scope = f"{opt.kind}/{_scope(param)}"
         slots = {slot: added.add_state(f"{scope}/{slot}", np.full(b.params[param].shape, init,
                                                                    np.float32))
                  for slot, init in SLOTS[opt.kind].items()}
@@ -323,12 +334,12 @@ def _learning_rate(b: _Builder, opt: Optimizer, added: _Update) -> str:
 
 def _clip_by_global_norm(b: _Builder, gradients: dict[str, str], clip: float) -> dict[str, str]:
     """``g * clip / max(global_norm, clip)``, as ``tf.clip_by_global_norm``."""
-    squares = [b.op("ReduceSumSquare", [g], f"clip/{p.rsplit('/', 1)[0]}/sum_sq", keepdims=0)
+    squares = [b.op("ReduceSumSquare", [g], f"clip/{_scope(p)}/sum_sq", keepdims=0)
                for p, g in gradients.items()]
     norm = b.op("Sqrt", [b.op("Sum", squares, "clip/sum_sq")], "clip/global_norm")
     limit = b.const("clip/clip_norm", clip)
     factor = b.op("Div", [limit, b.op("Max", [norm, limit], "clip/max")], "clip/factor")
-    return {p: b.op("Mul", [g, factor], f"clip/{p.rsplit('/', 1)[0]}/clipped")
+    return {p: b.op("Mul", [g, factor], f"clip/{_scope(p)}/clipped")
             for p, g in gradients.items()}
 
 
@@ -452,9 +463,9 @@ def _preview_update(b: _Builder, opt: Optimizer, gradients: dict[str, str],
     added.state[step] = b.op("Add", [step, b.const("optimizer/one", 1, np.int64)],
                              "optimizer/next_step")
     inputs = [b.const("optimizer/lr", opt.lr), step, *params, *gradients.values()]
-    outputs = [f"optimizer/{p.rsplit('/', 1)[0]}/update" for p in params]
+    outputs = [f"optimizer/{_scope(p)}/update" for p in params]
     for slot, init in SLOTS[opt.kind].items():
-        names = [added.add_state(f"optimizer/{p.rsplit('/', 1)[0]}/{slot}",
+        names = [added.add_state(f"optimizer/{_scope(p)}/{slot}",
                                  np.full(b.params[p].shape, init, np.float32)) for p in params]
         inputs += names
         outputs += [f"{n}_next" for n in names]
@@ -599,6 +610,177 @@ def _conv3x3(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.einsum("nchwij,ocij->nohw", windows, w.astype(np.float64))
 
 
+# -- training steps with autodiff backward ------------------------------------------
+
+
+def transformer(batch: int = 2, seq: int = 8, width: int = 16, blocks: int = 2,
+                optimizer: Optimizer = Optimizer(), params_as_inputs: bool = False,
+                seed: int = 0, check: bool = True) -> Built:
+    """A stack of pre-LN transformer blocks as one training step, opset 20.
+
+    Block i (forward nodes under ``block{i}/``): ``LayerNormalization``,
+    single-head attention (``MatMul`` query/key/value projections,
+    ``Softmax(q k^T / sqrt(width))``, an output projection), a residual add, a
+    second ``LayerNormalization``, an MLP ``MatMul -> Gelu -> MatMul`` of
+    hidden width ``4 * width``, a residual add. Loss ``mean(h*h)``. The
+    backward comes from :mod:`tools.onnx_autodiff`; ``check`` as in
+    :func:`block_mlp`.
+    """
+    from tools import onnx_autodiff
+
+    b = _Builder(seed)
+    scale = b.const("attention/scale", 1.0 / np.sqrt(width))
+    h = "x"
+    for i in range(1, blocks + 1):
+        h = _transformer_block(b, f"block{i}", h, width, scale)
+    loss = b.op("ReduceMean", [b.op("Mul", [h, h], "square")], "loss", keepdims=0)
+    x = b.rng.standard_normal((batch, seq, width)).astype(np.float32)
+    data = [helper.make_tensor_value_info("x", FLOAT, [batch, seq, width])]
+    forward = _forward_float64(b, data, loss, TRANSFORMER_OPSET)
+    gradients = onnx_autodiff.add_gradients(b, data, loss, list(b.params), TRANSFORMER_OPSET)
+    built = _training_model(b, "transformer", data, loss, gradients, {"x": x},
+                            params_as_inputs, optimizer, opset=TRANSFORMER_OPSET)
+    if check:
+        check_gradients(built, lambda p: forward(p, built.feeds), b.params)
+    return built
+
+
+TRANSFORMER_OPSET = 20  # Gelu
+
+
+def _transformer_block(b: _Builder, scope: str, h: str, width: int, scale: str) -> str:
+    def norm(tag: str, value: str) -> str:
+        gamma = b.param(f"{scope}/{tag}/scale", (width,), 0.1, offset=1.0)
+        beta = b.param(f"{scope}/{tag}/bias", (width,), 0.1)
+        return b.op("LayerNormalization", [value, gamma, beta], f"{scope}/{tag}", axis=-1,
+                    epsilon=1e-5)
+
+    def dense(tag: str, value: str, shape: tuple[int, int]) -> str:
+        weight = b.param(f"{scope}/{tag}/W", shape, 1.0 / np.sqrt(shape[0]))
+        return b.op("MatMul", [value, weight], f"{scope}/{tag}")
+
+    normed = norm("ln1", h)
+    q, k, v = (dense(name, normed, (width, width)) for name in ("query", "key", "value"))
+    k_t = b.op("Transpose", [k], f"{scope}/key_T", perm=[0, 2, 1])
+    scores = b.op("Mul", [b.op("MatMul", [q, k_t], f"{scope}/scores"), scale], f"{scope}/scaled")
+    probs = b.op("Softmax", [scores], f"{scope}/softmax", axis=-1)
+    attended = dense("out", b.op("MatMul", [probs, v], f"{scope}/attend"), (width, width))
+    h = b.op("Add", [h, attended], f"{scope}/residual1")
+    hidden = b.op("Gelu", [dense("fc1", norm("ln2", h), (width, 4 * width))], f"{scope}/gelu")
+    return b.op("Add", [h, dense("fc2", hidden, (4 * width, width))], f"{scope}/residual2")
+
+
+#: Models of ``onnx/backend/test/data/light`` whose first layers
+#: :func:`shipped_layers` knows how to make trainable.
+SHIPPED = ("light_squeezenet", "light_vgg19")
+
+
+def shipped_layers(model: str = "light_squeezenet", layers: int = 10, batch: int = 2,
+                   size: int = 32, optimizer: Optimizer = Optimizer(),
+                   params_as_inputs: bool = False, seed: int = 0, check: bool = True) -> Built:
+    """The first ``layers`` ops of a model that ships with the ``onnx`` package
+    (its backend test data), made a training step by :mod:`tools.onnx_autodiff`.
+
+    The "light" models carry their architecture but generate their weights with
+    ``ConstantOfShape`` (one fill value); here every weight and bias becomes a
+    seeded random initializer of the declared shape, the input is
+    ``[batch, 3, size, size]``, the loss ``mean(h*h)`` of the last layer's output,
+    and the ops are re-emitted at opset 17 (their semantics unchanged since 9).
+    """
+    from tools import onnx_autodiff
+
+    source = onnx.load(str(Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+                           / f"{model}.onnx"))
+    known = {t.name: numpy_helper.to_array(t) for t in source.graph.initializer}
+    generated = {n.output[0]: tuple(int(d) for d in known[n.input[0]])
+                 for n in source.graph.node if n.op_type == "ConstantOfShape"}
+    b = _Builder(seed)
+    image = source.graph.input[[i.name for i in source.graph.input].index(_data_input(source))]
+    h = image.name
+    for node in [n for n in source.graph.node if n.op_type != "ConstantOfShape"][:layers]:
+        for value in node.input:
+            if value not in b.params and (value in generated or value in known):
+                shape = generated[value] if value in generated else known[value].shape
+                b.param(value, shape, np.sqrt(2.0 / max(1, int(np.prod(shape[1:])))))
+        b.nodes.append(helper.make_node(node.op_type, list(node.input), list(node.output),
+                                        name=node.output[0], **_attrs_of(node)))
+        h = node.output[0]
+    loss = b.op("ReduceMean", [b.op("Mul", [h, h], "square")], "loss", keepdims=0)
+    data = [helper.make_tensor_value_info(image.name, FLOAT, [batch, 3, size, size])]
+    feeds = {image.name: b.rng.standard_normal((batch, 3, size, size)).astype(np.float32)}
+    forward = _forward_float64(b, data, loss, OPSET)
+    gradients = onnx_autodiff.add_gradients(b, data, loss, list(b.params), OPSET)
+    built = _training_model(b, model, data, loss, gradients, feeds, params_as_inputs, optimizer)
+    if check:
+        check_gradients(built, lambda p: forward(p, built.feeds), b.params)
+    return built
+
+
+def _data_input(model: onnx.ModelProto) -> str:
+    """The image input: the graph input of rank 4 that no initializer backs."""
+    backed = {t.name for t in model.graph.initializer}
+    return next(i.name for i in model.graph.input
+                if i.name not in backed and len(i.type.tensor_type.shape.dim) == 4)
+
+
+def _attrs_of(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _make_gelu64():
+    """Exact ``Gelu`` for the reference evaluator in the input's precision: it
+    expands Gelu into its function body, whose ``Erf`` rounds to float32
+    (``otypes="f"``), which turns a float64 model's finite differences into noise."""
+    from onnx.reference.op_run import OpRun
+
+    class Gelu(OpRun):
+        op_domain = ""
+
+        def _run(self, x, approximate="none"):
+            if approximate != "none":
+                raise NotImplementedError("tanh-approximated Gelu")
+            erf = np.vectorize(math.erf, otypes=[x.dtype])(x / math.sqrt(2))
+            return (0.5 * x * (1 + erf),)
+
+    return Gelu
+
+
+def _forward_float64(b: _Builder, data_inputs: list, loss: str, opset: int
+                     ) -> Callable[[dict, dict], float]:
+    """The forward graph built so far as a float64 model run by
+    ``onnx.reference.ReferenceEvaluator``: the loss as a function of the
+    parameters, independent of the gradient graph (and of onnxruntime)."""
+    from onnx.reference import ReferenceEvaluator
+
+
+    def as_double(info):
+        dims = [d.dim_value for d in info.type.tensor_type.shape.dim]
+        return helper.make_tensor_value_info(info.name, TensorProto.DOUBLE, dims)
+
+    def double_values(tensor):
+        value = numpy_helper.to_array(tensor)
+        return numpy_helper.from_array(value.astype(np.float64) if tensor.data_type == FLOAT
+                                       else value, tensor.name)
+
+    initializers = [double_values(t) for t in b.initializers if t.name not in b.params]
+    params = [helper.make_tensor_value_info(p, TensorProto.DOUBLE, v.shape)
+              for p, v in b.params.items()]
+    output = helper.make_tensor_value_info(loss, TensorProto.DOUBLE, [])
+    graph = helper.make_graph(list(b.nodes), "forward64",
+                              [as_double(i) for i in data_inputs] + params, [output],
+                              initializer=initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    evaluator = ReferenceEvaluator(model, new_ops=[_make_gelu64()])
+    names = [i.name for i in data_inputs]
+
+    def forward(param_values: dict, feeds: dict) -> float:
+        inputs = {n: feeds[n].astype(np.float64) for n in names}
+        inputs.update({p: np.asarray(v, np.float64) for p, v in param_values.items()})
+        return float(evaluator.run([loss], inputs)[0])
+
+    return forward
+
+
 # -- checking ----------------------------------------------------------------
 
 
@@ -710,7 +892,7 @@ def reference_step(built: Built, params: dict[str, np.ndarray], grads: dict[str,
     prefix = "optimizer" if opt.preview else opt.kind
     kind = opt.kind.removeprefix("preview_")
     for param, g in grads.items():
-        scope = f"{prefix}/{param.rsplit('/', 1)[0]}"
+        scope = f"{prefix}/{_scope(param)}"
         p = params[param].astype(np.float64)
         slot = {name: state[f"{scope}/{name}"].astype(np.float64) for name in SLOTS[opt.kind]}
         new_slots, nexts[param] = _numpy_update(kind, p, g, lr, slot, t)
