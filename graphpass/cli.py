@@ -353,6 +353,8 @@ def _describe_text(info: dict) -> str:
             "regions:       " + ", ".join(f"{k} {v}" for k, v in regions["counts"].items()),
             f"loss:          {', '.join(regions['losses'])}",
             f"train ops:     {', '.join(regions['train_ops'])}",
+            f"updates:       {len(regions['updates'])}: {_listed(regions['updates'])}",
+            f"gradients:     {len(regions['gradients'])}: {_listed(regions['gradients'])}",
             f"global_step:   {regions['global_step'] or '-'}",
         ]
     if "xla_unsupported" in info:

@@ -685,7 +685,8 @@ def shipped_layers(model: str = "light_squeezenet", layers: int = 10, batch: int
     ``ConstantOfShape`` (one fill value); here every weight and bias becomes a
     seeded random initializer of the declared shape, the input is
     ``[batch, 3, size, size]``, the loss ``mean(h*h)`` of the last layer's output,
-    and the ops are re-emitted at opset 17 (their semantics unchanged since 9).
+    the ops are re-emitted at opset 17 (their semantics unchanged since 9), named
+    under their layer's scope (``conv1/r0``, ``fire2/r5``).
     """
     from tools import onnx_autodiff
 
@@ -697,13 +698,16 @@ def shipped_layers(model: str = "light_squeezenet", layers: int = 10, batch: int
     b = _Builder(seed)
     image = source.graph.input[[i.name for i in source.graph.input].index(_data_input(source))]
     h = image.name
+    scope = "input"
     for node in [n for n in source.graph.node if n.op_type != "ConstantOfShape"][:layers]:
         for value in node.input:
             if value not in b.params and (value in generated or value in known):
                 shape = generated[value] if value in generated else known[value].shape
                 b.param(value, shape, np.sqrt(2.0 / max(1, int(np.prod(shape[1:])))))
+                scope = value.split("/")[0].removesuffix("_w_0").removesuffix("_b_0")
+        # Named under the layer's scope (conv1/, fire2/), so --recompute auto has segments.
         b.nodes.append(helper.make_node(node.op_type, list(node.input), list(node.output),
-                                        name=node.output[0], **_attrs_of(node)))
+                                        name=f"{scope}/{node.output[0]}", **_attrs_of(node)))
         h = node.output[0]
     loss = b.op("ReduceMean", [b.op("Mul", [h, h], "square")], "loss", keepdims=0)
     data = [helper.make_tensor_value_info(image.name, FLOAT, [batch, 3, size, size])]

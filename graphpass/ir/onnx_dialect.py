@@ -177,8 +177,12 @@ class ONNXDialect(Dialect):
 
     def optimizer_applies(self, graph: Graph) -> dict[str, list[Tensor]]:
         """Parameter updates (with their gradients) and optimizer state updates
-        (with none), found by what they read and write: see ``onnx_training``."""
-        return self._updates(graph).applies
+        (with none), found by what they read and write: see ``onnx_training``.
+        Refuses a step whose updates cannot be attributed, naming the candidates."""
+        updates = self._updates(graph)
+        if updates.problem:
+            raise GraphpassError(updates.problem)
+        return updates.applies
 
     def applies_for(self, graph: Graph, train_ops: Sequence[str]) -> dict[str, list[Tensor]]:
         """With ``--train-op``: the named nodes are the updates (for steps whose

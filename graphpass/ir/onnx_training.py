@@ -44,7 +44,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.ir.onnx_io import INPUT, SOURCE_OPS
 
@@ -80,6 +79,8 @@ class Updates:
     applies: dict[str, list[Tensor]] = field(default_factory=dict)
     parameters: dict[str, str] = field(default_factory=dict)
     state: dict[str, str] = field(default_factory=dict)
+    #: Why the updates cannot be attributed (and how to fix it), if they cannot.
+    problem: str | None = None
 
     @property
     def variables(self) -> set[str]:
@@ -89,8 +90,8 @@ class Updates:
 def find_updates(graph: Graph) -> Updates:
     """The step's parameter and state updates and their gradients.
 
-    Raises ``GraphpassError`` naming the candidates when an output that reads a
-    gradient replaces one of several sources equally well.
+    When an output that reads a gradient replaces one of several parameters
+    equally well, ``problem`` says so, naming the candidates.
     """
     updates = _preview_updates(graph)
     cones = [c for c in (_cone(graph, t) for t in _computed_outputs(graph)) if c.sources]
@@ -102,7 +103,7 @@ def find_updates(graph: Graph) -> Updates:
     gradient_leaves = {t for c in parameters for t in c.leaves}
     state = [c for c in cones if c.output in replaced and c not in parameters
              and set(c.leaves) <= gradient_leaves]
-    _refuse_ambiguous(ambiguous, cones, readers_outside)
+    updates.problem = _ambiguity(ambiguous, cones, readers_outside)
     derived = graph.descendants({t.node for t in gradient_leaves}, follow_control=False)
     state_derived = graph.descendants({replaced[c.output] for c in state}, follow_control=False)
     for cone in parameters:
@@ -214,17 +215,16 @@ def _nearest(graph: Graph, sources: dict[str, int]) -> list[str]:
     return fed or closest
 
 
-def _refuse_ambiguous(ambiguous: dict[Tensor, list], cones: list[Cone],
-                      readers_outside: set[str]) -> None:
-    """An output that reads a gradient and could update several parameters."""
+def _ambiguity(ambiguous: dict[Tensor, list], cones: list[Cone],
+               readers_outside: set[str]) -> str | None:
+    """The first output that reads a gradient and could update several parameters."""
     for cone in cones:
         candidates = ambiguous.get(cone.output, [])
         if cone.leaves and len([s for s in candidates if s in readers_outside]) > 1:
-            raise GraphpassError(
-                f"cannot tell which parameter graph output {cone.output.node!r} updates "
-                f"(candidates: {', '.join(candidates)}, same shape and equally close); "
-                "name the step's update nodes with --train-op (repeatable)"
-            )
+            return (f"cannot tell which parameter graph output {cone.output.node!r} updates "
+                    f"(candidates: {', '.join(candidates)}, same shape and equally close); "
+                    "name the step's update nodes with --train-op (repeatable)")
+    return None
 
 
 def _gradients(graph: Graph, cone: Cone, derived: set[str],
