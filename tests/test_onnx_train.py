@@ -16,10 +16,10 @@ import onnx
 import pytest
 
 import graphpass
+from graphpass.analysis.regions import BACKWARD, FORWARD, OPTIMIZER
 from graphpass.cli import main
+from graphpass.formats.onnx_io import graph_from_model
 from graphpass.ir.graph import Tensor
-from graphpass.ir.onnx_io import graph_from_model
-from graphpass.ir.regions import BACKWARD, FORWARD, OPTIMIZER
 from tools import onnx_autodiff, onnx_models
 from tools.onnx_models import OPTIMIZERS, PREVIEW_OPTIMIZERS, Optimizer
 

@@ -15,7 +15,7 @@
   checker refuses undeclared attributes on standard ops (see ``get_attr``).
 * Training structure: an ONNX training step returns each updated parameter and
   each piece of optimizer state as a graph output replacing the input or
-  initializer it updates. ``graphpass.ir.onnx_training`` finds them by what they
+  initializer it updates. ``graphpass.dialects.onnx_training`` finds them by what they
   read and write, in any update form and for the ``ai.onnx.preview.training``
   ops; the loss needs no name rule (region analysis finds it).
 """
@@ -187,7 +187,7 @@ class ONNXDialect(Dialect):
     def applies_for(self, graph: Graph, train_ops: Sequence[str]) -> dict[str, list[Tensor]]:
         """With ``--train-op``: the named nodes are the updates (for steps whose
         updates structure alone cannot attribute)."""
-        from graphpass.ir.onnx_training import named_updates
+        from graphpass.dialects.onnx_training import named_updates
 
         return named_updates(graph, list(train_ops)).applies if train_ops else \
             self.optimizer_applies(graph)
@@ -195,7 +195,7 @@ class ONNXDialect(Dialect):
     def _updates(self, graph: Graph):
         """``find_updates``, cached until the graph's structure changes (``is_variable``
         asks once per node)."""
-        from graphpass.ir.onnx_training import find_updates
+        from graphpass.dialects.onnx_training import find_updates
 
         key = (id(graph), len(graph), graph.nx.number_of_edges())
         if self._updates_cache is None or self._updates_cache[0] != key:

@@ -44,8 +44,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from graphpass.formats.onnx_io import INPUT, SOURCE_OPS
 from graphpass.ir.graph import Graph, Tensor
-from graphpass.ir.onnx_io import INPUT, SOURCE_OPS
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 PREVIEW_DOMAIN = "ai.onnx.preview.training"
