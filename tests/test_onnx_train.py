@@ -171,16 +171,19 @@ def test_rewrite_trains_identically_for_every_optimizer(kind, recompute, tmp_pat
     _assert_trains_identically(built, rewritten)
 
 
+@pytest.mark.parametrize("recompute", ["auto", "block[1-2]/"])
 @pytest.mark.parametrize("kind", ["sgd", "adamw", "rmsprop", "preview_adam"])
-def test_transformer_block_stack_trains_identically_after_remat(kind, tmp_path):
+def test_transformer_block_stack_trains_identically_after_remat(kind, recompute, tmp_path):
+    clip_norm = 1.0 if kind == "adamw" else None
     built = onnx_models.transformer(blocks=3, optimizer=Optimizer(kind, lr=0.01,
-                                                                  clip_norm=1.0 if kind == "adamw"
-                                                                  else None))
+                                                                  clip_norm=clip_norm))
     regions = _inspect(built.model, tmp_path)["regions"]
     assert regions["losses"] == ["loss"]
     assert set(regions["gradients"]) == _expected_gradients(built)
-    rewritten, result = _rewrite(built, tmp_path, "--recompute", "block[1-2]/")
-    assert [s["segment"] for s in result["report"]["segments"]] == ["block1/", "block2/"]
+    rewritten, result = _rewrite(built, tmp_path, "--recompute", recompute)
+    segments = [s["segment"] for s in result["report"]["segments"]]
+    assert segments == ["block1/", "block2/"] if recompute != "auto" else \
+        set(segments) <= {"block1/", "block2/", "block3/"}
     _assert_trains_identically(built, rewritten)
 
 
