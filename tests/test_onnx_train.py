@@ -112,6 +112,18 @@ def test_state_updates_are_optimizer_and_clipping_is_backward(kind):
         [*built.updates, *built.state])
 
 
+def test_a_learning_rate_fed_as_a_graph_input(tmp_path):
+    built = _mlp("sgd")
+    model = built.model
+    (rate,) = [t for t in model.graph.initializer if t.name == "sgd/lr"]
+    model.graph.initializer.remove(rate)
+    model.graph.input.append(onnx.helper.make_tensor_value_info("sgd/lr", onnx.TensorProto.FLOAT,
+                                                                []))
+    regions = _inspect(model, tmp_path)["regions"]
+    assert set(regions["gradients"]) == set(built.gradients.values())
+    assert len(regions["updates"]) == len(built.updates)
+
+
 def test_preview_ops_are_update_ops_whose_gradient_inputs_are_the_gradients():
     built = _mlp("preview_adam")
     graph = graph_from_model(built.model)
