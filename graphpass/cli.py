@@ -75,7 +75,7 @@ class Rewrite(Command):
             options.dump_dir, full=options.dump_full, quiet=options.quiet))
         if options.pipeline.regions:
             # Overrides are checked even when no requested pass needs regions.
-            ctx.analyze_regions(graph)
+            ctx.analyses.regions(graph)
         results = Pipeline(build_passes(options.pipeline)).run(graph, ctx)
         graphpass.save(graph, target, output_format=options.output_format)
         report = {

@@ -22,9 +22,11 @@ from graphpass.passes.context import PassContext
 
 
 class Pass(ABC):
-    """One graph rewrite. Subclasses set ``name`` and implement ``run``."""
+    """One graph rewrite. Subclasses set ``name`` and implement ``run``; ``preserves``
+    names the analyses (``analysis/manager.py``) still valid after it changed the graph."""
 
     name: ClassVar[str]
+    preserves: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, options: Any = None) -> None:
         self.options = options
@@ -72,6 +74,7 @@ class Pipeline:
             changed = pass_.run(graph, ctx)
             seconds = time.perf_counter() - start
             if changed:
+                ctx.analyses.invalidate(graph, pass_.preserves)
                 verify(graph, after=pass_.name)
             for instrument in ctx.instruments:
                 instrument.after_pass(pass_, graph, changed, seconds)

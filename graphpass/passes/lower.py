@@ -18,6 +18,7 @@ backward, optimizer); initializers, savers and summaries are untouched.
 
 from __future__ import annotations
 
+from graphpass.analysis.manager import REGIONS, SHAPES
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
 from graphpass.options import LowerOptions
@@ -40,12 +41,13 @@ class LowerPass(Pass):
     name = "lower"
 
     options: LowerOptions
+    preserves = frozenset({REGIONS, SHAPES})  # attributes and devices only
 
     def run(self, graph: Graph, ctx: PassContext) -> bool:
         if graph.format != "tf":
             raise GraphpassError(f"--target/--device lowering is for TF graphs; {graph.format} "
                                  "graphs are written as they are")
-        regions = ctx.analyze_regions(graph)
+        regions = ctx.analyses.regions(graph)
         step = [n for n in graph if regions.label(n) in STEP_REGIONS]
         unsupported = xla_unsupported(graph, step) if ctx.target == "xla" else []
         if unsupported and ctx.device == "tpu":

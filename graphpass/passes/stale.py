@@ -84,7 +84,7 @@ class StalePass(Pass):
         if graph.format != "tf":
             raise GraphpassError(f"the stale pass rewrites TF training graphs; this graph is "
                                  f"{graph.format}")
-        regions = ctx.analyze_regions(graph)
+        regions = ctx.analyses.regions(graph)
         global_step = _global_step(graph, regions)
         plans = [_plan(graph, step, global_step) for step in regions.steps]
         _check_plans(graph, plans, ctx.target)
