@@ -16,7 +16,7 @@ segment's checkpoint), and anything graphpass generated (names under
 ``graphpass/``), which is what makes a second run a no-op.
 
 Marks: ``--recompute`` patterns, ``_recompute_hint`` attributes, or ``--recompute
-auto``, where the planner (``remat_plan``) chooses name scopes for a memory budget
+auto``, where the planner (``plan``) chooses name scopes for a memory budget
 and they are rewritten exactly as those patterns would be.
 
 Ordering: ``control`` mode gives the copies control inputs on the trigger
