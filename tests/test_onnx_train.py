@@ -84,7 +84,7 @@ def test_inspect_finds_loss_gradients_and_updates_without_flags(kind, tmp_path):
     assert regions["losses"] == ["loss"]
     assert set(regions["gradients"]) == _expected_gradients(built)
     graph = graph_from_model(built.model)
-    updates = graph.dialect._updates(graph)
+    updates = graph.dialect.updates(graph)
     assert set(updates.parameters) == set(built.updates)
     assert set(updates.state) == set(built.state)
     producers = {out: n.name for n in built.model.graph.node for out in n.output}

@@ -147,7 +147,7 @@ class ONNXDialect(Dialect):
     def is_variable(self, graph: Graph, name: str) -> bool:
         """An input or initializer that the step updates: a trained parameter or
         optimizer state; frozen weights of an inference model are constants."""
-        return graph.node(name).op in SOURCE_OPS and name in self._updates(graph).variables
+        return graph.node(name).op in SOURCE_OPS and name in self.updates(graph).variables
 
     def graph_inputs(self, graph: Graph) -> list[str]:
         """The ``graphpass.Input`` nodes (fed values), in the model's input order."""
@@ -179,7 +179,7 @@ class ONNXDialect(Dialect):
         """Parameter updates (with their gradients) and optimizer state updates
         (with none), found by what they read and write: see ``onnx_training``.
         Refuses a step whose updates cannot be attributed, naming the candidates."""
-        updates = self._updates(graph)
+        updates = self.updates(graph)
         if updates.problem:
             raise GraphpassError(updates.problem)
         return updates.applies
@@ -187,18 +187,23 @@ class ONNXDialect(Dialect):
     def applies_for(self, graph: Graph, train_ops: Sequence[str]) -> dict[str, list[Tensor]]:
         """With ``--train-op``: the named nodes are the updates (for steps whose
         updates structure alone cannot attribute)."""
+        from graphpass.analysis.shapes import infer_shapes
         from graphpass.dialects.onnx_training import named_updates
 
+        infer_shapes(graph)
         return named_updates(graph, list(train_ops)).applies if train_ops else \
             self.optimizer_applies(graph)
 
-    def _updates(self, graph: Graph):
-        """``find_updates``, cached until the graph's structure changes (``is_variable``
-        asks once per node)."""
+    def updates(self, graph: Graph):
+        """The step's parameter and state updates and their gradients
+        (``onnx_training.find_updates``), cached until the graph's structure
+        changes (``is_variable`` asks once per node)."""
+        from graphpass.analysis.shapes import infer_shapes
         from graphpass.dialects.onnx_training import find_updates
 
         key = (id(graph), len(graph), graph.nx.number_of_edges())
         if self._updates_cache is None or self._updates_cache[0] != key:
+            infer_shapes(graph)  # the update cones compare shapes
             self._updates_cache = (key, find_updates(graph))
         return self._updates_cache[1]
 
