@@ -21,7 +21,13 @@ from graphpass.cli import main
 from graphpass.formats.onnx_io import graph_from_model
 from graphpass.ir.graph import Tensor
 from tools import onnx_autodiff, onnx_models
-from tools.onnx_models import OPTIMIZERS, PREVIEW_OPTIMIZERS, Optimizer
+from tools.onnx_optimizers import (
+    OPTIMIZERS,
+    PREVIEW_DOMAIN,
+    PREVIEW_OPTIMIZERS,
+    Optimizer,
+    param_scope,
+)
 
 ALL = OPTIMIZERS + PREVIEW_OPTIMIZERS
 RTOL = 1e-6
@@ -51,7 +57,7 @@ def _expected_gradients(built: onnx_models.Built) -> set[str]:
     """The tensors the updates read as gradients: the clipped ones when clipping."""
     if built.optimizer.clip_norm is None:
         return set(built.gradients.values())
-    return {f"clip/{onnx_models._scope(p)}/clipped" for p in built.gradients}
+    return {f"clip/{param_scope(p)}/clipped" for p in built.gradients}
 
 
 def _assert_trains_identically(original: onnx_models.Built, rewritten: onnx.ModelProto) -> None:
@@ -128,7 +134,7 @@ def test_preview_ops_are_update_ops_whose_gradient_inputs_are_the_gradients():
     built = _mlp("preview_adam")
     graph = graph_from_model(built.model)
     (step,) = graphpass.analyze(graph).steps
-    node = next(n for n in built.model.graph.node if n.domain == onnx_models.PREVIEW_DOMAIN)
+    node = next(n for n in built.model.graph.node if n.domain == PREVIEW_DOMAIN)
     count = len(built.updates)
     assert [str(t) for t in graph.dialect.optimizer_applies(graph)[node.name]] == \
         list(node.input[2 + count:2 + 2 * count])

@@ -11,8 +11,9 @@ parameters and the optimizer state as graph inputs, fed every step:
   MLP of width 1024; loss ``mean(h*h)``; backward from ``tools/onnx_autodiff``).
 
 ``--optimizer`` picks the update (``sgd``, ``momentum``, ``nesterov``, ``adam``,
-``adamw``, ``adagrad``, ``rmsprop``, or ``all`` of them, one table each). Variants,
-each run in its own process:
+``adamw``, ``adagrad``, ``rmsprop``, a comma list, or ``all`` of them; one table
+each). Variants (``--variants`` picks among the last three), each run in its own
+process:
 
 * original         -- the generated training step, untouched
 * original, leaves -- the same nodes with the leaves (loss, updates) in the order
@@ -48,7 +49,8 @@ which onnxruntime executed the optimized graph's nodes (from its profiler;
 the optimized graph is the one ORT writes to ``optimized_model_filepath``).
 Ratios are against the original, measured in the same run.
 
-    python tools/bench_onnx_remat.py [--model mlp|transformer] [--optimizer KIND|all]
+    python tools/bench_onnx_remat.py [--model mlp|transformer] [--optimizer KIND,...|all]
+                                     [--variants leaves,data,auto] [--no-pattern]
                                      [--batch N --width N --blocks N --seq N] [--steps 3]
 """
 
@@ -77,8 +79,9 @@ MODELS = {"mlp": dict(batch=2048, width=1024, blocks=8, seq=None),
 
 def build_model(args, optimizer: str):
     from tools import onnx_models
+    from tools.onnx_optimizers import Optimizer
 
-    opt = onnx_models.Optimizer(optimizer, lr=0.01)
+    opt = Optimizer(optimizer, lr=0.01)
     if args.model == "transformer":
         return onnx_models.transformer(batch=args.batch, seq=args.seq, width=args.width,
                                        blocks=args.blocks, optimizer=opt,
@@ -101,10 +104,13 @@ def build_variants(args, work: Path, optimizer: str) -> dict[str, dict]:
     spec = {"feeds": str(feeds), "fetches": [built.loss, *built.carried.values()],
             "threads": args.threads}
     variants = {"original": dict(spec, model=str(original), nodes_added=0)}
-    leaves = work / "original_leaves.onnx"
-    onnx.save(_leaves_reordered(built.model), leaves)
-    variants["original, leaves"] = dict(spec, model=str(leaves), nodes_added=0)
+    if "leaves" in args.variants:
+        leaves = work / "original_leaves.onnx"
+        onnx.save(_leaves_reordered(built.model), leaves)
+        variants["original, leaves"] = dict(spec, model=str(leaves), nodes_added=0)
     for name, marks in (("graphpass data", [mark(args)]), ("graphpass auto", ["auto"])):
+        if name.split()[-1] not in args.variants:
+            continue
         graph = graphpass.load(original)
         results = graphpass.run_passes(graph, {"recompute": marks})
         path = work / f"{name.replace(' ', '_')}.onnx"
@@ -266,11 +272,14 @@ def run_worker(name: str, spec: dict, steps: int) -> dict:
 
 
 def main() -> None:
-    from tools.onnx_models import OPTIMIZERS
+    from tools.onnx_optimizers import OPTIMIZERS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="mlp")
-    parser.add_argument("--optimizer", choices=[*OPTIMIZERS, "all"], default="sgd")
+    parser.add_argument("--optimizer", default="sgd",
+                        help=f"one of {', '.join(OPTIMIZERS)}, a comma list, or all")
+    parser.add_argument("--variants", default="leaves,data,auto",
+                        help="besides the original, a comma list of: leaves, data, auto")
     parser.add_argument("--batch", type=int)
     parser.add_argument("--width", type=int)
     parser.add_argument("--blocks", type=int)
@@ -287,7 +296,11 @@ def main() -> None:
     for key, default in MODELS[args.model].items():
         if getattr(args, key) is None:
             setattr(args, key, default)
-    optimizers = OPTIMIZERS if args.optimizer == "all" else (args.optimizer,)
+    optimizers = OPTIMIZERS if args.optimizer == "all" else args.optimizer.split(",")
+    unknown = set(optimizers) - set(OPTIMIZERS)
+    if unknown:
+        parser.error(f"unknown optimizer(s) {', '.join(sorted(unknown))}")
+    args.variants = args.variants.split(",")
     for optimizer in optimizers:
         with tempfile.TemporaryDirectory() as tmp:
             variants = build_variants(args, Path(tmp), optimizer)
