@@ -40,16 +40,6 @@ class Pass(ABC):
         """Rewrite ``graph`` in place; return whether anything changed."""
 
 
-class Instrument:
-    """Hooks around passes (timing, dumps, progress); they never change the graph."""
-
-    def before_pipeline(self, graph: Graph, passes: list[Pass]) -> None: ...
-
-    def before_pass(self, pass_: Pass, graph: Graph) -> None: ...
-
-    def after_pass(self, pass_: Pass, graph: Graph, changed: bool, seconds: float) -> None: ...
-
-
 @dataclass
 class PassResult:
     name: str
