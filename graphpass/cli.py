@@ -111,15 +111,29 @@ class Inspect(Command):
         parser.add_argument("--xla", action="store_true",
                             help="check every op of the training step for an XLA kernel "
                                  "(exit 1 if some have none)")
+        parser.add_argument("--memory-plot", metavar="FILE.svg",
+                            help="draw the estimated live bytes along the training step "
+                            "(with --rewritten, both graphs on one chart)")
+        parser.add_argument("--rewritten", metavar="FILE",
+                            help="with --memory-plot: the rewritten graph to draw beside IN")
 
     def run(self, args):
         import graphpass
         from graphpass.inspection import describe
 
+        if args.rewritten and not args.memory_plot:
+            raise GraphpassError("--rewritten only goes with --memory-plot FILE.svg")
+        if args.memory_plot:
+            _check_output(Path(args.input), Path(args.memory_plot), False)
         graph = graphpass.load(args.input, tag=args.tag)
         info = describe(graph, loss=args.loss, train_ops=args.train_op,
                         global_step=args.global_step, xla=args.xla)
         print(json.dumps(info, indent=2, sort_keys=True) if args.json else _describe_text(info))
+        if args.memory_plot:
+            graphs = [("original" if args.rewritten else Path(args.input).name, graph, None)]
+            if args.rewritten:
+                graphs.append(("rewritten", graphpass.load(args.rewritten, tag=args.tag), None))
+            _memory_plot(graphs, args, args.input)
         return 1 if info.get("xla_unsupported") else 0
 
 
@@ -202,12 +216,17 @@ class Verify(Command):
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
         parser.add_argument("--quiet", action="store_true",
                             help="no table or progress; only the verdict on a mismatch")
+        parser.add_argument("--memory-plot", metavar="FILE.svg",
+                            help="draw both graphs' estimated live bytes along the step, "
+                            "with the peaks this run measured")
 
     def run(self, args):
         from graphpass.equivalence import VerifyOptions, format_report, verify_files
 
         if args.steps < 1:
             raise GraphpassError(f"--steps must be at least 1, not {args.steps}")
+        if args.memory_plot:
+            _check_output(Path(args.original), Path(args.memory_plot), False)
         options = VerifyOptions(
             steps=args.steps, xla=args.xla, feeds=_read_feeds(args.feed), loss=args.loss,
             train_ops=tuple(args.train_op or ()), init=args.init, rtol=args.rtol,
@@ -217,6 +236,14 @@ class Verify(Command):
             print(json.dumps(report.to_json(), indent=2, sort_keys=True))
         elif not args.quiet or not report.ok:
             print(format_report(report, args.original, args.rewritten, options))
+        if args.memory_plot:
+            import graphpass
+
+            measured = report.median_peaks()
+            _memory_plot([(label, graphpass.load(path, tag=args.tag), peak) for label, path, peak
+                          in (("original", args.original, measured[0]),
+                              ("rewritten", args.rewritten, measured[1]))],
+                         args, f"{args.original} vs {args.rewritten}")
         return 0 if report.ok else 1
 
 
@@ -309,6 +336,15 @@ def _check_output(source: Path, target: Path, in_place: bool) -> None:
     from graphpass.ir.formats import check_output_parent
 
     check_output_parent(target)
+
+
+def _memory_plot(graphs: list, args: argparse.Namespace, title: str) -> None:
+    """``--memory-plot``: the step's live bytes of ``graphs``, written to the SVG file."""
+    from graphpass.memory_plot import write_step_plot
+    from graphpass.passes import RegionOptions
+
+    regions = RegionOptions(loss=args.loss, train_ops=tuple(args.train_op or ()))
+    write_step_plot(graphs, Path(args.memory_plot), title, regions)
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -11,6 +11,7 @@ pass order::
     DIR/01-<pass>.pbtxt, .dot, .svg, .diff.json
     DIR/tensorboard/00-input/events.*    TensorBoard graph (tensorboard --logdir DIR/tensorboard)
     DIR/tensorboard/01-<pass>/events.*
+    DIR/memory.svg                       estimated live bytes along the step, input vs final
 
 The ``.dot`` view shows only the neighbourhood of what the pass changed (the
 full graph with ``full=True`` / ``--dump-full``), rendered to ``.svg`` by the
@@ -31,11 +32,13 @@ from graphpass.diff import GraphDiff, graph_diff
 from graphpass.dot import neighbourhood_dot, render_svg
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
-from graphpass.passes.base import Instrument, Pass
+from graphpass.memory_plot import MemoryTimeline, step_timeline, write_memory_plot
+from graphpass.passes.base import Instrument, Pass, RegionOptions
 from graphpass.progress import PassProgress, Progress
 
 _OWN_FILE = re.compile(r"^\d{2,}-.*\.(pbtxt|onnx\.txt|dot|svg|diff\.json)$")
 TENSORBOARD_DIR = "tensorboard"
+MEMORY_PLOT = "memory.svg"
 
 
 class DumpInstrument(Instrument):
@@ -46,19 +49,39 @@ class DumpInstrument(Instrument):
     unless ``quiet``, and all are kept in ``index.json``.
     """
 
-    def __init__(self, dump_dir: str | Path, full: bool = False, *, quiet: bool = False) -> None:
+    def __init__(self, dump_dir: str | Path, full: bool = False, *, quiet: bool = False,
+                 regions: RegionOptions = RegionOptions()) -> None:
         self.dump_dir = Path(dump_dir)
         self.full = full
         self.quiet = quiet
+        self.regions = regions
         self.notes: list[str] = []
         self.index: list[dict] = []
         self._previous: Graph | None = None
+        self._input_memory: MemoryTimeline | None = None
 
     def before_pipeline(self, graph: Graph, passes: list) -> None:
         _prepare(self.dump_dir)
         self.index, self.notes = [], []
         self._dump(graph, "input", diff=None, before=None, pass_info={})
         self._previous = graph.copy()
+        self._input_memory = self._timeline(graph, "original")
+
+    def after_pipeline(self, graph: Graph) -> None:
+        """``memory.svg``: the input's step beside the final graph's, on one chart."""
+        final = self._timeline(graph, "rewritten") if self._input_memory else None
+        if final is not None:
+            write_memory_plot([self._input_memory, final], self.dump_dir / MEMORY_PLOT,
+                              f"estimated live bytes of the training step, input vs after "
+                              f"{len(self.index) - 1} passes")
+        self._write_index(memory_plot=MEMORY_PLOT if final is not None else None)
+
+    def _timeline(self, graph: Graph, label: str) -> MemoryTimeline | None:
+        try:
+            return step_timeline(graph, label, self.regions)
+        except GraphpassError as exc:
+            self._note(str(exc))
+            return None
 
     def after_pass(self, pass_: Pass, graph: Graph, changed: bool, seconds: float) -> None:
         before = self._previous
@@ -87,7 +110,11 @@ class DumpInstrument(Instrument):
                 files += write()
         self.index.append({"dump": stem, **pass_info, "nodes": len(graph), "files": files,
                            "diff_counts": diff.counts() if diff is not None else None})
-        _write_json(self.dump_dir / "index.json", {"dumps": self.index, "notes": self.notes})
+        self._write_index()
+
+    def _write_index(self, **extra) -> None:
+        _write_json(self.dump_dir / "index.json",
+                    {"dumps": self.index, "notes": self.notes, **extra})
 
     def _write_view(self, graph: Graph, diff: GraphDiff | None, before: Graph | None,
                     stem: str) -> list[str]:
@@ -191,7 +218,8 @@ def _prepare(dump_dir: Path) -> None:
     except OSError as exc:
         raise GraphpassError(f"--dump-dir {dump_dir}: cannot create it ({exc.strerror})") from None
     for old in dump_dir.iterdir():
-        if old.is_file() and (_OWN_FILE.match(old.name) or old.name == "index.json"):
+        if old.is_file() and (_OWN_FILE.match(old.name) or old.name in ("index.json",
+                                                                         MEMORY_PLOT)):
             old.unlink()
     events = dump_dir / TENSORBOARD_DIR
     for old in events.iterdir() if events.is_dir() else ():
@@ -214,7 +242,8 @@ def add_dump_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("dumps")
     group.add_argument("--dump-dir", metavar="DIR",
                        help="write the graph (text, Graphviz .dot/.svg of what each pass "
-                       "changed, TensorBoard events) at the input and after every pass")
+                       "changed, TensorBoard events) at the input and after every pass, and "
+                       "memory.svg (estimated live bytes, input vs final)")
     group.add_argument("--dump-full", action="store_true",
                        help="draw the whole graph in the .dot/.svg dumps, not just the "
                        "rewritten neighbourhood (slow for big graphs)")
@@ -227,6 +256,7 @@ def instruments_from_settings(settings: dict) -> list[Instrument]:
     instruments: list[Instrument] = []
     if settings.get("dump_dir"):
         instruments.append(DumpInstrument(settings["dump_dir"],
-                                          full=bool(settings.get("dump_full")), quiet=quiet))
+                                          full=bool(settings.get("dump_full")), quiet=quiet,
+                                          regions=RegionOptions.from_settings(settings)))
     instruments.append(PassProgress(quiet=quiet))
     return instruments

@@ -36,6 +36,7 @@ import numpy as np
 
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
+from graphpass.ir.memory import format_bytes
 from graphpass.progress import Progress
 
 _VARIABLE_OPS = ("VariableV2", "Variable", "VarHandleOp")
@@ -507,16 +508,16 @@ def format_report(report: VerifyReport, original: str, rewritten: str,
                  f"{'max rel':>9}  {'peak orig':>10}  {'peak rewr':>10}  worst")
     for s in report.steps:
         lines.append(f"  {s.step:>4}  {_first(s.losses[0]):>14}  {_first(s.losses[1]):>14}  "
-                     f"{s.max_abs:>9.3g}  {s.max_rel:>9.3g}  {_bytes(s.peak_bytes[0]):>10}  "
-                     f"{_bytes(s.peak_bytes[1]):>10}  {s.worst}")
+                     f"{s.max_abs:>9.3g}  {s.max_rel:>9.3g}  {format_bytes(s.peak_bytes[0]):>10}  "
+                     f"{format_bytes(s.peak_bytes[1]):>10}  {s.worst}")
         lines += [f"        MISMATCH {m}" for m in s.mismatches[:10]]
         if len(s.mismatches) > 10:
             lines.append(f"        ... {len(s.mismatches) - 10} more mismatches")
     peaks = report.median_peaks()
     if None not in peaks:
         ratio = f" (ratio {peaks[1] / peaks[0]:.2f})" if peaks[0] else ""
-        lines.append(f"  peak memory, median over steps: original {_bytes(peaks[0])}, "
-                     f"rewritten {_bytes(peaks[1])}{ratio}")
+        lines.append(f"  peak memory, median over steps: original {format_bytes(peaks[0])}, "
+                     f"rewritten {format_bytes(peaks[1])}{ratio}")
     if report.failure:
         lines.append(f"FAILED: {report.failure}")
     else:
@@ -526,13 +527,3 @@ def format_report(report: VerifyReport, original: str, rewritten: str,
 
 def _first(losses: list[float]) -> str:
     return f"{losses[0]:.8g}" if losses else "-"
-
-
-def _bytes(count: int | None) -> str:
-    if count is None:
-        return "n/a"
-    for unit in ("B", "KiB", "MiB"):
-        if abs(count) < 1024:
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return f"{count:.1f} GiB"

@@ -42,6 +42,16 @@ def tensor_bytes(graph: Graph, tensor: Tensor) -> int | None:
 def estimated_peak_bytes(graph: Graph, fetches: list[str]) -> int:
     """Peak bytes of live step tensors when running ``fetches``: only what they need
     runs (as the TF runtime prunes), in the graph's deterministic schedule."""
+    return max((live for _, live in live_bytes_timeline(graph, fetches)), default=0)
+
+
+def live_bytes_timeline(graph: Graph, fetches: list[str]) -> list[tuple[str, int]]:
+    """``(node, live bytes)`` for every computed node of the step, in schedule order.
+
+    The value is what is live just after the node's outputs are allocated (its
+    inputs not yet released), the moment its peak could happen; the maximum
+    over the list is :func:`estimated_peak_bytes`.
+    """
     dialect = graph.dialect
     needed = graph.ancestors(fetches) | set(fetches)
     order = [n for n in dialect.schedule(graph) if n in needed]
@@ -50,15 +60,26 @@ def estimated_peak_bytes(graph: Graph, fetches: list[str]) -> int:
         for tensor in graph.inputs(name):
             readers[tensor] = readers.get(tensor, 0) + 1
     outputs_of = {n: [Tensor(n, p) for p in graph.used_ports(n)] for n in order}
-    live = peak = 0
+    live = 0
+    timeline = []
     for name in order:
         if dialect.is_source(graph, name):
             continue
-        sizes = {t: tensor_bytes(graph, t) or 0 for t in outputs_of[name] if t in readers}
-        live += sum(sizes.values())
-        peak = max(peak, live)
+        live += sum(tensor_bytes(graph, t) or 0 for t in outputs_of[name] if t in readers)
+        timeline.append((name, live))
         for tensor in graph.inputs(name):
             readers[tensor] -= 1
             if readers[tensor] == 0 and not dialect.is_source(graph, tensor.node):
                 live -= tensor_bytes(graph, tensor) or 0
-    return peak
+    return timeline
+
+
+def format_bytes(count: int | None) -> str:
+    """Bytes for people (B, KiB, MiB, GiB); ``n/a`` for an unknown count."""
+    if count is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB"):
+        if abs(count) < 1024:
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} GiB"

@@ -75,6 +75,8 @@ class Instrument:
 
     def after_pass(self, pass_: Pass, graph: Graph, changed: bool, seconds: float) -> None: ...
 
+    def after_pipeline(self, graph: Graph) -> None: ...
+
 
 @dataclass
 class PassResult:
@@ -107,4 +109,6 @@ class Pipeline:
             for instrument in self.instruments:
                 instrument.after_pass(pass_, graph, changed, seconds)
             results.append(PassResult(pass_.name, changed, seconds, dict(pass_.report)))
+        for instrument in self.instruments:
+            instrument.after_pipeline(graph)
         return results
