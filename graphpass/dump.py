@@ -50,11 +50,11 @@ class DumpInstrument(Instrument):
     """
 
     def __init__(self, dump_dir: str | Path, full: bool = False, *, quiet: bool = False,
-                 regions: RegionOptions = RegionOptions()) -> None:
+                 regions: RegionOptions | None = None) -> None:
         self.dump_dir = Path(dump_dir)
         self.full = full
         self.quiet = quiet
-        self.regions = regions
+        self.regions = regions or RegionOptions()
         self.notes: list[str] = []
         self.index: list[dict] = []
         self._previous: Graph | None = None

@@ -50,7 +50,7 @@ class MemoryTimeline:
         return index, *self.points[index]
 
 
-def step_timeline(graph: Graph, label: str, regions: RegionOptions = RegionOptions(),
+def step_timeline(graph: Graph, label: str, regions: RegionOptions | None = None,
                   measured_peak_bytes: int | None = None) -> MemoryTimeline:
     """The estimated live bytes of ``graph``'s training step, node by node.
 
@@ -60,7 +60,7 @@ def step_timeline(graph: Graph, label: str, regions: RegionOptions = RegionOptio
     from graphpass.ir.regions import BACKWARD
 
     try:
-        step = regions.analyze(graph)
+        step = (regions or RegionOptions()).analyze(graph)
     except GraphpassError as exc:
         raise GraphpassError(f"no memory plot for {label}: it needs the training step "
                              f"({exc})") from None
@@ -152,7 +152,7 @@ def _draw(axes, timeline: MemoryTimeline, k: int, scale: int) -> None:
 
 
 def write_step_plot(graphs: list[tuple[str, Graph, int | None]], path: Path, title: str,
-                    regions: RegionOptions = RegionOptions()) -> Path:
+                    regions: RegionOptions | None = None) -> Path:
     """``(label, graph, measured peak or None)`` per line: estimate each step and draw."""
     timelines = [step_timeline(graph, label, regions, measured)
                  for label, graph, measured in graphs]
