@@ -204,6 +204,9 @@ class Verify(Command):
                             help="input values (repeatable); default: seeded random values "
                             "of each placeholder's static shape")
         parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+        parser.add_argument("--batch-size", type=int, metavar="N",
+                            help="batch size of inputs with a dynamic batch dimension "
+                            "(default: the batch of the step's other inputs)")
         parser.add_argument("--rtol", type=float, default=0.0,
                             help="relative tolerance (default 0: exact)")
         parser.add_argument("--atol", type=float, default=0.0,
@@ -225,12 +228,15 @@ class Verify(Command):
 
         if args.steps < 1:
             raise GraphpassError(f"--steps must be at least 1, not {args.steps}")
+        if args.batch_size is not None and args.batch_size < 1:
+            raise GraphpassError(f"--batch-size must be at least 1, not {args.batch_size}")
         if args.memory_plot:
             _check_output(Path(args.original), Path(args.memory_plot), False)
         options = VerifyOptions(
             steps=args.steps, xla=args.xla, feeds=_read_feeds(args.feed), loss=args.loss,
             train_ops=tuple(args.train_op or ()), init=args.init, rtol=args.rtol,
-            atol=args.atol, seed=args.seed, tag=args.tag, quiet=args.quiet)
+            atol=args.atol, seed=args.seed, tag=args.tag, quiet=args.quiet,
+            batch_size=args.batch_size)
         report = verify_files(args.original, args.rewritten, options)
         if args.json:
             print(json.dumps(report.to_json(), indent=2, sort_keys=True))

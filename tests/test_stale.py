@@ -19,7 +19,8 @@ STEPS = 3
 COUNTER = "graphpass/stale_counter"
 PS = "/job:ps/task:0"
 
-# TF 1.15's test matrix (DESIGN.md): workers, staleness -> global_step, stale_counter, v0, v1
+# TF 1.15's test matrix (drop_stale_gradient_optimizer_test.py):
+# workers, staleness -> global_step, stale_counter, v0, v1
 MATRIX = [
     (1, 0, 1, 0, 1, 2),
     (1, -1, 0, 1, 0, 1),
