@@ -406,25 +406,30 @@ class _InputMaker:
 def _with_batch(specs: dict[str, tuple[str, tuple | None]], given: dict,
                 batch_size: int | None) -> dict[str, tuple[str, tuple | None]]:
     """``specs`` of the inputs to make up, with a dynamic leading (batch) dimension
-    filled in; a user error names an input whose shape cannot be completed."""
+    filled in; a user error names the inputs whose shape cannot be completed."""
     missing = {n: spec for n, spec in specs.items() if n not in given}
-    dynamic = [n for n, (_, shape) in missing.items() if shape is None or None in shape]
-    if not dynamic:
-        return missing
-    batch = batch_size or _common_batch(specs, given, dynamic)
-    completed = dict(missing)
+    dynamic = sorted(n for n, (_, shape) in missing.items() if shape is None or None in shape)
     for name in dynamic:
-        dtype, shape = missing[name]
-        feed = f"--feed {name.split(':')[0]}=FILE.npy"
+        shape = missing[name][1]
         if shape is None or not shape or None in shape[1:]:
             raise GraphpassError(f"input {name} of the step has no full static shape "
-                                 f"({shape}); give its value with {feed}")
-        if batch is None:
-            raise GraphpassError(
-                f"input {name} of the step has a dynamic batch dimension ({shape}) and no "
-                f"other input fixes it; give --batch-size N or its value with {feed}")
-        completed[name] = (dtype, (batch, *shape[1:]))
-    return completed
+                                 f"({_shape_text(shape)}); give its value with "
+                                 f"--feed {name.split(':')[0]}=FILE.npy")
+    batch = batch_size or _common_batch(specs, given, dynamic)
+    if dynamic and batch is None:
+        listed = ", ".join(f"{n} {_shape_text(missing[n][1])}" for n in dynamic)
+        raise GraphpassError(
+            f"the step's input(s) {listed} have a dynamic batch dimension and no other "
+            f"input fixes it; give --batch-size N (or their values with --feed NAME=FILE.npy)")
+    return {name: (dtype, (batch, *shape[1:]) if name in dynamic else shape)
+            for name, (dtype, shape) in missing.items()}
+
+
+def _shape_text(shape: tuple | None) -> str:
+    """``(?, 32, 32, 3)``; ``unknown rank`` for None."""
+    if shape is None:
+        return "(unknown rank)"
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
 
 
 def _common_batch(specs: dict, given: dict, dynamic: list[str]) -> int | None:
