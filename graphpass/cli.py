@@ -1,4 +1,4 @@
-"""The ``graphpass`` command line.
+"""The graphpass command line.
 
 Each subcommand is a small class whose docstring is its help. ``main(argv)``
 returns the exit status (0 ok, 1 "different" or a failed check, 2 a user
@@ -214,7 +214,7 @@ class Verify(Command):
         parser.add_argument("--loss", help="the loss tensor (default: region analysis)")
         parser.add_argument("--train-op", action="append", help="train op (repeatable)")
         parser.add_argument("--init", help="the init op (default: the MetaGraph's "
-                            "variable initialisers, else `init`)")
+                            "variable initialisers, else the node named init)")
         parser.add_argument("--tag", help="SavedModel MetaGraph tag")
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
         parser.add_argument("--quiet", action="store_true",
