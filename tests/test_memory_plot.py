@@ -18,9 +18,9 @@ import onnx
 import pytest
 
 import graphpass
+from graphpass.analysis.memory import format_bytes, live_bytes_timeline
+from graphpass.analysis.regions import analyze
 from graphpass.cli import main
-from graphpass.ir.memory import format_bytes, live_bytes_timeline
-from graphpass.ir.regions import analyze
 from tools import onnx_models, tf_models
 
 SVG = "{http://www.w3.org/2000/svg}"

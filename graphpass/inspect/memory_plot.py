@@ -2,7 +2,7 @@
 
 One chart holds a line per graph (the original and the rewritten): at each
 computed node of the step's schedule, the estimated live bytes (the liveness
-estimate of ``graphpass.ir.memory``). Each line's peak is marked with its value
+estimate of ``graphpass.analysis.memory``). Each line's peak is marked with its value
 and the op where it happens, the backward pass is shaded, and a measured peak
 (``graphpass verify``) is drawn as a dotted level beside its estimate.
 
@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from graphpass.analysis.memory import format_bytes, live_bytes_timeline
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
-from graphpass.ir.memory import format_bytes, live_bytes_timeline
 from graphpass.passes.base import RegionOptions
 
 #: matplotlib settings that make the SVG the same bytes on every run.
@@ -57,7 +57,7 @@ def step_timeline(graph: Graph, label: str, regions: RegionOptions | None = None
     The step is what region analysis finds (with the user's overrides); a graph
     without one is the caller's error, said in one line.
     """
-    from graphpass.ir.regions import BACKWARD
+    from graphpass.analysis.regions import BACKWARD
 
     try:
         step = (regions or RegionOptions()).analyze(graph)
@@ -78,7 +78,7 @@ def write_memory_plot(timelines: list[MemoryTimeline], path: Path, title: str) -
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from graphpass.ir.formats import atomic_output
+    from graphpass.formats.detect import atomic_output
 
     path = Path(path)
     with matplotlib.rc_context(_DETERMINISTIC_SVG):
