@@ -93,7 +93,7 @@ def write_memory_plot(timelines: list[MemoryTimeline], path: Path, title: str) -
         axes.set_ylim(0, top * (1.25 + 0.1 * len(timelines)) or 1)
         axes.set_xlim(0, max(len(t.points) for t in timelines) - 1 or 1)
         axes.set_xlabel("position in the step's schedule (computed ops, in execution order)")
-        axes.set_ylabel(f"estimated live bytes ({unit})")
+        axes.set_ylabel(f"live bytes ({unit})")
         axes.set_title(title)
         axes.legend(loc="upper left", frameon=False)
         figure.tight_layout()
