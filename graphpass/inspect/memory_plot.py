@@ -20,7 +20,7 @@ from pathlib import Path
 from graphpass.analysis.memory import format_bytes, live_bytes_timeline
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
-from graphpass.passes.base import RegionOptions
+from graphpass.options import RegionOptions
 
 #: matplotlib settings that make the SVG the same bytes on every run.
 _DETERMINISTIC_SVG = {
@@ -58,9 +58,10 @@ def step_timeline(graph: Graph, label: str, regions: RegionOptions | None = None
     without one is the caller's error, said in one line.
     """
     from graphpass.analysis.regions import BACKWARD
+    from graphpass.passes.context import PassContext
 
     try:
-        step = (regions or RegionOptions()).analyze(graph)
+        step = PassContext(regions=regions or RegionOptions()).analyze_regions(graph)
     except GraphpassError as exc:
         raise GraphpassError(f"no memory plot for {label}: it needs the training step "
                              f"({exc})") from None
