@@ -18,7 +18,7 @@ import onnx
 import pytest
 
 import graphpass
-from graphpass.analysis.memory import format_bytes, live_bytes_timeline
+from graphpass.analysis.memory import format_bytes, memory_timeline
 from graphpass.analysis.regions import analyze
 from graphpass.cli import main
 from tools import onnx_models, tf_models
@@ -41,7 +41,7 @@ def _texts(svg: Path) -> list[str]:
 def _peak(graph_path: Path) -> tuple[str, int]:
     """``(node, bytes)`` of the first highest point of the step's estimate."""
     graph = graphpass.load(graph_path)
-    timeline = live_bytes_timeline(graph, analyze(graph).fetches)
+    timeline = memory_timeline(graph, analyze(graph).fetches)
     peak = max(live for _, live in timeline)
     return next(name for name, live in timeline if live == peak), peak
 

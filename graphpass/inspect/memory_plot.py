@@ -1,9 +1,10 @@
 """A picture of what a rewrite did to memory: live bytes along the training step.
 
 One chart holds a line per graph (the original and the rewritten): at each
-computed node of the step's schedule, the estimated live bytes (the liveness
-estimate of ``graphpass.analysis.memory``). Each line's peak is marked with its value
-and the op where it happens, the backward pass is shaded, and a measured peak
+computed node of the step's schedule, the estimated live bytes (the simulation
+of ``graphpass.analysis.memory``: the runtime's order, buffer forwarding,
+aliasing, folded constants). Each line's peak is marked with its value and the
+op where it happens, the backward pass is shaded, and a measured peak
 (``graphpass verify``) is drawn as a dotted level beside its estimate.
 
 The SVG is deterministic, so a dump of the same input is byte-identical: the
@@ -17,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from graphpass.analysis.memory import format_bytes, live_bytes_timeline
+from graphpass.analysis.memory import format_bytes, memory_timeline
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
 from graphpass.options import RegionOptions
@@ -65,7 +66,7 @@ def step_timeline(graph: Graph, label: str, regions: RegionOptions | None = None
     except GraphpassError as exc:
         raise GraphpassError(f"no memory plot for {label}: it needs the training step "
                              f"({exc})") from None
-    points = live_bytes_timeline(graph, step.fetches)
+    points = memory_timeline(graph, step.fetches)
     if not points:
         raise GraphpassError(f"no memory plot for {label}: its training step computes nothing")
     backward = [i for i, (name, _) in enumerate(points) if step.label(name) == BACKWARD]
