@@ -116,13 +116,17 @@ class Inspect(Command):
                             "(with --rewritten, both graphs on one chart)")
         parser.add_argument("--rewritten", metavar="FILE",
                             help="with --memory-plot: the rewritten graph to draw beside IN")
+        parser.add_argument("--batch-size", type=int, metavar="N",
+                            help="with --memory-plot: the batch of inputs with a dynamic "
+                            "batch dimension (else their tensors count as 0 bytes)")
 
     def run(self, args):
         import graphpass
         from graphpass.inspect.describe import describe
 
-        if args.rewritten and not args.memory_plot:
-            raise GraphpassError("--rewritten only goes with --memory-plot FILE.svg")
+        if (args.rewritten or args.batch_size) and not args.memory_plot:
+            raise GraphpassError("--rewritten and --batch-size go with --memory-plot FILE.svg")
+        _check_batch_size(args.batch_size)
         if args.memory_plot:
             _check_output(Path(args.input), Path(args.memory_plot), False)
         graph = graphpass.load(args.input, tag=args.tag)
@@ -227,8 +231,7 @@ class Verify(Command):
 
         if args.steps < 1:
             raise GraphpassError(f"--steps must be at least 1, not {args.steps}")
-        if args.batch_size is not None and args.batch_size < 1:
-            raise GraphpassError(f"--batch-size must be at least 1, not {args.batch_size}")
+        _check_batch_size(args.batch_size)
         if args.memory_plot:
             _check_output(Path(args.original), Path(args.memory_plot), False)
         options = VerifyOptions(
@@ -357,13 +360,19 @@ def _check_output(source: Path, target: Path, in_place: bool) -> None:
     check_output_parent(target)
 
 
+def _check_batch_size(batch_size: int | None) -> None:
+    if batch_size is not None and batch_size < 1:
+        raise GraphpassError(f"--batch-size must be at least 1, not {batch_size}")
+
+
 def _memory_plot(graphs: list, args: argparse.Namespace, title: str) -> None:
     """``--memory-plot``: the step's live bytes of ``graphs``, written to the SVG file."""
     from graphpass.inspect.memory_plot import write_step_plot
     from graphpass.options import RegionOptions
 
     regions = RegionOptions(loss=args.loss, train_ops=tuple(args.train_op or ()))
-    write_step_plot(graphs, Path(args.memory_plot), title, regions)
+    write_step_plot(graphs, Path(args.memory_plot), title, regions,
+                    args.batch_size)
 
 
 def _write_json(path: Path, data: dict) -> None:

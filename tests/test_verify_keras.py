@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 import graphpass
+from graphpass.analysis.memory import estimated_peak_bytes, format_bytes
+from graphpass.analysis.regions import analyze
 from graphpass.cli import main
 from tools import keras_models
 
@@ -65,11 +67,19 @@ def test_dynamic_batch_without_a_source_names_the_inputs_and_the_fix(transformer
     assert "model_tokens" not in err  # Keras's own input: the step never reads it
 
 
-def test_dynamic_batch_from_batch_size(transformer):
+def test_dynamic_batch_from_batch_size(transformer, tmp_path):
     source, target = transformer
-    status, out, err = _cli("verify", source, target, "--steps", "2", "--batch-size", "4")
+    plot = tmp_path / "memory.svg"
+    status, out, err = _cli("verify", source, target, "--steps", "2", "--batch-size", "4",
+                            "--memory-plot", plot)
     assert status == 0, err
     assert out.strip().endswith("MATCH")
+    # The plot's estimate sizes the batch-dependent tensors with --batch-size too.
+    graph = graphpass.load(source)
+    fetches = analyze(graph).fetches
+    assert estimated_peak_bytes(graph, fetches, 4) > estimated_peak_bytes(graph, fetches)
+    assert f"original peak {format_bytes(estimated_peak_bytes(graph, fetches, 4))} at " \
+        in plot.read_text()
 
 
 def test_dynamic_batch_from_the_other_inputs(transformer, tmp_path):

@@ -52,11 +52,13 @@ class MemoryTimeline:
 
 
 def step_timeline(graph: Graph, label: str, regions: RegionOptions | None = None,
-                  measured_peak_bytes: int | None = None) -> MemoryTimeline:
+                  measured_peak_bytes: int | None = None,
+                  batch_size: int | None = None) -> MemoryTimeline:
     """The estimated live bytes of ``graph``'s training step, node by node.
 
     The step is what region analysis finds (with the user's overrides); a graph
-    without one is the caller's error, said in one line.
+    without one is the caller's error, said in one line. ``batch_size`` stands
+    in for unknown batch dimensions (else their tensors count as zero bytes).
     """
     from graphpass.analysis.regions import BACKWARD
     from graphpass.passes.context import PassContext
@@ -66,7 +68,7 @@ def step_timeline(graph: Graph, label: str, regions: RegionOptions | None = None
     except GraphpassError as exc:
         raise GraphpassError(f"no memory plot for {label}: it needs the training step "
                              f"({exc})") from None
-    points = memory_timeline(graph, step.fetches)
+    points = memory_timeline(graph, step.fetches, batch_size)
     if not points:
         raise GraphpassError(f"no memory plot for {label}: its training step computes nothing")
     backward = [i for i, (name, _) in enumerate(points) if step.label(name) == BACKWARD]
@@ -154,8 +156,9 @@ def _draw(axes, timeline: MemoryTimeline, k: int, scale: int) -> None:
 
 
 def write_step_plot(graphs: list[tuple[str, Graph, int | None]], path: Path, title: str,
-                    regions: RegionOptions | None = None) -> Path:
+                    regions: RegionOptions | None = None, batch_size: int | None = None
+                    ) -> Path:
     """``(label, graph, measured peak or None)`` per line: estimate each step and draw."""
-    timelines = [step_timeline(graph, label, regions, measured)
+    timelines = [step_timeline(graph, label, regions, measured, batch_size)
                  for label, graph, measured in graphs]
     return write_memory_plot(timelines, path, title)
