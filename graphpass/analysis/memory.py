@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from graphpass.analysis.shapes import infer_shapes
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 
@@ -106,6 +107,7 @@ def memory_timeline(graph: Graph, fetches: list[str],
 def memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = None
                    ) -> MemoryProfile:
     """Simulate one step running ``fetches`` (``node`` or ``node:port`` names)."""
+    infer_shapes(graph)
     targets = _fetch_nodes(fetches)
     needed = graph.ancestors(targets) | set(targets)
     order = graph.dialect.schedule(graph, needed)

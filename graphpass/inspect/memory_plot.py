@@ -60,11 +60,11 @@ def step_timeline(graph: Graph, label: str, regions: RegionOptions | None = None
     without one is the caller's error, said in one line. ``batch_size`` stands
     in for unknown batch dimensions (else their tensors count as zero bytes).
     """
+    from graphpass.analysis.manager import AnalysisManager
     from graphpass.analysis.regions import BACKWARD
-    from graphpass.passes.context import PassContext
 
     try:
-        step = PassContext(regions=regions or RegionOptions()).analyze_regions(graph)
+        step = AnalysisManager(regions).regions(graph)
     except GraphpassError as exc:
         raise GraphpassError(f"no memory plot for {label}: it needs the training step "
                              f"({exc})") from None
@@ -82,7 +82,7 @@ def write_memory_plot(timelines: list[MemoryTimeline], path: Path, title: str) -
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from graphpass.formats.detect import atomic_output
+    from graphpass.formats.files import atomic_output
 
     path = Path(path)
     with matplotlib.rc_context(_DETERMINISTIC_SVG):
