@@ -67,6 +67,26 @@ class Dialect(ABC):
         """Reads only the shape of its input, never the values."""
         return False
 
+    def op_class(self, graph: Graph, name: str) -> str:
+        """What the cost model and the ``cheap`` recompute policy know of an op:
+        "matmul" (contractions), "conv", "cheap" (elementwise, activations,
+        normalisation, reductions, reshapes: worth recomputing) or "other"."""
+        op = graph.node(name).op
+        for kind in ("matmul", "conv", "cheap"):
+            if op in self.op_classes.get(kind, ()):
+                return kind
+        return "other"
+
+    #: op type -> class, per class (see ``op_class``)
+    op_classes: dict[str, frozenset[str]] = {}
+
+    def conv_operands(self, graph: Graph, name: str) -> tuple[Tensor, Tensor, int]:
+        """For a convolution or one of its gradients: the output-side activation
+        (forward output or incoming gradient), the kernel, and the channel axis of
+        the former. The cost model charges ``2 |y| |kernel| / C_y``."""
+        inputs = graph.inputs(name)
+        return Tensor(name, 0), inputs[1], 1
+
     def is_variable(self, graph: Graph, name: str) -> bool:
         """A trainable or optimizer state variable."""
         return False

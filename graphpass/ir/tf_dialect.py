@@ -22,6 +22,29 @@ SHAPE_ONLY_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "OnesLike", "Zero
 STEP_INCREMENT_OPS = frozenset({"AssignAdd", "AssignAddVariableOp"})
 INTEGER_DTYPES = frozenset({"int32", "int64"})
 _APPLY_OP = re.compile(r"^(Resource)?(Sparse)?Apply[A-Z]")
+# The cost model's op classes (Dialect.op_class). Gradients of matmuls are matmuls.
+MATMUL_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
+                        "_FusedMatMul"})
+CONV_FORWARD_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "_FusedConv2D"})
+CONV_INPUT_GRAD_OPS = frozenset({"Conv2DBackpropInput", "Conv3DBackpropInputV2",
+                                 "DepthwiseConv2dNativeBackpropInput"})
+CONV_FILTER_GRAD_OPS = frozenset({"Conv2DBackpropFilter", "Conv3DBackpropFilterV2",
+                                  "DepthwiseConv2dNativeBackpropFilter"})
+# Worth recomputing (the `cheap` policy): elementwise math, activations,
+# normalisation (and the reductions it is built of), reshapes and copies.
+CHEAP_OPS = frozenset({
+    "Add", "AddV2", "AddN", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Neg", "Reciprocal",
+    "Square", "SquaredDifference", "Sqrt", "Rsqrt", "Exp", "Log", "Log1p", "Pow", "Abs",
+    "Maximum", "Minimum", "Sign", "Floor", "Cast", "Select", "SelectV2", "Erf", "Tanh",
+    "Sigmoid", "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Softplus", "Softsign", "Gelu",
+    "Softmax", "LogSoftmax", "BiasAdd", "FusedBatchNorm", "FusedBatchNormV2",
+    "FusedBatchNormV3", "Mean", "Sum", "Max", "Min", "Prod", "Reshape", "Transpose",
+    "ExpandDims", "Squeeze", "Identity", "Pad", "PadV2", "MirrorPad", "Slice", "StridedSlice",
+    "ConcatV2", "Pack", "Unpack", "Split", "SplitV", "Tile", "BroadcastTo", "Fill",
+    "ZerosLike", "OnesLike", "Shape", "ShapeN", "Size", "Rank", "MaxPool", "AvgPool",
+    "StopGradient", "Greater", "GreaterEqual", "Less", "LessEqual", "Equal",
+    "NotEqual", "LogicalAnd", "LogicalOr", "LogicalNot",
+})
 
 
 @cache
@@ -48,6 +71,9 @@ def _dtype_enum(name: str) -> int:
 class TFDialect(Dialect):
     name = "tf"
     dependency_modes = ("control", "data")
+    op_classes = {"matmul": MATMUL_OPS,
+                  "conv": CONV_FORWARD_OPS | CONV_INPUT_GRAD_OPS | CONV_FILTER_GRAD_OPS,
+                  "cheap": CHEAP_OPS}
 
     # -- structure ---------------------------------------------------------
 
@@ -75,6 +101,19 @@ class TFDialect(Dialect):
 
     def is_variable(self, graph: Graph, name: str) -> bool:
         return graph.node(name).op in REF_VARIABLE_OPS | {"VarHandleOp"}
+
+    def conv_operands(self, graph: Graph, name: str) -> tuple[Tensor, Tensor, int]:
+        """Forward: (output, filter input). Input gradient: (out_backprop, filter).
+        Filter gradient: (out_backprop, its output, the filter's shape)."""
+        op = graph.node(name).op
+        inputs = graph.inputs(name)
+        channels = 1 if self.get_attr(graph, name, "data_format", "NHWC") \
+            .startswith("NC") else -1
+        if op in CONV_INPUT_GRAD_OPS:
+            return inputs[2], inputs[1], channels
+        if op in CONV_FILTER_GRAD_OPS:
+            return inputs[2], Tensor(name, 0), channels
+        return Tensor(name, 0), inputs[1], channels
 
     def is_variable_value(self, graph: Graph, name: str) -> bool:
         node = graph.node(name)
