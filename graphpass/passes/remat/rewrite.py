@@ -31,13 +31,33 @@ from __future__ import annotations
 
 import difflib
 import re
+import time
 from dataclasses import dataclass, field
 
+from graphpass.analysis.cost import Sizes, check_batch_size
+from graphpass.analysis.forward import ForwardChain, computed_forward, forward_chain
 from graphpass.analysis.memory import estimated_peak_bytes, tensor_bytes
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.passes.base import Pass, RegionOptions
-from graphpass.passes.remat.plan import AUTO, AutoPlan, candidate_scopes, choose_scopes, parse_bytes
+from graphpass.passes.remat.plan import (
+    AUTO,
+    BUDGET,
+    CHEAP,
+    MIN_PEAK,
+    POLICIES,
+    ROUNDS,
+    AutoPlan,
+    ChainPlan,
+    cheap_groups,
+    cheap_keep,
+    describe_runs,
+    over_budget_message,
+    parse_budget,
+    parse_bytes,
+    solve_budget,
+    solve_min_peak,
+)
 
 GENERATED_SCOPE = "graphpass/"
 SCOPE = "graphpass/remat/"
@@ -48,8 +68,11 @@ HINT_ATTR = "_recompute_hint"
 class RematOptions:
     patterns: tuple[str, ...] = ()
     use_hints: bool = False
-    auto: bool = False  # the planner chooses the segments (remat_plan)
-    memory_budget_bytes: int | None = None  # the planner's target; None: least memory
+    auto: bool = False  # the planner chooses what to recompute (plan.py)
+    policy: str = MIN_PEAK  # the planner's policy (plan.POLICIES)
+    memory_budget_bytes: int | None = None  # the planner's target in bytes
+    memory_budget_fraction: float | None = None  # ... or relative to the estimated peak
+    batch_size: int | None = None  # for unknown batch dimensions
     dependency: str | None = None  # None: control for the TF runtime, data otherwise
     tupleize_grads: bool = False
     regions: RegionOptions = field(default_factory=RegionOptions)
@@ -57,10 +80,18 @@ class RematOptions:
 
 @dataclass
 class Segment:
-    """A group of forward nodes recomputed together (one ``recompute_grad`` call)."""
+    """A group of forward nodes recomputed together (one ``recompute_grad`` call).
+
+    By default every value of the segment that gradient ops read and no forward
+    op outside it reads is recomputed, from the segment's inputs. The ``cheap``
+    policy names the values to recompute (``released``) and the values copies
+    read as they are (``kept``), wherever in the forward pass they lie.
+    """
 
     name: str
     nodes: list[str]
+    released: list[Tensor] | None = None
+    kept: frozenset[Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -97,11 +128,22 @@ class RematPass(Pass):
         group.add_argument("--recompute", action="append", metavar="PATTERN",
                            help="regex matched at the start of node names; each distinct "
                                 "matched text is one segment (repeatable); 'auto': the "
-                                "planner chooses name scopes (alone, not with patterns)")
+                                "planner chooses what to recompute from the graph's structure "
+                                "(alone, not with patterns)")
+        group.add_argument("--recompute-policy", choices=POLICIES,
+                           help="with --recompute auto: 'min-peak' (default without a budget) "
+                                "the lowest estimated peak; 'budget' (default with one) the "
+                                "least recompute meeting --memory-budget(-bytes); 'cheap' "
+                                "recompute only elementwise/normalisation/reshape ops, keeping "
+                                "matmul and conv outputs (one min cut over tensor bytes)")
         group.add_argument("--memory-budget-bytes", metavar="N",
                            help="with --recompute auto: recompute as little as keeps the "
-                                "step's estimated peak at most N bytes (or e.g. 300MiB); "
-                                "without it, auto recomputes every scope that saves memory")
+                                "step's estimated peak at most N bytes (or e.g. 300MiB)")
+        group.add_argument("--memory-budget", metavar="F",
+                           help="the same budget relative to the estimated peak of the "
+                                "original step (e.g. 0.6x), or in bytes")
+        group.add_argument("--batch-size", type=int, metavar="N",
+                           help="the planner's size of unknown batch dimensions")
         group.add_argument("--recompute-hints", action="store_true",
                            help="mark by the Grappler-compatible _recompute_hint node attribute "
                                 "(ONNX: a NodeProto metadata_props entry)")
@@ -115,17 +157,23 @@ class RematPass(Pass):
     def from_settings(cls, settings):
         patterns = tuple(settings.get("recompute") or ())
         use_hints = bool(settings.get("recompute_hints"))
-        budget = settings.get("memory_budget_bytes")
-        auto = _check_auto(patterns, use_hints, budget)
+        budget_bytes, fraction = _budget(settings)
+        auto = _check_auto(patterns, use_hints, settings)
         if not patterns and not use_hints:
             return None
         if not auto:
             _check_patterns(patterns)
+        limited = budget_bytes is not None or fraction is not None
+        policy = settings.get("recompute_policy") or (BUDGET if limited else MIN_PEAK)
+        _check_policy(policy, limited)
         return cls(RematOptions(
             patterns=() if auto else patterns,
             use_hints=use_hints,
             auto=auto,
-            memory_budget_bytes=None if budget is None else parse_bytes(budget),
+            policy=policy,
+            memory_budget_bytes=budget_bytes,
+            memory_budget_fraction=fraction,
+            batch_size=settings.get("batch_size"),
             dependency=settings.get("dependency") or _default_dependency(settings),
             tupleize_grads=bool(settings.get("tupleize_grads")),
             regions=RegionOptions.from_settings(settings),
@@ -136,8 +184,8 @@ class RematPass(Pass):
         peak_before = estimated_peak_bytes(graph, step.fetches)
         auto = None
         if self.options.auto:
-            auto = self._auto_plan(graph, step)
-            segments, skipped = self._scope_segments(graph, step, auto.chosen), []
+            auto, segments = self._auto_plan(graph, step, peak_before)
+            skipped = []
         else:
             segments, skipped = self._segments(graph, step.forward, step.backward)
         entries = self._rewrite(graph, segments, step)
@@ -195,34 +243,77 @@ class RematPass(Pass):
 
     # -- the automatic planner ------------------------------------------------
 
-    def _auto_plan(self, graph: Graph, step: _Step) -> AutoPlan:
-        """Candidate scopes, judged by rewriting copies of the graph: the estimate
-        of a selection is the peak of the step with exactly that rewrite."""
-        read_back = [n for n in graph if n in step.forward and not is_generated(n)
-                     and graph.dialect.is_recomputable(graph, n)
-                     and any(u in step.backward for u in graph.data_users(n))]
+    def _auto_plan(self, graph: Graph, step: _Step,
+                   before: int) -> tuple[AutoPlan, list[Segment]]:
+        """The planner (``plan``) on the forward chain; a plan is rewritten on a copy
+        of the graph and estimated once, never per candidate."""
+        start = time.perf_counter()
+        options = self.options
+        check_batch_size(graph, options.batch_size, step.forward)
+        sizes = Sizes(graph, options.batch_size)
+        chain = forward_chain(graph, computed_forward(graph, step.forward), step.backward,
+                              sizes, ignore_reader=is_generated)
+        budget = options.memory_budget_bytes
+        if options.memory_budget_fraction is not None:
+            budget = int(options.memory_budget_fraction * before)
+        plan = AutoPlan(options.policy, budget, len(chain.units), chain.width, "none", 0.0,
+                        before, before, max(0, before - chain.saved_bytes))
 
-        def estimate(scopes: list[str]) -> int:
+        def estimate(segments: list[Segment]) -> int:
             trial = graph.copy()
-            self._rewrite(trial, self._scope_segments(trial, step, scopes), step)
+            self._rewrite(trial, segments, step)
             return estimated_peak_bytes(trial, step.fetches)
 
-        def cost(scope: str) -> int:
-            segment, = self._scope_segments(graph, step, [scope])
-            copies = _plan(graph, segment, step.forward, step.backward).copies
-            return sum(tensor_bytes(graph, Tensor(n, p)) or 0
-                       for n in copies for p in graph.used_ports(n))
+        if any(n.startswith(SCOPE) for n in graph):
+            plan.solver = "none (already rematerialized by graphpass)"
+            segments = []
+        elif options.policy == CHEAP:
+            segments = self._plan_cheap(graph, chain, sizes, plan, estimate)
+        else:
+            segments = self._plan_chain(chain, plan, estimate)
+        plan.seconds = time.perf_counter() - start
+        return plan, segments
 
-        return choose_scopes(candidate_scopes(read_back), estimate, cost,
-                             self.options.memory_budget_bytes)
+    def _plan_chain(self, chain: ForwardChain, plan: AutoPlan, estimate) -> list[Segment]:
+        """``min-peak`` or ``budget``: solve the chain, rewrite once, estimate; a
+        budget missed by the estimate lowers the model's budget by the miss."""
+        units = chain.units
+        lowest = solve_min_peak(units)
+        chosen, estimated = lowest, estimate(_chain_segments(chain, lowest))
+        if plan.budget_bytes is not None and estimated > plan.budget_bytes:
+            raise GraphpassError(over_budget_message(
+                _budget_option(self.options), plan.budget_bytes, estimated,
+                [chain.label(*r) for r in lowest.runs], plan.estimate_before))
+        if plan.budget_bytes is not None:
+            target = plan.budget_bytes - plan.model_offset
+            for plan.rounds in range(1, ROUNDS + 1):
+                found = solve_budget(units, target)
+                if found is None or found.cost >= lowest.cost:
+                    break
+                peak = estimate(_chain_segments(chain, found))
+                if peak <= plan.budget_bytes:
+                    chosen, estimated = found, peak
+                    break
+                target -= peak - plan.budget_bytes
+        plan.solver, plan.gap = "chain dp", chosen.gap
+        plan.estimate = estimated
+        plan.segments = describe_runs(chain, chosen.runs)
+        return _chain_segments(chain, chosen)
 
-    @staticmethod
-    def _scope_segments(graph: Graph, step: _Step, scopes: list[str]) -> list[Segment]:
-        """Each scope's forward nodes, exactly as ``--recompute SCOPE`` marks them."""
+    def _plan_cheap(self, graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,
+                    estimate) -> list[Segment]:
+        """``cheap``: keep what one min cut says; recompute the rest per unit."""
+        keep = frozenset(cheap_keep(graph, chain, sizes))
         segments = []
-        for scope in scopes:
-            names = _match(graph, re.escape(scope)).get(scope, [])
-            segments.append(Segment(scope, [n for n in names if n in step.forward]))
+        for index, released in cheap_groups(chain, keep):
+            label = chain.label(index, index)
+            segments.append(Segment(label, chain.nodes(index, index), released, keep))
+            plan.segments.append({
+                "label": label, "units": [index, index], "nodes": len(released),
+                "estimated_bytes_saved": sum(sizes.bytes(t) for t in released),
+                "recompute_flops": sum(sizes.flops(t.node) for t in _unique(released))})
+        plan.solver, plan.gap = "min cut (networkx max-flow)", 0.0
+        plan.estimate = estimate(segments)
         return segments
 
     # -- rewrite -------------------------------------------------------------
@@ -253,18 +344,52 @@ class RematPass(Pass):
         return entry
 
 
-def _check_auto(patterns: tuple[str, ...], use_hints: bool, budget) -> bool:
+def _check_auto(patterns: tuple[str, ...], use_hints: bool, settings: dict) -> bool:
     """Whether the planner is asked for; refuses mixing it with explicit marks
-    (whose segments it would have to plan around) and a budget without it."""
+    (whose segments it would have to plan around) and planner options without it."""
     auto = AUTO in patterns
     if auto and (len(patterns) > 1 or use_hints):
         raise GraphpassError(
             "--recompute auto chooses the segments itself and cannot be combined with "
             "other --recompute patterns or --recompute-hints; drop either")
-    if budget is not None and not auto:
-        raise GraphpassError("--memory-budget-bytes is the automatic planner's target; "
-                             "add --recompute auto (or drop the budget)")
+    for key in ("memory_budget_bytes", "memory_budget", "recompute_policy", "batch_size"):
+        if settings.get(key) is not None and not auto:
+            raise GraphpassError(f"--{key.replace('_', '-')} is an option of the automatic "
+                                 "planner; add --recompute auto (or drop it)")
     return auto
+
+
+def _budget(settings: dict) -> tuple[int | None, float | None]:
+    """``(bytes, fraction of the estimated peak)`` from the two budget options."""
+    absolute, relative = settings.get("memory_budget_bytes"), settings.get("memory_budget")
+    if absolute is not None and relative is not None:
+        raise GraphpassError("give --memory-budget-bytes or --memory-budget, not both")
+    if relative is not None:
+        return parse_budget(relative)
+    return (None if absolute is None else parse_bytes(absolute)), None
+
+
+def _check_policy(policy: str, limited: bool) -> None:
+    if policy not in POLICIES:
+        raise GraphpassError(f"--recompute-policy {policy!r}: expected one of "
+                             f"{', '.join(POLICIES)}")
+    if limited and policy != BUDGET:
+        raise GraphpassError(f"--recompute-policy {policy} takes no memory budget; drop "
+                             "the budget or use --recompute-policy budget")
+    if policy == BUDGET and not limited:
+        raise GraphpassError("--recompute-policy budget needs --memory-budget-bytes N or "
+                             "--memory-budget 0.6x")
+
+
+def _budget_option(options: RematOptions) -> str:
+    return "--memory-budget" if options.memory_budget_fraction is not None \
+        else "--memory-budget-bytes"
+
+
+def _chain_segments(chain: ForwardChain, plan: ChainPlan) -> list[Segment]:
+    """One segment per recomputed run of units (labels for display only)."""
+    return [Segment(chain.label(first, last), chain.nodes(first, last))
+            for first, last in plan.runs]
 
 
 def _check_patterns(patterns: tuple[str, ...]) -> None:
@@ -330,24 +455,39 @@ def _hint_segments(graph: Graph, forward: set[str],
 def _plan(graph: Graph, segment: Segment, forward: set[str], backward: set[str]) -> _Plan:
     """Decide copies, rewires and triggers for one segment (graph untouched)."""
     dialect = graph.dialect
-    members = set(segment.nodes)
-    recomputable = {n for n in segment.nodes if dialect.is_recomputable(graph, n)}
-    rewires = []
-    for name in segment.nodes:
-        if name not in recomputable:
-            continue
-        for port in graph.used_ports(name):
-            readers = graph.consumers(Tensor(name, port))
-            if _is_boundary(readers, members, forward):
-                continue
-            for consumer, slot in readers:
-                if consumer in backward and not is_generated(consumer):
-                    rewires.append((consumer, slot, Tensor(name, port)))
-    needed = _upstream_within(graph, {t.node for _, _, t in rewires}, recomputable)
-    copies = [n for n in segment.nodes if n in needed]
+    if segment.kept is None:
+        recomputable = {n for n in segment.nodes if dialect.is_recomputable(graph, n)}
+        released = _internal_values(graph, segment, recomputable, forward)
+
+        def recompute(tensor: Tensor) -> bool:
+            return tensor.node in recomputable
+    else:
+        released = segment.released or []
+
+        def recompute(tensor: Tensor) -> bool:
+            return tensor not in segment.kept and tensor.node in forward \
+                and not is_generated(tensor.node) and dialect.is_recomputable(graph, tensor.node)
+    rewires = [(consumer, slot, tensor) for tensor in released
+               for consumer, slot in graph.consumers(tensor)
+               if consumer in backward and not is_generated(consumer)]
+    needed = _upstream(graph, {t.node for _, _, t in rewires}, recompute)
+    if segment.kept is None:
+        copies = [n for n in segment.nodes if n in needed]
+    else:
+        copies = [n for n in graph if n in needed]
     consumers = {c for c, _, _ in rewires}
     return _Plan(copies=copies, rewires=rewires,
                  triggers=_triggers(graph, consumers, backward))
+
+
+def _internal_values(graph: Graph, segment: Segment, recomputable: set[str],
+                     forward: set[str]) -> list[Tensor]:
+    """The values a segment recomputes: those of its recomputable nodes that no
+    forward node outside it reads (those are boundaries, kept anyway)."""
+    members = set(segment.nodes)
+    return [Tensor(name, port) for name in segment.nodes if name in recomputable
+            for port in graph.used_ports(name)
+            if not _is_boundary(graph.consumers(Tensor(name, port)), members, forward)]
 
 
 def _triggers(graph: Graph, consumers: set[str], backward: set[str]) -> list[Tensor]:
@@ -408,13 +548,14 @@ def _is_boundary(readers: list[tuple[str, int]], members: set[str], forward: set
     return any(c in forward and c not in members for c, _ in readers)
 
 
-def _upstream_within(graph: Graph, names: set[str], allowed: set[str]) -> set[str]:
-    """``names`` and their data ancestors reachable without leaving ``allowed``."""
+def _upstream(graph: Graph, names: set[str], recompute) -> set[str]:
+    """``names`` and the producers of the values they read that ``recompute``
+    accepts, transitively: what must be copied to recompute ``names``."""
     seen = set(names)
     stack = list(names)
     while stack:
         for tensor in graph.inputs(stack.pop()):
-            if tensor.node in allowed and tensor.node not in seen:
+            if tensor.node not in seen and recompute(tensor):
                 seen.add(tensor.node)
                 stack.append(tensor.node)
     return seen
@@ -531,7 +672,7 @@ def _leaves(readers: list[tuple[str, int]], ops: set[str], internal: set[str]) -
 
 def _report(entries: list[dict], skipped: list[str], dependency: str, peak_before: int,
             peak_after: int, auto: AutoPlan | None = None) -> dict:
-    summary = [auto.summary()] if auto else []
+    summary = auto.summary() if auto else []
     for e in entries:
         line = f"segment {e['segment']}: "
         if e["copied"]:

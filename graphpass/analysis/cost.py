@@ -19,9 +19,9 @@ import math
 
 import numpy as np
 
+from graphpass.analysis.memory import np_dtype
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
-from graphpass.ir.memory import np_dtype
 
 #: Op classes a dialect reports (``Dialect.op_class``).
 MATMUL, CONV, CHEAP, OTHER = "matmul", "conv", "cheap", "other"
@@ -89,15 +89,18 @@ class Sizes:
         return 2 * int(np.prod(y_shape, dtype=np.int64)) * k_elements // y_shape[channel_axis]
 
 
-def check_batch_size(graph: Graph, batch_size: int | None) -> None:
-    """Refuse to plan on a graph whose fed inputs have an unknown batch dimension
-    when no ``--batch-size`` says what it is: every activation would count as 0 bytes."""
+def check_batch_size(graph: Graph, batch_size: int | None, used: set[str]) -> None:
+    """Refuse to plan on a graph whose fed inputs (those among ``used``, the step's
+    forward pass) have an unknown batch dimension when no ``--batch-size`` says
+    what it is: every activation would count as 0 bytes."""
     if batch_size is not None:
         if batch_size < 1:
             raise GraphpassError(f"--batch-size {batch_size}: must be a positive integer")
         return
     dialect = graph.dialect
     for name in dialect.graph_inputs(graph):
+        if name not in used:
+            continue
         shape = dialect.shape(graph, Tensor(name, 0))
         if shape and (shape[0] is None or shape[0] < 0):
             dims = ", ".join("?" if d is None or d < 0 else str(d) for d in shape)
