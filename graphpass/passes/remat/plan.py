@@ -206,7 +206,7 @@ def solve_budget(units: list[Unit], budget: int, quantum: int | None = None
 def solve_min_peak(units: list[Unit]) -> ChainPlan:
     """The lowest model peak (bisection over the budget program's feasibility, to
     one quantum), and the least recompute reaching it."""
-    high = sum(u.saved_bytes for u in units) + max((u.cut_bytes for u in units), default=0)
+    high = model_peak(units, ())
     quantum = max(1, high // RESOLUTION)
     best = solve_budget(units, high, quantum) or ChainPlan((), 0, model_peak(units, ()))
     low = 0

@@ -52,6 +52,7 @@ from graphpass.passes.remat.plan import (
     cheap_groups,
     cheap_keep,
     describe_runs,
+    model_peak,
     over_budget_message,
     parse_budget,
     parse_bytes,
@@ -257,7 +258,7 @@ class RematPass(Pass):
         if options.memory_budget_fraction is not None:
             budget = int(options.memory_budget_fraction * before)
         plan = AutoPlan(options.policy, budget, len(chain.units), chain.width, "none", 0.0,
-                        before, before, max(0, before - chain.saved_bytes))
+                        before, before, max(0, before - model_peak(chain.units, ())))
 
         def estimate(segments: list[Segment]) -> int:
             trial = graph.copy()
@@ -275,26 +276,33 @@ class RematPass(Pass):
         return plan, segments
 
     def _plan_chain(self, chain: ForwardChain, plan: AutoPlan, estimate) -> list[Segment]:
-        """``min-peak`` or ``budget``: solve the chain, rewrite once, estimate; a
-        budget missed by the estimate lowers the model's budget by the miss."""
+        """``min-peak`` or ``budget``: solve the chain, rewrite once, estimate. A
+        budget plan is searched by bisection over the model's budget, between the
+        lowest plan (known to fit) and the budget less the model's offset, keeping
+        the cheapest plan whose estimate fits; ``ROUNDS`` estimates at most."""
         units = chain.units
-        lowest = solve_min_peak(units)
-        chosen, estimated = lowest, estimate(_chain_segments(chain, lowest))
-        if plan.budget_bytes is not None and estimated > plan.budget_bytes:
+        chosen = solve_min_peak(units)
+        estimated = estimate(_chain_segments(chain, chosen))
+        budget = plan.budget_bytes
+        if budget is not None and estimated > budget:
             raise GraphpassError(over_budget_message(
-                _budget_option(self.options), plan.budget_bytes, estimated,
-                [chain.label(*r) for r in lowest.runs], plan.estimate_before))
-        if plan.budget_bytes is not None:
-            target = plan.budget_bytes - plan.model_offset
+                _budget_option(self.options), budget, estimated,
+                [chain.label(*r) for r in chosen.runs], plan.estimate_before))
+        if budget is not None:
+            low, high = chosen.peak, budget - plan.model_offset
+            target = high
             for plan.rounds in range(1, ROUNDS + 1):
                 found = solve_budget(units, target)
-                if found is None or found.cost >= lowest.cost:
+                if found is None or found.cost >= chosen.cost:
                     break
                 peak = estimate(_chain_segments(chain, found))
-                if peak <= plan.budget_bytes:
-                    chosen, estimated = found, peak
+                if peak <= budget:
+                    chosen, estimated, low = found, peak, target
+                else:
+                    high = target
+                if high - low <= budget // 100:
                     break
-                target -= peak - plan.budget_bytes
+                target = (low + high) // 2
         plan.solver, plan.gap = "chain dp", chosen.gap
         plan.estimate = estimated
         plan.segments = describe_runs(chain, chosen.runs)
