@@ -38,26 +38,17 @@ Policies (``--recompute-policy``):
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from graphpass.analysis.forward import ForwardChain, Unit
-from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
+from graphpass.units import format_bytes
 
-#: The ``--recompute`` value that asks for the planner.
-AUTO = "auto"
-#: ``--recompute-policy`` names.
-MIN_PEAK, BUDGET, CHEAP = "min-peak", "budget", "cheap"
-POLICIES = (MIN_PEAK, BUDGET, CHEAP)
 #: How often a budget plan is re-solved after its rewrite missed the budget.
 ROUNDS = 4
 #: Byte resolution of the chain program: the budget in this many quanta.
 RESOLUTION = 2000
 
-_UNITS = {"": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
-_RELATIVE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*x\s*")
 
 
 @dataclass(frozen=True)
@@ -104,40 +95,15 @@ class AutoPlan:
     def summary(self) -> list[str]:
         """One line for the plan, then one per recomputed segment."""
         budget = "" if self.budget_bytes is None else \
-            f" (budget {_size(self.budget_bytes)}, {'met' if self.met else 'NOT met'})"
+            f" (budget {format_bytes(self.budget_bytes)}, {'met' if self.met else 'NOT met'})"
         gap = "n/a" if self.gap is None else f"{self.gap:.1%}"
         lines = [f"auto ({self.policy}): {len(self.segments)} segments recomputed of "
                  f"{self.units} units (cut width {self.cut_width}); estimate "
-                 f"{_size(self.estimate_before)} -> {_size(self.estimate)}{budget}; solver "
-                 f"{self.solver}, gap {gap}; {self.seconds:.1f} s"]
-        lines += [f"  {s['label']}: saves ~{_size(s['estimated_bytes_saved'])}, recomputes "
-                  f"{s['recompute_flops'] / 1e6:.1f} MFLOP" for s in self.segments]
+                 f"{format_bytes(self.estimate_before)} -> {format_bytes(self.estimate)}"
+                 f"{budget}; solver {self.solver}, gap {gap}; {self.seconds:.1f} s"]
+        lines += [f"  {s['label']}: saves ~{format_bytes(s['estimated_bytes_saved'])}, "
+                  f"recomputes {s['recompute_flops'] / 1e6:.1f} MFLOP" for s in self.segments]
         return lines
-
-
-def parse_bytes(value: int | str, option: str = "--memory-budget-bytes") -> int:
-    """A byte count: an integer, or a number with a binary unit (``300MiB``, ``1.5GiB``)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        amount, unit = value, ""
-    else:
-        found = _SIZE.fullmatch(str(value))
-        if not found or found.group(2) not in _UNITS:
-            raise GraphpassError(
-                f"{option} {value!r}: expected a byte count such as 314572800 "
-                f"or a number with a unit ({', '.join(u for u in _UNITS if u)}), e.g. 300MiB")
-        amount, unit = float(found.group(1)), found.group(2)
-    if amount < 0:
-        raise GraphpassError(f"{option} {value!r}: must not be negative")
-    return int(amount * _UNITS[unit])
-
-
-def parse_budget(value: str) -> tuple[int | None, float | None]:
-    """``--memory-budget``: ``0.6x`` (of the estimated original peak) or a byte count.
-    Returns ``(bytes, None)`` or ``(None, fraction)``."""
-    found = _RELATIVE.fullmatch(str(value))
-    if found:
-        return None, float(found.group(1))
-    return parse_bytes(value, "--memory-budget"), None
 
 
 # -- the chain model ---------------------------------------------------------
@@ -345,13 +311,6 @@ def over_budget_message(option: str, budget: int, best: int, labels: list[str],
                         before: int) -> str:
     """The exit-2 line: the budget, the best estimate any plan reaches, and that plan."""
     shown = ", ".join(labels[:4]) + (f" and {len(labels) - 4} more" if len(labels) > 4 else "")
-    return (f"{option} {budget} ({_size(budget)}) cannot be met: the best estimated peak "
-            f"reached is {best} bytes ({_size(best)}, from {_size(before)}), recomputing "
-            f"{len(labels)} segments ({shown or 'none'}); raise the budget")
-
-
-def _size(value: int) -> str:
-    """Bytes for people: MiB, or KiB below one MiB (small test graphs)."""
-    if value < 2**20:
-        return f"{value / 2**10:.1f} KiB"
-    return f"{value / 2**20:.2f} MiB"
+    return (f"{option} {budget} ({format_bytes(budget)}) cannot be met: the best estimated "
+            f"peak reached is {best} bytes ({format_bytes(best)}, from {format_bytes(before)}), "
+            f"recomputing {len(labels)} segments ({shown or 'none'}); raise the budget")

@@ -32,20 +32,17 @@ from __future__ import annotations
 import difflib
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from graphpass.analysis.cost import Sizes, check_batch_size
 from graphpass.analysis.forward import ForwardChain, computed_forward, forward_chain
 from graphpass.analysis.memory import estimated_peak_bytes, tensor_bytes
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
-from graphpass.passes.base import Pass, RegionOptions
+from graphpass.options import CHEAP, RematOptions
+from graphpass.passes.base import Pass
+from graphpass.passes.context import PassContext
 from graphpass.passes.remat.plan import (
-    AUTO,
-    BUDGET,
-    CHEAP,
-    MIN_PEAK,
-    POLICIES,
     ROUNDS,
     AutoPlan,
     ChainPlan,
@@ -54,8 +51,6 @@ from graphpass.passes.remat.plan import (
     describe_runs,
     model_peak,
     over_budget_message,
-    parse_budget,
-    parse_bytes,
     solve_budget,
     solve_min_peak,
 )
@@ -63,20 +58,6 @@ from graphpass.passes.remat.plan import (
 GENERATED_SCOPE = "graphpass/"
 SCOPE = "graphpass/remat/"
 HINT_ATTR = "_recompute_hint"
-
-
-@dataclass(frozen=True)
-class RematOptions:
-    patterns: tuple[str, ...] = ()
-    use_hints: bool = False
-    auto: bool = False  # the planner chooses what to recompute (plan.py)
-    policy: str = MIN_PEAK  # the planner's policy (plan.POLICIES)
-    memory_budget_bytes: int | None = None  # the planner's target in bytes
-    memory_budget_fraction: float | None = None  # ... or relative to the estimated peak
-    batch_size: int | None = None  # for unknown batch dimensions
-    dependency: str | None = None  # None: control for the TF runtime, data otherwise
-    tupleize_grads: bool = False
-    regions: RegionOptions = field(default_factory=RegionOptions)
 
 
 @dataclass
@@ -124,64 +105,10 @@ class RematPass(Pass):
 
     name = "remat"
 
-    @classmethod
-    def add_arguments(cls, group):
-        group.add_argument("--recompute", action="append", metavar="PATTERN",
-                           help="regex matched at the start of node names; each distinct "
-                                "matched text is one segment (repeatable); 'auto': the "
-                                "planner chooses what to recompute from the graph's structure "
-                                "(alone, not with patterns)")
-        group.add_argument("--recompute-policy", choices=POLICIES,
-                           help="with --recompute auto: 'min-peak' (default without a budget) "
-                                "the lowest estimated peak; 'budget' (default with one) the "
-                                "least recompute meeting --memory-budget(-bytes); 'cheap' "
-                                "recompute only elementwise/normalisation/reshape ops, keeping "
-                                "matmul and conv outputs (one min cut over tensor bytes)")
-        group.add_argument("--memory-budget-bytes", metavar="N",
-                           help="with --recompute auto: recompute as little as keeps the "
-                                "step's estimated peak at most N bytes (or e.g. 300MiB)")
-        group.add_argument("--memory-budget", metavar="F",
-                           help="the same budget relative to the estimated peak of the "
-                                "original step (e.g. 0.6x), or in bytes")
-        group.add_argument("--batch-size", type=int, metavar="N",
-                           help="the planner's size of unknown batch dimensions")
-        group.add_argument("--recompute-hints", action="store_true",
-                           help="mark by the Grappler-compatible _recompute_hint node attribute "
-                                "(ONNX: a NodeProto metadata_props entry)")
-        group.add_argument("--dependency", choices=["control", "data"],
-                           help="how copies are ordered (default: control for --target tf, "
-                                "data for xla and ONNX)")
-        group.add_argument("--tupleize-grads", action="store_true",
-                           help="release a segment's gradients only when all are computed")
+    options: RematOptions
 
-    @classmethod
-    def from_settings(cls, settings):
-        patterns = tuple(settings.get("recompute") or ())
-        use_hints = bool(settings.get("recompute_hints"))
-        budget_bytes, fraction = _budget(settings)
-        auto = _check_auto(patterns, use_hints, settings)
-        if not patterns and not use_hints:
-            return None
-        if not auto:
-            _check_patterns(patterns)
-        limited = budget_bytes is not None or fraction is not None
-        policy = settings.get("recompute_policy") or (BUDGET if limited else MIN_PEAK)
-        _check_policy(policy, limited)
-        return cls(RematOptions(
-            patterns=() if auto else patterns,
-            use_hints=use_hints,
-            auto=auto,
-            policy=policy,
-            memory_budget_bytes=budget_bytes,
-            memory_budget_fraction=fraction,
-            batch_size=settings.get("batch_size"),
-            dependency=settings.get("dependency") or _default_dependency(settings),
-            tupleize_grads=bool(settings.get("tupleize_grads")),
-            regions=RegionOptions.from_settings(settings),
-        ))
-
-    def run(self, graph: Graph) -> bool:
-        step = self._analyze(graph)
+    def run(self, graph: Graph, ctx: PassContext) -> bool:
+        step = self._analyze(graph, ctx)
         peak_before = estimated_peak_bytes(graph, step.fetches)
         auto = None
         if self.options.auto:
@@ -195,17 +122,17 @@ class RematPass(Pass):
         self.report = _report(entries, skipped, step.dependency, peak_before, peak_after, auto)
         return changed
 
-    def _analyze(self, graph: Graph) -> _Step:
+    def _analyze(self, graph: Graph, ctx: PassContext) -> _Step:
         """Dependency mode, regions and fetches, once: the planner's trial rewrites
         of copies of the graph reuse them (node names are the same there)."""
         modes = graph.dialect.dependency_modes
-        dependency = self.options.dependency or modes[0]
+        dependency = self.options.dependency or ctx.dependency or modes[0]
         if dependency not in modes:
             raise GraphpassError(
                 f"--dependency {dependency} is not possible for {graph.format} graphs "
                 f"(they support: {', '.join(modes)})"
             )
-        regions = self.options.regions.analyze(graph)
+        regions = ctx.analyze_regions(graph)
         fetches = [t for s in regions.steps for t in s.train_ops or [s.train_op]]
         fetches += [s.loss.node for s in regions.steps]
         return _Step(forward=set(regions.nodes("forward")),
@@ -352,43 +279,6 @@ class RematPass(Pass):
         return entry
 
 
-def _check_auto(patterns: tuple[str, ...], use_hints: bool, settings: dict) -> bool:
-    """Whether the planner is asked for; refuses mixing it with explicit marks
-    (whose segments it would have to plan around) and planner options without it."""
-    auto = AUTO in patterns
-    if auto and (len(patterns) > 1 or use_hints):
-        raise GraphpassError(
-            "--recompute auto chooses the segments itself and cannot be combined with "
-            "other --recompute patterns or --recompute-hints; drop either")
-    for key in ("memory_budget_bytes", "memory_budget", "recompute_policy", "batch_size"):
-        if settings.get(key) is not None and not auto:
-            raise GraphpassError(f"--{key.replace('_', '-')} is an option of the automatic "
-                                 "planner; add --recompute auto (or drop it)")
-    return auto
-
-
-def _budget(settings: dict) -> tuple[int | None, float | None]:
-    """``(bytes, fraction of the estimated peak)`` from the two budget options."""
-    absolute, relative = settings.get("memory_budget_bytes"), settings.get("memory_budget")
-    if absolute is not None and relative is not None:
-        raise GraphpassError("give --memory-budget-bytes or --memory-budget, not both")
-    if relative is not None:
-        return parse_budget(relative)
-    return (None if absolute is None else parse_bytes(absolute)), None
-
-
-def _check_policy(policy: str, limited: bool) -> None:
-    if policy not in POLICIES:
-        raise GraphpassError(f"--recompute-policy {policy!r}: expected one of "
-                             f"{', '.join(POLICIES)}")
-    if limited and policy != BUDGET:
-        raise GraphpassError(f"--recompute-policy {policy} takes no memory budget; drop "
-                             "the budget or use --recompute-policy budget")
-    if policy == BUDGET and not limited:
-        raise GraphpassError("--recompute-policy budget needs --memory-budget-bytes N or "
-                             "--memory-budget 0.6x")
-
-
 def _budget_option(options: RematOptions) -> str:
     return "--memory-budget" if options.memory_budget_fraction is not None \
         else "--memory-budget-bytes"
@@ -398,21 +288,6 @@ def _chain_segments(chain: ForwardChain, plan: ChainPlan) -> list[Segment]:
     """One segment per recomputed run of units (labels for display only)."""
     return [Segment(chain.label(first, last), chain.nodes(first, last))
             for first, last in plan.runs]
-
-
-def _check_patterns(patterns: tuple[str, ...]) -> None:
-    for pattern in patterns:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise GraphpassError(f"--recompute {pattern!r} is not a valid regex: {exc}") from None
-
-
-def _default_dependency(settings: dict) -> str | None:
-    """Data for XLA (it ignores control edges); otherwise decided by the format."""
-    from graphpass.passes.lower import resolve_target
-
-    return "data" if resolve_target(settings) == "xla" else None
 
 
 def _match(graph: Graph, pattern: str) -> dict[str, list[str]]:
