@@ -64,7 +64,8 @@ class Unit:
     end: int
     saved_bytes: int = 0  # saved values produced here
     pinned_bytes: int = 0  # of those, what recomputing cannot release (stateful producers)
-    cut_bytes: int = 0  # what crosses the cut after the unit
+    cut_saved_bytes: int = 0  # what crosses the cut after the unit, saved anyway
+    cut_free_bytes: int = 0  # ... and what crosses it but the backward does not read
     flops: int = 0  # recomputing every recomputable op here
 
 
@@ -110,7 +111,7 @@ def forward_chain(graph: Graph, nodes: list[str], backward: set[str],
     saved_at = [0] * len(order)
     pinned_at = [0] * len(order)
     flops_at = [0] * len(order)
-    crossing = []  # (producer position, last forward reader position, bytes)
+    crossing = []  # (producer position, last forward reader position, bytes, saved)
     for i, name in enumerate(order):
         recomputable = dialect.is_recomputable(graph, name)
         if recomputable:
@@ -120,22 +121,23 @@ def forward_chain(graph: Graph, nodes: list[str], backward: set[str],
             readers = [c for c, _ in graph.consumers(tensor) if not ignore_reader(c)]
             size = sizes.bytes(tensor)
             last = max((position[c] for c in readers if c in position), default=i)
-            if last > i:
-                crossing.append((i, last, size))
             grads = sorted({c for c in readers if c in backward})
+            if last > i:
+                crossing.append((i, last, size, bool(grads)))
             if grads:
                 saved.append(SavedValue(tensor, graph.node(name).op, sizes.shape(tensor), size,
                                         grads, recomputable))
                 saved_at[i] += size
                 pinned_at[i] += 0 if recomputable else size
-    counts, widths = _crossings(len(order), crossing)
+    counts, saved_widths, free_widths = _crossings(len(order), crossing)
     width = _cut_width(counts)
     cuts = [i for i in range(len(order) - 1) if counts[i] <= width]
     units = []
     start = 0
     for end in cuts + [len(order) - 1]:
         unit = Unit(start, end + 1, sum(saved_at[start:end + 1]),
-                    sum(pinned_at[start:end + 1]), widths[end], sum(flops_at[start:end + 1]))
+                    sum(pinned_at[start:end + 1]), saved_widths[end], free_widths[end],
+                    sum(flops_at[start:end + 1]))
         units.append(unit)
         start = end + 1
     saved.sort(key=lambda v: (-v.bytes, position[v.tensor.node], v.tensor.port))
@@ -164,23 +166,23 @@ def _as_late_as_possible(graph: Graph, nodes: list[str]) -> list[str]:
     return reverse[::-1]
 
 
-def _crossings(n: int, crossing: list[tuple[int, int, int]]) -> tuple[list[int], list[int]]:
-    """Per cut position ``i`` (after op ``i``): how many values cross it, and their bytes."""
-    count_diff = [0] * (n + 1)
-    bytes_diff = [0] * (n + 1)
-    for first, last, size in crossing:
-        count_diff[first] += 1
-        count_diff[last] -= 1
-        bytes_diff[first] += size
-        bytes_diff[last] -= size
-    counts, widths = [], []
-    count = width = 0
-    for i in range(n):
-        count += count_diff[i]
-        width += bytes_diff[i]
-        counts.append(count)
-        widths.append(width)
-    return counts, widths
+def _crossings(n: int, crossing: list[tuple[int, int, int, bool]]
+               ) -> tuple[list[int], list[int], list[int]]:
+    """Per cut position ``i`` (after op ``i``): how many values cross it, and the
+    bytes of those the backward reads and of the others (difference arrays)."""
+    diffs = [[0] * (n + 1) for _ in range(3)]
+    for first, last, size, saved in crossing:
+        for diff, amount in zip(diffs, (1, size if saved else 0, 0 if saved else size)):
+            diff[first] += amount
+            diff[last] -= amount
+    sums = []
+    for diff in diffs:
+        running, values = 0, []
+        for i in range(n):
+            running += diff[i]
+            values.append(running)
+        sums.append(values)
+    return sums[0], sums[1], sums[2]
 
 
 def _cut_width(counts: list[int]) -> int:

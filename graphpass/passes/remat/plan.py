@@ -5,11 +5,13 @@ the forward pass's structure (``graphpass.analysis.forward``: units between
 narrow cuts, the values the backward pass keeps), never on names, with an
 incremental model instead of trial rewrites:
 
-* a run of units ``a..e`` recomputed keeps only what crosses its end (the next
-  segment's checkpoint) and what no copy can recompute (stateful producers);
-  while its gradient runs, everything the backward reads inside it is live
-  again. So with ``P`` the bytes kept before it, the step needs
-  ``P + saved(a..e) + cut(e)`` at that point, and ``P + kept(a..e)`` after it;
+* a run of units ``a..e`` recomputed keeps only what crosses its ends (its
+  input, which its copies read, and its output if the backward reads it) and
+  what no copy can recompute (stateful producers); while its gradient runs,
+  everything the backward reads inside it is live again. So with ``P`` the
+  bytes kept before it, the step needs ``P + input + saved(a..e)`` at that
+  point, and ``P + kept(a..e)`` after it; a kept unit keeps what the backward
+  reads of it;
   the model's peak is the largest such figure (Chen et al.'s chain model) plus
   a constant for what the model does not see (gradients, temporaries):
   the gap between the calibrated estimate of the original step
@@ -118,13 +120,20 @@ class _Prefix:
         self.pinned = _prefix(u.pinned_bytes for u in units)
         self.flops = _prefix(u.flops for u in units)
 
+    def entry(self, first: int) -> int:
+        """Bytes crossing into a run from the unit before that the backward does not
+        read: kept only because the run's copies read them."""
+        return self.units[first - 1].cut_free_bytes if first else 0
+
     def live(self, first: int, last: int) -> int:
-        """Bytes live while the run's gradient runs (all of it recomputed)."""
-        return self.saved[last + 1] - self.saved[first] + self.units[last].cut_bytes
+        """Bytes live while the run's gradient runs: all of it recomputed, and its input."""
+        return self.saved[last + 1] - self.saved[first] + self.entry(first)
 
     def kept(self, first: int, last: int) -> int:
-        """Bytes the run keeps from the forward pass when recomputed."""
-        return self.pinned[last + 1] - self.pinned[first] + self.units[last].cut_bytes
+        """Bytes the run keeps from the forward pass when recomputed: its input, its
+        output if the backward reads it, what no copy can recompute."""
+        return (self.pinned[last + 1] - self.pinned[first] + self.units[last].cut_saved_bytes
+                + self.entry(first))
 
     def cost(self, first: int, last: int) -> int:
         return self.flops[last + 1] - self.flops[first]
