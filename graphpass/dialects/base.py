@@ -79,6 +79,8 @@ class Dialect(ABC):
 
     #: op type -> class, per class (see ``op_class``)
     op_classes: dict[str, frozenset[str]] = {}
+    #: products the runtime's graph optimizer may fold a constant factor into
+    constant_folded_ops: frozenset[str] = frozenset()
 
     def conv_operands(self, graph: Graph, name: str) -> tuple[Tensor, Tensor, int]:
         """For a convolution or one of its gradients: the output-side activation

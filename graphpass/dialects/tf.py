@@ -74,6 +74,7 @@ class TFDialect(Dialect):
     op_classes = {"matmul": MATMUL_OPS,
                   "conv": CONV_FORWARD_OPS | CONV_INPUT_GRAD_OPS | CONV_FILTER_GRAD_OPS,
                   "cheap": CHEAP_OPS}
+    constant_folded_ops = frozenset({"Mul", "RealDiv", "Div"})
 
     # -- structure ---------------------------------------------------------
 

@@ -293,16 +293,20 @@ def describe_runs(chain: ForwardChain, runs: tuple[tuple[int, int], ...]) -> lis
 def cheap_keep(graph: Graph, chain: ForwardChain, sizes) -> set[Tensor]:
     """The forward values to keep when only cheap ops may be recomputed: one minimum
     cut (source: values that must be computed in the forward pass; sink: values
-    gradient ops read; capacity: bytes)."""
+    gradient ops read; capacity: bytes). Values computed from shapes and stored
+    values alone (a layer norm's ``ones(Shape(x))``) are kept as they are: they
+    are small, and Grappler folds them in the original but not in a copy that
+    waits on a trigger, which changes the arithmetic."""
     import networkx as nx
 
     dialect = graph.dialect
     members = set(chain.order)
     saved = {v.tensor for v in chain.saved}
+    static = _static(graph, chain.order)
     flow = nx.DiGraph()
     for name in chain.order:
-        banned = not dialect.is_recomputable(graph, name) or \
-            dialect.op_class(graph, name) != "cheap"
+        banned = name in static or not dialect.is_recomputable(graph, name) or \
+            dialect.op_class(graph, name) != "cheap" or _folds_constant(graph, name)
         inputs = [t for t in graph.inputs(name) if t.node in members]
         for port in graph.used_ports(name):
             tensor = Tensor(name, port)
@@ -316,11 +320,39 @@ def cheap_keep(graph: Graph, chain: ForwardChain, sizes) -> set[Tensor]:
     if "source" not in flow or "sink" not in flow:
         return set(saved)
     _, (reachable, _) = nx.minimum_cut(flow, "source", "sink")
-    return {t for t in saved if ("in", t) in reachable and ("out", t) not in reachable}
+    return {t for t in saved if ("in", t) in reachable and ("out", t) not in reachable} | \
+        {Tensor(n, p) for n in static for p in graph.used_ports(n)}
 
 
-def cheap_groups(chain: ForwardChain, keep: set[Tensor]) -> list[tuple[int, list[Tensor]]]:
-    """The values to recompute (saved, not kept), grouped by the unit producing them."""
+def _folds_constant(graph: Graph, name: str) -> bool:
+    """A product with a constant factor: Grappler's arithmetic optimizer folds and
+    pushes such constants across neighbouring products, and does so differently
+    once the original's other readers (gradient ops) have moved to the copy, so
+    the copy would not compute the original's bits (seen on tf_keras's GELU)."""
+    dialect = graph.dialect
+    return graph.node(name).op in dialect.constant_folded_ops and any(
+        dialect.is_source(graph, t.node) and not dialect.is_variable_value(graph, t.node)
+        and t.node not in dialect.graph_inputs(graph) for t in graph.inputs(name))
+
+
+def _static(graph: Graph, order: list[str]) -> set[str]:
+    """Ops of ``order`` (topological) computed from shapes, constants and variables
+    only (not from fed values)."""
+    dialect = graph.dialect
+    members = set(order)
+    fed = set(dialect.graph_inputs(graph))
+    static: set[str] = set()
+    for name in order:
+        if dialect.is_shape_only(graph, name) or all(
+                t.node in static or (t.node not in members and t.node not in fed)
+                for t in graph.inputs(name)):
+            static.add(name)
+    return static
+
+
+def cheap_groups(chain: ForwardChain, keep: set[Tensor]) -> list[tuple[str, list[Tensor]]]:
+    """The values to recompute (saved, not kept), one group per unit producing them,
+    so each group is recomputed when the gradient reaches its own unit."""
     unit_of = {}
     for index, unit in enumerate(chain.units):
         for name in chain.order[unit.start:unit.end]:
@@ -329,7 +361,7 @@ def cheap_groups(chain: ForwardChain, keep: set[Tensor]) -> list[tuple[int, list
     for value in chain.saved:
         if value.tensor not in keep and value.recomputable:
             groups.setdefault(unit_of[value.tensor.node], []).append(value.tensor)
-    return [(index, sorted(groups[index])) for index in sorted(groups)]
+    return [(chain.label(index, index), sorted(groups[index])) for index in sorted(groups)]
 
 
 def over_budget_message(option: str, budget: int, best: int, labels: list[str],

@@ -240,13 +240,12 @@ class RematPass(Pass):
         """``cheap``: keep what one min cut says; recompute the rest per unit."""
         keep = frozenset(cheap_keep(graph, chain, sizes))
         segments = []
-        for index, released in cheap_groups(chain, keep):
-            label = chain.label(index, index)
-            segments.append(Segment(label, chain.nodes(index, index), released, keep))
+        for label, released in cheap_groups(chain, keep):
+            segments.append(Segment(label, [], released, keep))
             plan.segments.append({
-                "label": label, "units": [index, index], "nodes": len(released),
+                "label": label, "nodes": len(_unique(t.node for t in released)),
                 "estimated_bytes_saved": sum(sizes.bytes(t) for t in released),
-                "recompute_flops": sum(sizes.flops(t.node) for t in _unique(released))})
+                "recompute_flops": sum(sizes.flops(n) for n in _unique(t.node for t in released))})
         plan.solver, plan.gap = "min cut (networkx max-flow)", 0.0
         plan.estimate = estimate(segments)
         return segments
@@ -448,8 +447,9 @@ def _copy_nodes(graph: Graph, originals: list[str]) -> dict[str, str]:
     """Copy ``originals`` (in graph order) under ``graphpass/remat/``; inputs inside
     the copied set point at the copies, everything else at the original tensors."""
     dialect = graph.dialect
-    copy_of = {n: graph.unique_name(SCOPE + n) for n in originals}
-    for name in originals:
+    copy_of = {}
+    for name in originals:  # one at a time: a name taken here is not free for the next
+        copy_of[name] = graph.unique_name(SCOPE + name)
         dialect.copy_node(graph, name, copy_of[name])
     for name in originals:
         for slot, tensor in graph.input_slots(name).items():
