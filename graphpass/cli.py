@@ -110,6 +110,12 @@ class Inspect(Command):
         parser.add_argument("--xla", action="store_true",
                             help="check every op of the training step for an XLA kernel "
                                  "(exit 1 if some have none)")
+        parser.add_argument("--saved", action="store_true",
+                            help="list every forward value the backward pass keeps: producer "
+                                 "op, shape, bytes, the gradient ops reading it; largest "
+                                 "first, with the total")
+        parser.add_argument("--batch-size", type=int, metavar="N",
+                            help="with --saved: the size of unknown batch dimensions")
 
     def run(self, args):
         import graphpass
@@ -117,7 +123,8 @@ class Inspect(Command):
 
         graph = graphpass.load(args.input, tag=args.tag)
         info = describe(graph, loss=args.loss, train_ops=args.train_op,
-                        global_step=args.global_step, xla=args.xla)
+                        global_step=args.global_step, xla=args.xla, saved=args.saved,
+                        batch_size=args.batch_size)
         print(json.dumps(info, indent=2, sort_keys=True) if args.json else _describe_text(info))
         return 1 if info.get("xla_unsupported") else 0
 
@@ -367,6 +374,8 @@ def _describe_text(info: dict) -> str:
             f"train ops:     {', '.join(regions['train_ops'])}",
             f"global_step:   {regions['global_step'] or '-'}",
         ]
+    if "saved" in info:
+        lines += _saved_text(info["saved"])
     if "xla_unsupported" in info:
         bad = info["xla_unsupported"]
         lines.append("xla:           " + ("every op of the step has an XLA kernel" if not bad else
@@ -374,6 +383,19 @@ def _describe_text(info: dict) -> str:
                      + "; ".join(f"{b['op']} at {b['node']}" for b in bad[:10])
                      + " (move them out of the step, or --xla-cluster none off TPU)"))
     return "\n".join(lines)
+
+
+def _saved_text(saved: dict) -> list[str]:
+    """One line per saved value, largest first: bytes, value, op, shape, readers."""
+    from graphpass.units import format_bytes
+
+    lines = [f"saved:         {saved['count']} forward values kept for the backward pass, "
+             f"{format_bytes(saved['total_bytes'])} in all"]
+    for value in saved["values"]:
+        shape = "?" if value["shape"] is None else "[" + ", ".join(map(str, value["shape"])) + "]"
+        lines.append(f"  {format_bytes(value['bytes']):>12s}  {value['tensor']} ({value['op']} "
+                     f"{shape}) <- {_listed(value['readers'], 3)}")
+    return lines
 
 
 def entry_point() -> None:
