@@ -130,6 +130,14 @@ class Dialect(ABC):
         """Static shape, None for unknown dims; None if even the rank is unknown."""
         return None
 
+    def batch_shape(self, graph: Graph, tensor: Tensor, batch_size: int) -> tuple | None:
+        """The static shape when the inputs' unknown batch (first) dimension is
+        ``batch_size``; here the shape with an unknown first dimension filled in."""
+        shape = self.shape(graph, tensor)
+        if shape and (shape[0] is None or shape[0] < 0):
+            return (batch_size, *shape[1:])
+        return shape
+
     def dependency_scale(self, dtype: str) -> float:
         """The factor of data-mode ordering, ``x + stop_gradient(scale * s)``: the
         dtype's smallest normal number, as ``recompute_grad(use_data_dep=True)``."""

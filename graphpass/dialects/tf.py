@@ -255,6 +255,16 @@ class TFDialect(Dialect):
         shapes = node.meta.get("shapes") or []
         return shapes[tensor.port] if tensor.port < len(shapes) else None
 
+    def batch_shape(self, graph: Graph, tensor: Tensor, batch_size: int) -> tuple | None:
+        """The static shape when the placeholders' unknown batch dimension is
+        ``batch_size``: TF's shape inference run again with it (once per graph and
+        size), so a reshape to ``[-1, width]`` gets batch x tokens rows, not batch."""
+        node = graph.node(tensor.node)
+        if batch_size not in node.meta.get("batch_shapes", {}):
+            _infer_shapes(graph, batch_size)
+        shapes = node.meta["batch_shapes"][batch_size]
+        return shapes[tensor.port] if tensor.port < len(shapes) else None
+
     def get_attr(self, graph: Graph, name: str, key: str, default: Any = None) -> Any:
         value = graph.node(name).attrs.get(key)
         if value is None:
@@ -278,8 +288,9 @@ class TFDialect(Dialect):
     def copy_node(self, graph: Graph, name: str, new_name: str) -> str:
         node = graph.node(name)
         copy = graph.add_node(new_name, node.op, attrs=node.attrs, device=node.device)
-        if "shapes" in node.meta:  # same op, same inputs' shapes: same outputs' shapes
-            copy.meta["shapes"] = node.meta["shapes"]
+        for key in ("shapes", "batch_shapes"):  # same op, same inputs: same shapes
+            if key in node.meta:
+                copy.meta[key] = node.meta[key]
         return new_name
 
     def _op(self, graph, name, op, inputs, control_inputs=(), device="", output_shapes=None,
@@ -555,25 +566,34 @@ def _broadcast_shape(a: tuple | None, b: tuple | None) -> tuple | None:
     return tuple(dims)
 
 
-def _infer_shapes(graph: Graph) -> None:
+def _infer_shapes(graph: Graph, batch_size: int | None = None) -> None:
+    """TF's shape inference over the whole graph, recorded per node in ``meta["shapes"]``
+    or, with ``batch_size`` (placeholders' unknown first dimension set to it), in
+    ``meta["batch_shapes"][batch_size]``."""
     import tensorflow as tf
 
     from graphpass.formats.tf_io import graph_def_from_graph
 
+    graph_def = graph_def_from_graph(graph)
+    if batch_size is not None:
+        for node in graph_def.node:
+            dims = node.attr["shape"].shape.dim if node.op.startswith("Placeholder") else []
+            if dims and dims[0].size < 0:
+                dims[0].size = batch_size
     tf_graph = tf.Graph()
     try:
         with tf_graph.as_default():
-            tf.compat.v1.import_graph_def(graph_def_from_graph(graph), name="")
+            tf.compat.v1.import_graph_def(graph_def, name="")
+        operations = tf_graph.get_operations()
     except (ValueError, TypeError, tf.errors.OpError):
-        for node in graph.nodes():  # custom ops or broken inputs: shapes stay unknown
-            node.meta["shapes"] = []
-        return
-    for op in tf_graph.get_operations():
-        if op.name in graph:
-            graph.node(op.name).meta["shapes"] = [
-                tuple(t.shape.as_list()) if t.shape.rank is not None else None
-                for t in op.outputs
-            ]
+        operations = []  # custom ops or broken inputs: shapes stay unknown
+    shapes = {op.name: [tuple(t.shape.as_list()) if t.shape.rank is not None else None
+                        for t in op.outputs] for op in operations}
+    for node in graph.nodes():
+        if batch_size is None:
+            node.meta["shapes"] = shapes.get(node.name, [])
+        else:
+            node.meta.setdefault("batch_shapes", {})[batch_size] = shapes.get(node.name, [])
 
 
 class _DType(str):
