@@ -19,8 +19,8 @@ import math
 
 import numpy as np
 
-from graphpass.analysis.memory import np_dtype
-from graphpass.errors import GraphpassError
+from graphpass.analysis.memory import tensor_bytes
+from graphpass.analysis.shapes import infer_shapes
 from graphpass.ir.graph import Graph, Tensor
 
 #: Op classes a dialect reports (``Dialect.op_class``).
@@ -28,23 +28,22 @@ MATMUL, CONV, CHEAP, OTHER = "matmul", "conv", "cheap", "other"
 
 
 class Sizes:
-    """Static tensor sizes of one graph, with the batch size for unknown leading dims."""
+    """Static tensor sizes of one graph, with the batch size for unknown batch dims."""
 
     def __init__(self, graph: Graph, batch_size: int | None = None) -> None:
+        infer_shapes(graph)
         self.graph = graph
         self.batch_size = batch_size
 
     def shape(self, tensor: Tensor) -> tuple[int, ...] | None:
-        """Static shape with a leading unknown dim read as the batch size; None if unknown."""
-        shape = self.graph.dialect.shape(self.graph, tensor)
-        if shape is None:
+        """Static shape (unknown batch dims from ``batch_size``); None if unknown."""
+        dialect = self.graph.dialect
+        shape = dialect.shape(self.graph, tensor)
+        if shape is not None and self.batch_size and any(d is None or d < 0 for d in shape):
+            shape = dialect.batch_shape(self.graph, tensor, self.batch_size)
+        if shape is None or any(d is None or d < 0 for d in shape):
             return None
-        dims = list(shape)
-        if dims and (dims[0] is None or dims[0] < 0) and self.batch_size:
-            dims[0] = self.batch_size
-        if any(d is None or d < 0 for d in dims):
-            return None
-        return tuple(dims)
+        return tuple(shape)
 
     def elements(self, tensor: Tensor) -> int | None:
         shape = self.shape(tensor)
@@ -52,14 +51,7 @@ class Sizes:
 
     def bytes(self, tensor: Tensor) -> int:
         """Bytes of ``tensor``; 0 when its shape or dtype is unknown."""
-        elements = self.elements(tensor)
-        dtype = self.graph.dialect.dtype(self.graph, tensor)
-        if elements is None or dtype is None:
-            return 0
-        try:
-            return elements * np_dtype(dtype).itemsize
-        except TypeError:
-            return 0
+        return tensor_bytes(self.graph, tensor, self.batch_size) or 0
 
     def flops(self, name: str) -> int:
         """Floating-point operations of one run of node ``name`` (0 when unknown)."""
@@ -87,23 +79,3 @@ class Sizes:
         if y_shape is None or k_elements is None or not y_shape[channel_axis]:
             return 0
         return 2 * int(np.prod(y_shape, dtype=np.int64)) * k_elements // y_shape[channel_axis]
-
-
-def check_batch_size(graph: Graph, batch_size: int | None, used: set[str]) -> None:
-    """Refuse to plan on a graph whose fed inputs (those among ``used``, the step's
-    forward pass) have an unknown batch dimension when no ``--batch-size`` says
-    what it is: every activation would count as 0 bytes."""
-    if batch_size is not None:
-        if batch_size < 1:
-            raise GraphpassError(f"--batch-size {batch_size}: must be a positive integer")
-        return
-    dialect = graph.dialect
-    for name in dialect.graph_inputs(graph):
-        if name not in used:
-            continue
-        shape = dialect.shape(graph, Tensor(name, 0))
-        if shape and (shape[0] is None or shape[0] < 0):
-            dims = ", ".join("?" if d is None or d < 0 else str(d) for d in shape)
-            raise GraphpassError(
-                f"placeholder {name!r} has an unknown batch dimension (shape [{dims}]), so the "
-                f"planner cannot size activations; give --batch-size N")

@@ -22,6 +22,38 @@ LOOP_BACK_OPS = frozenset({"NextIteration", "RefNextIteration"})
 SHAPE_ONLY_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "OnesLike", "ZerosLike"})
 STEP_INCREMENT_OPS = frozenset({"AssignAdd", "AssignAddVariableOp"})
 INTEGER_DTYPES = frozenset({"int32", "int64"})
+# Kernels whose IsExpensive() is false: the executor runs them inline, on the thread
+# that made them ready, before it takes up the next expensive node.
+INLINE_OPS = frozenset({
+    "Const", "HostConst", "Identity", "IdentityN", "NoOp", "Shape", "ShapeN", "Rank",
+    "Size", "Reshape", "Squeeze", "ExpandDims", "ReadVariableOp", "VarHandleOp",
+    "VariableV2", "Variable", "Placeholder", "PlaceholderV2", "PlaceholderWithDefault",
+    "_Arg", "_Retval", "StopGradient", "PreventGradient", "Snapshot", "Switch", "Merge",
+    "Enter", "Exit", "NextIteration", "LoopCond", "ControlTrigger",
+})
+# Outputs that share the buffer of the same-numbered input (no copy is made).
+ALIAS_OPS = frozenset({
+    "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
+    "PreventGradient", "EnsureShape", "CheckNumerics", "Bitcast", "Enter", "Exit",
+    "NextIteration",
+})
+# Elementwise kernels that write their output into an input's buffer when they hold
+# the only reference to it (``forward_input_or_allocate_output``): the input slots.
+_UNARY_FORWARD = (
+    "Abs", "Neg", "Sign", "Reciprocal", "Inv", "Square", "Sqrt", "Rsqrt", "Exp", "Expm1",
+    "Log", "Log1p", "Sin", "Cos", "Tan", "Tanh", "Sigmoid", "Erf", "Erfc", "Floor", "Ceil",
+    "Round", "Rint", "Relu", "Relu6", "Elu", "Selu", "Softplus", "Softsign", "LeakyRelu",
+    "LogicalNot", "ClipByValue", "_UnaryOpsComposition", "Snapshot",
+)
+_BINARY_FORWARD = (
+    "Add", "AddV2", "Sub", "Mul", "MulNoNan", "Div", "RealDiv", "DivNoNan", "Maximum",
+    "Minimum", "Pow", "SquaredDifference", "FloorDiv", "FloorMod", "TruncateDiv", "BiasAdd",
+    "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "SoftplusGrad", "SoftsignGrad",
+    "LeakyReluGrad", "TanhGrad", "SigmoidGrad", "RsqrtGrad", "SqrtGrad", "ReciprocalGrad",
+    "InvGrad", "LogicalAnd", "LogicalOr",
+)
+FORWARD_SLOTS = {op: (0,) for op in _UNARY_FORWARD} | {op: (0, 1) for op in _BINARY_FORWARD} \
+    | {"Select": (1, 2), "SelectV2": (1, 2)}
 _APPLY_OP = re.compile(r"^(Resource)?(Sparse)?Apply[A-Z]")
 # The cost model's op classes (Dialect.op_class). Gradients of matmuls are matmuls.
 MATMUL_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
@@ -131,6 +163,48 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
         """Reads only the shape of its input (how TF seeds gradients from the loss)."""
         return graph.node(name).op in SHAPE_ONLY_OPS
 
+    # -- runtime memory ----------------------------------------------------
+
+    def schedule(self, graph: Graph, nodes: set[str] | None = None) -> list[str]:
+        """The executor's order with one inter-op thread (``executor.cc``): a node's
+        newly ready successors, in edge order, go to its thread's inline queue if
+        their kernel is inexpensive; of the expensive ones the last continues on this
+        thread (when nothing inline waits) and the others are queued on the pool,
+        whose owner thread takes its own work back newest first (Eigen's run queue).
+        Roots (variable handles, constants) are taken as run first: TF interleaves
+        them with the forward pass, but they allocate nothing, and an update that
+        waits for its slot variable's handle would hold its gradient to the end."""
+        return executor_order(graph, set(graph) if nodes is None else nodes,
+                              lambda n: graph.node(n).op in INLINE_OPS,
+                              lambda s, d: self.is_back_edge(graph, s, d))
+
+    def is_constant(self, graph: Graph, name: str) -> bool:
+        node = graph.node(name)
+        if node.op in ("Const", "HostConst"):
+            return True
+        if node.op not in ("Shape", "ShapeN", "Size", "Rank"):
+            return False
+        shapes = [self.shape(graph, t) for t in graph.inputs(name)]
+        return all(s is not None and None not in s for s in shapes)
+
+    def is_foldable(self, graph: Graph, name: str) -> bool:
+        return bool(graph.inputs(name)) and not self.is_stateful(graph, name) \
+            and not self.is_source(graph, name)
+
+    def output_alias(self, graph: Graph, name: str, port: int) -> int | None:
+        op = graph.node(name).op
+        if op == "IdentityN":
+            return port
+        if op == "Switch":
+            return 0
+        return 0 if op in ALIAS_OPS and port == 0 else None
+
+    def forwardable_inputs(self, graph: Graph, name: str) -> tuple[int, ...]:
+        node = graph.node(name)
+        if node.op == "AddN":
+            return tuple(range(len(graph.inputs(name))))
+        return FORWARD_SLOTS.get(node.op, ())
+
     # -- training structure -------------------------------------------------
 
     def optimizer_applies(self, graph: Graph) -> dict[str, list[Tensor]]:
@@ -213,6 +287,16 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
         dialect record their shapes when built, so adding them needs no new inference."""
         _infer_shapes(graph)
 
+    def batch_shape(self, graph: Graph, tensor: Tensor, batch_size: int) -> tuple | None:
+        """The static shape when the placeholders' unknown batch dimension is
+        ``batch_size``: TF's shape inference run again with it (once per graph and
+        size), so a reshape to ``[-1, width]`` gets batch x tokens rows, not batch."""
+        node = graph.node(tensor.node)
+        if batch_size not in node.meta.get("batch_shapes", {}):
+            _infer_shapes(graph, batch_size)
+        shapes = node.meta["batch_shapes"][batch_size]
+        return shapes[tensor.port] if tensor.port < len(shapes) else None
+
     def get_attr(self, graph: Graph, name: str, key: str, default: Any = None) -> Any:
         value = graph.node(name).attrs.get(key)
         if value is None:
@@ -236,8 +320,9 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
     def copy_node(self, graph: Graph, name: str, new_name: str) -> str:
         node = graph.node(name)
         copy = graph.add_node(new_name, node.op, attrs=node.attrs, device=node.device)
-        if "shapes" in node.meta:  # same op, same inputs' shapes: same outputs' shapes
-            copy.meta["shapes"] = node.meta["shapes"]
+        for key in ("shapes", "batch_shapes"):  # same op, same inputs: same shapes
+            if key in node.meta:
+                copy.meta[key] = node.meta[key]
         return new_name
 
     def _op(self, graph, name, op, inputs, control_inputs=(), device="", output_shapes=None,
@@ -527,25 +612,34 @@ def _broadcast_shape(a: tuple | None, b: tuple | None) -> tuple | None:
     return tuple(dims)
 
 
-def _infer_shapes(graph: Graph) -> None:
+def _infer_shapes(graph: Graph, batch_size: int | None = None) -> None:
+    """TF's shape inference over the whole graph, recorded per node in ``meta["shapes"]``
+    or, with ``batch_size`` (placeholders' unknown first dimension set to it), in
+    ``meta["batch_shapes"][batch_size]``."""
     import tensorflow as tf
 
     from graphpass.formats.tf_io import graph_def_from_graph
 
+    graph_def = graph_def_from_graph(graph)
+    if batch_size is not None:
+        for node in graph_def.node:
+            dims = node.attr["shape"].shape.dim if node.op.startswith("Placeholder") else []
+            if dims and dims[0].size < 0:
+                dims[0].size = batch_size
     tf_graph = tf.Graph()
     try:
         with tf_graph.as_default():
-            tf.compat.v1.import_graph_def(graph_def_from_graph(graph), name="")
+            tf.compat.v1.import_graph_def(graph_def, name="")
+        operations = tf_graph.get_operations()
     except (ValueError, TypeError, tf.errors.OpError):
-        for node in graph.nodes():  # custom ops or broken inputs: shapes stay unknown
-            node.meta["shapes"] = []
-        return
-    for op in tf_graph.get_operations():
-        if op.name in graph:
-            graph.node(op.name).meta["shapes"] = [
-                tuple(t.shape.as_list()) if t.shape.rank is not None else None
-                for t in op.outputs
-            ]
+        operations = []  # custom ops or broken inputs: shapes stay unknown
+    shapes = {op.name: [tuple(t.shape.as_list()) if t.shape.rank is not None else None
+                        for t in op.outputs] for op in operations}
+    for node in graph.nodes():
+        if batch_size is None:
+            node.meta["shapes"] = shapes.get(node.name, [])
+        else:
+            node.meta.setdefault("batch_shapes", {})[batch_size] = shapes.get(node.name, [])
 
 
 class _DType(str):
@@ -594,3 +688,42 @@ def _attr(value: Any):
         return attr_value_pb2.AttrValue(
             list=attr_value_pb2.AttrValue.ListValue(s=[v.encode() for v in value]))
     raise TypeError(f"cannot store {value!r} as a TF attr")
+
+
+def executor_order(graph: Graph, nodes: set[str], inline, is_back_edge) -> list[str]:
+    """Simulate TF's executor on ``nodes`` with one inter-op thread (see
+    ``TFDialect.schedule``); ``inline(n)``: n's kernel is inexpensive."""
+    from collections import deque
+
+    successors = {n: [u for u in graph.users(n) if u in nodes and not is_back_edge(n, u)]
+                  for n in nodes}
+    pending = dict.fromkeys(nodes, 0)
+    for users in successors.values():
+        for user in users:
+            pending[user] += 1
+    pool: deque[str] = deque()
+    ready = deque(n for n in graph if n in nodes and pending[n] == 0)
+    order: list[str] = []
+    while ready or pool:
+        if not ready:
+            ready.append(pool.popleft())
+        while ready:
+            name = ready.popleft()
+            order.append(name)
+            expensive = None
+            for user in successors[name]:
+                pending[user] -= 1
+                if pending[user]:
+                    continue
+                if inline(user):
+                    ready.append(user)
+                    continue
+                if expensive is not None:
+                    pool.appendleft(expensive)
+                expensive = user
+            if expensive is not None:
+                if ready:
+                    pool.appendleft(expensive)
+                else:
+                    ready.append(expensive)
+    return order

@@ -63,20 +63,22 @@ def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | No
         info["xla_unsupported"] = [{"node": n, "op": op}
                                    for n, op in dialect.xla_unsupported(graph, step)]
     if saved:
-        info["saved"] = saved_values(graph, set(regions.nodes("forward")),
+        fetches = [s.train_op for s in regions.steps] + [s.loss.node for s in regions.steps]
+        info["saved"] = saved_values(graph, fetches, set(regions.nodes("forward")),
                                      set(regions.nodes("backward")), batch_size)
     return info
 
 
-def saved_values(graph: Graph, forward: set[str], backward: set[str],
+def saved_values(graph: Graph, fetches: list[str], forward: set[str], backward: set[str],
                  batch_size: int | None = None) -> dict:
     """JAX's ``print_saved_residuals`` for a graph: every forward value a gradient op
     reads (so the step keeps it from the forward to the backward pass), its
     producer op, shape, bytes and readers, largest first, and the total."""
-    from graphpass.analysis.cost import Sizes, check_batch_size
+    from graphpass.analysis.cost import Sizes
     from graphpass.analysis.forward import computed_forward, forward_chain
+    from graphpass.analysis.memory import check_batch_size
 
-    check_batch_size(graph, batch_size, forward)
+    check_batch_size(graph, fetches, batch_size)
     chain = forward_chain(graph, computed_forward(graph, forward), backward,
                           Sizes(graph, batch_size))
     return {"total_bytes": chain.saved_bytes, "count": len(chain.saved),

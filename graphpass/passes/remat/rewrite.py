@@ -34,9 +34,9 @@ import re
 import time
 from dataclasses import dataclass
 
-from graphpass.analysis.cost import Sizes, check_batch_size
+from graphpass.analysis.cost import Sizes
 from graphpass.analysis.forward import ForwardChain, computed_forward, forward_chain
-from graphpass.analysis.memory import estimated_peak_bytes, tensor_bytes
+from graphpass.analysis.memory import check_batch_size, estimated_peak_bytes, tensor_bytes
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.options import CHEAP, RematOptions
@@ -109,7 +109,9 @@ class RematPass(Pass):
 
     def run(self, graph: Graph, ctx: PassContext) -> bool:
         step = self._analyze(graph, ctx)
-        peak_before = ctx.analyses.peak_bytes(graph, step.fetches)
+        batch = self.options.batch_size
+        peak_before = ctx.analyses.peak_bytes(graph, step.fetches) if batch is None \
+            else estimated_peak_bytes(graph, step.fetches, batch)
         auto = None
         if self.options.auto:
             auto, segments = self._auto_plan(graph, step, peak_before)
@@ -118,7 +120,8 @@ class RematPass(Pass):
             segments, skipped = self._segments(graph, step.forward, step.backward)
         entries = self._rewrite(graph, segments, step)
         changed = any(e["copied"] for e in entries)
-        peak_after = estimated_peak_bytes(graph, step.fetches) if changed else peak_before
+        peak_after = estimated_peak_bytes(graph, step.fetches, batch) if changed \
+            else peak_before
         self.report = _report(entries, skipped, step.dependency, peak_before, peak_after, auto)
         return changed
 
@@ -177,7 +180,7 @@ class RematPass(Pass):
         of the graph and estimated once, never per candidate."""
         start = time.perf_counter()
         options = self.options
-        check_batch_size(graph, options.batch_size, step.forward)
+        check_batch_size(graph, step.fetches, options.batch_size)
         sizes = Sizes(graph, options.batch_size)
         chain = forward_chain(graph, computed_forward(graph, step.forward), step.backward,
                               sizes, ignore_reader=is_generated)
@@ -190,7 +193,7 @@ class RematPass(Pass):
         def estimate(segments: list[Segment]) -> int:
             trial = graph.copy()
             self._rewrite(trial, segments, step)
-            return estimated_peak_bytes(trial, step.fetches)
+            return estimated_peak_bytes(trial, step.fetches, options.batch_size)
 
         if any(n.startswith(SCOPE) for n in graph):
             plan.solver = "none (already rematerialized by graphpass)"
