@@ -261,7 +261,7 @@ def test_unknown_batch_needs_batch_size(tmp_path, capsys):
     out = tmp_path / "out.meta"
     assert main(["rewrite", str(source), "-o", str(out), "--recompute", "auto"]) == 2
     err = capsys.readouterr().err
-    assert "placeholder 'tokens' has an unknown batch dimension" in err
+    assert "input tokens has shape [?, 8]" in err
     assert "--batch-size" in err and not out.exists()
     assert main(["rewrite", str(source), "-o", str(out), "--recompute", "auto",
                  "--batch-size", "2"]) == 0

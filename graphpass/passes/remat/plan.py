@@ -173,6 +173,8 @@ def solve_budget(units: list[Unit], budget: int, quantum: int | None = None
     if found is None:
         return None
     cost, runs = found
+    if _divides(quantum, units):  # no rounding anywhere: optimal
+        return ChainPlan(runs, cost, model_peak(units, runs), 0.0)
     bound = _chain_dp(units, budget, quantum, up=False)
     lower = bound[0] if bound else cost
     gap = 0.0 if cost <= lower or cost == 0 else (cost - lower) / cost
@@ -194,7 +196,8 @@ def solve_min_peak(units: list[Unit]) -> ChainPlan:
             low = middle
         else:
             high, best = min(middle, found.peak), found
-    return ChainPlan(best.runs, best.cost, best.peak, quantum / max(best.peak, 1))
+    gap = 0.0 if _divides(quantum, units) else quantum / max(best.peak, 1)
+    return ChainPlan(best.runs, best.cost, best.peak, gap)
 
 
 def _quantum(units: list[Unit], budget: int) -> int:
@@ -203,12 +206,20 @@ def _quantum(units: list[Unit], budget: int) -> int:
     else ``budget / RESOLUTION``."""
     divisor = 0
     for unit in units:
-        for value in (unit.saved_bytes, unit.pinned_bytes, unit.cut_saved_bytes,
-                      unit.cut_free_bytes):
+        for value in _figures(unit):
             divisor = math.gcd(divisor, value)
     if divisor and budget // divisor <= 4 * RESOLUTION:
         return divisor
     return max(1, budget // RESOLUTION)
+
+
+def _figures(unit: Unit) -> tuple[int, ...]:
+    return (unit.saved_bytes, unit.pinned_bytes, unit.cut_saved_bytes, unit.cut_free_bytes)
+
+
+def _divides(quantum: int, units: list[Unit]) -> bool:
+    """Every byte figure is a multiple of ``quantum``: the program rounds nothing."""
+    return all(value % quantum == 0 for unit in units for value in _figures(unit))
 
 
 def _chain_dp(units: list[Unit], budget: int, quantum: int,

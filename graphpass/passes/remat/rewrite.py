@@ -213,6 +213,8 @@ class RematPass(Pass):
         units = chain.units
         chosen = solve_min_peak(units)
         estimated = estimate(_chain_segments(chain, chosen))
+        if estimated >= plan.estimate_before:  # the model was wrong: recompute nothing
+            chosen, estimated = ChainPlan((), 0, 0), plan.estimate_before
         budget = plan.budget_bytes
         if budget is not None and estimated > budget:
             raise GraphpassError(over_budget_message(
@@ -251,6 +253,9 @@ class RematPass(Pass):
                 "recompute_flops": sum(sizes.flops(n) for n in _unique(t.node for t in released))})
         plan.solver, plan.gap = "min cut (networkx max-flow)", 0.0
         plan.estimate = estimate(segments)
+        if plan.estimate >= plan.estimate_before:  # saves nothing: recompute nothing
+            plan.estimate, plan.segments = plan.estimate_before, []
+            return []
         return segments
 
     # -- rewrite -------------------------------------------------------------
