@@ -118,22 +118,29 @@ class Inspect(Command):
                             "(with --rewritten, both graphs on one chart)")
         parser.add_argument("--rewritten", metavar="FILE",
                             help="with --memory-plot: the rewritten graph to draw beside IN")
+        parser.add_argument("--saved", action="store_true",
+                            help="list every forward value the backward pass keeps: producer "
+                                 "op, shape, bytes, the gradient ops reading it; largest "
+                                 "first, with the total")
         parser.add_argument("--batch-size", type=int, metavar="N",
-                            help="with --memory-plot: the batch of inputs with a dynamic "
-                            "batch dimension (else their tensors count as 0 bytes)")
+                            help="with --memory-plot or --saved: the batch of inputs with a "
+                            "dynamic batch dimension")
 
     def run(self, args):
         import graphpass
         from graphpass.inspect.describe import describe
 
-        if (args.rewritten or args.batch_size) and not args.memory_plot:
-            raise GraphpassError("--rewritten and --batch-size go with --memory-plot FILE.svg")
+        if args.rewritten and not args.memory_plot:
+            raise GraphpassError("--rewritten goes with --memory-plot FILE.svg")
+        if args.batch_size and not (args.memory_plot or args.saved):
+            raise GraphpassError("--batch-size goes with --memory-plot FILE.svg or --saved")
         _check_batch_size(args.batch_size)
         if args.memory_plot:
             _check_output(Path(args.input), Path(args.memory_plot), False)
         graph = graphpass.load(args.input, tag=args.tag)
         info = describe(graph, loss=args.loss, train_ops=args.train_op,
-                        global_step=args.global_step, xla=args.xla)
+                        global_step=args.global_step, xla=args.xla, saved=args.saved,
+                        batch_size=args.batch_size)
         print(json.dumps(info, indent=2, sort_keys=True) if args.json else _describe_text(info))
         if args.memory_plot:
             graphs = [("original" if args.rewritten else Path(args.input).name, graph, None)]
@@ -416,6 +423,8 @@ def _describe_text(info: dict) -> str:
             f"gradients:     {len(regions['gradients'])}: {_listed(regions['gradients'])}",
             f"global_step:   {regions['global_step'] or '-'}",
         ]
+    if "saved" in info:
+        lines += _saved_text(info["saved"])
     if "xla_unsupported" in info:
         bad = info["xla_unsupported"]
         lines.append("xla:           " + ("every op of the step has an XLA kernel" if not bad else
@@ -423,6 +432,19 @@ def _describe_text(info: dict) -> str:
                      + "; ".join(f"{b['op']} at {b['node']}" for b in bad[:10])
                      + " (move them out of the step, or --xla-cluster none off TPU)"))
     return "\n".join(lines)
+
+
+def _saved_text(saved: dict) -> list[str]:
+    """One line per saved value, largest first: bytes, value, op, shape, readers."""
+    from graphpass.units import format_bytes
+
+    lines = [f"saved:         {saved['count']} forward values kept for the backward pass, "
+             f"{format_bytes(saved['total_bytes'])} in all"]
+    for value in saved["values"]:
+        shape = "?" if value["shape"] is None else "[" + ", ".join(map(str, value["shape"])) + "]"
+        lines.append(f"  {format_bytes(value['bytes']):>12s}  {value['tensor']} ({value['op']} "
+                     f"{shape}) <- {_listed(value['readers'], 3)}")
+    return lines
 
 
 def entry_point() -> None:

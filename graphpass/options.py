@@ -21,6 +21,10 @@ from graphpass.units import parse_bytes
 
 #: The ``--recompute`` value that asks for the automatic planner.
 AUTO = "auto"
+#: ``--recompute-policy`` names (see passes/remat/plan.py).
+MIN_PEAK, BUDGET, CHEAP = "min-peak", "budget", "cheap"
+POLICIES = (MIN_PEAK, BUDGET, CHEAP)
+_RELATIVE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*x\s*")
 TARGETS = ("tf", "xla")
 DEVICES = ("cpu", "gpu", "tpu")
 DEPENDENCIES = ("control", "data")
@@ -50,11 +54,20 @@ OPTIONS: tuple[Option, ...] = (
            list),
     Option("--global-step", "regions", "the global step variable node"),
     Option("--recompute", "remat", "regex matched at the start of node names; each distinct "
-           "matched text is one segment (repeatable); 'auto': the planner chooses name "
-           "scopes (alone, not with patterns)", list, metavar="PATTERN"),
+           "matched text is one segment (repeatable); 'auto': the planner chooses what to "
+           "recompute from the graph's structure (alone, not with patterns)", list,
+           metavar="PATTERN"),
+    Option("--recompute-policy", "remat", "with --recompute auto: 'min-peak' (default "
+           "without a budget) the lowest estimated peak; 'budget' (default with one) the "
+           "least recompute meeting the budget; 'cheap' recompute only elementwise, "
+           "normalisation and reshape ops, keeping matmul and conv outputs (one min cut "
+           "over tensor bytes)", choices=POLICIES),
     Option("--memory-budget-bytes", "remat", "with --recompute auto: recompute as little as "
-           "keeps the step's estimated peak at most N bytes (or e.g. 300MiB); without it, "
-           "auto recomputes every scope that saves memory", metavar="N"),
+           "keeps the step's estimated peak at most N bytes (or e.g. 300MiB)", metavar="N"),
+    Option("--memory-budget", "remat", "the same budget relative to the estimated peak of "
+           "the original step (e.g. 0.6x), or in bytes", metavar="F"),
+    Option("--batch-size", "remat", "the planner's size of unknown batch dimensions",
+           metavar="N"),
     Option("--recompute-hints", "remat", "mark by the Grappler-compatible _recompute_hint "
            "node attribute (ONNX: a NodeProto metadata_props entry)", bool),
     Option("--dependency", "remat", "how copies are ordered (default: control for --target "
@@ -100,8 +113,11 @@ class RegionOptions:
 class RematOptions:
     patterns: tuple[str, ...] = ()
     use_hints: bool = False
-    auto: bool = False  # the planner chooses the segments (passes/remat/plan.py)
-    memory_budget_bytes: int | None = None  # the planner's target; None: least memory
+    auto: bool = False  # the planner chooses what to recompute (passes/remat/plan.py)
+    policy: str = MIN_PEAK  # the planner's policy (POLICIES)
+    memory_budget_bytes: int | None = None  # the planner's target in bytes
+    memory_budget_fraction: float | None = None  # ... or relative to the estimated peak
+    batch_size: int | None = None  # the planner's size of unknown batch dimensions
     dependency: str | None = None  # None: the context's default
     tupleize_grads: bool = False
 
@@ -208,34 +224,75 @@ def _resolve_target(target: str | None, device: str | None) -> str:
 def _remat(given: dict) -> RematOptions | None:
     patterns = tuple(given.get("recompute") or ())
     use_hints = bool(given.get("recompute_hints"))
-    budget = given.get("memory_budget_bytes")
-    auto = _check_auto(patterns, use_hints, budget)
+    auto = _check_auto(patterns, use_hints, given)
     if not patterns and not use_hints:
         return None
     if not auto:
         _check_patterns(patterns)
+    budget_bytes, fraction = _budget(given)
+    limited = budget_bytes is not None or fraction is not None
+    policy = given.get("recompute_policy") or (BUDGET if limited else MIN_PEAK)
+    _check_policy(policy, limited)
     return RematOptions(
         patterns=() if auto else patterns,
         use_hints=use_hints,
         auto=auto,
-        memory_budget_bytes=None if budget is None else parse_bytes(budget),
+        policy=policy,
+        memory_budget_bytes=budget_bytes,
+        memory_budget_fraction=fraction,
+        batch_size=_batch_size(given.get("batch_size")),
         dependency=given.get("dependency"),
         tupleize_grads=bool(given.get("tupleize_grads")),
     )
 
 
-def _check_auto(patterns: tuple[str, ...], use_hints: bool, budget) -> bool:
+def _check_auto(patterns: tuple[str, ...], use_hints: bool, given: dict) -> bool:
     """Whether the planner is asked for; refuses mixing it with explicit marks
-    (whose segments it would have to plan around) and a budget without it."""
+    (whose segments it would have to plan around) and planner options without it."""
     auto = AUTO in patterns
     if auto and (len(patterns) > 1 or use_hints):
         raise GraphpassError(
             "--recompute auto chooses the segments itself and cannot be combined with "
             "other --recompute patterns or --recompute-hints; drop either")
-    if budget is not None and not auto:
-        raise GraphpassError("--memory-budget-bytes is the automatic planner's target; "
-                             "add --recompute auto (or drop the budget)")
+    for key in ("memory_budget_bytes", "memory_budget", "recompute_policy", "batch_size"):
+        if given.get(key) is not None and not auto:
+            raise GraphpassError(f"--{key.replace('_', '-')} is an option of the automatic "
+                                 "planner; add --recompute auto (or drop it)")
     return auto
+
+
+def _budget(given: dict) -> tuple[int | None, float | None]:
+    """``(bytes, fraction of the estimated original peak)`` from the two budget options."""
+    absolute, relative = given.get("memory_budget_bytes"), given.get("memory_budget")
+    if absolute is not None and relative is not None:
+        raise GraphpassError("give --memory-budget-bytes or --memory-budget, not both")
+    if relative is None:
+        return (None if absolute is None else parse_bytes(absolute)), None
+    found = _RELATIVE.fullmatch(str(relative))
+    if found:
+        return None, float(found.group(1))
+    return parse_bytes(relative, "--memory-budget"), None
+
+
+def _check_policy(policy: str, limited: bool) -> None:
+    if limited and policy != BUDGET:
+        raise GraphpassError(f"--recompute-policy {policy} takes no memory budget; drop "
+                             "the budget or use --recompute-policy budget")
+    if policy == BUDGET and not limited:
+        raise GraphpassError("--recompute-policy budget needs --memory-budget-bytes N or "
+                             "--memory-budget 0.6x")
+
+
+def _batch_size(value) -> int | None:
+    if value is None:
+        return None
+    try:
+        size = int(value)
+    except (TypeError, ValueError):
+        size = 0
+    if size < 1 or str(size) != str(value).strip():
+        raise GraphpassError(f"--batch-size {value!r}: expected a positive integer")
+    return size
 
 
 def _check_patterns(patterns: tuple[str, ...]) -> None:

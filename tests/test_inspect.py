@@ -522,3 +522,28 @@ def test_pass_progress_names_the_running_pass_and_erases_itself(model, tmp_path)
     assert f"rewrite pass 1/2 probe ({len(graph) - 1} nodes)" in text
     assert f"rewrite pass 2/2 nothing ({len(graph)} nodes)" in text
     assert text.endswith("\r") and text.rstrip("\r ").endswith("nodes)")
+
+
+def test_inspect_saved_lists_what_the_backward_keeps(tmp_path, capsys):
+    """The 8-block MLP (x [16, 32] float32): every block keeps its input (read by the
+    MatMul gradient), its Relu and Tanh outputs; the values are listed largest first."""
+    from tools import tf_models
+
+    model = tf_models.block_mlp(batch=16, width=32, optimizer="sgd")
+    source = tmp_path / "mlp.pb"
+    source.write_bytes(model.graph_def.SerializeToString(deterministic=True))
+    assert main(["inspect", str(source), "--saved", "--json"]) == 0
+    saved = json.loads(capsys.readouterr().out)["saved"]
+    values = saved["values"]
+    assert saved["count"] == len(values) and saved["total_bytes"] == sum(v["bytes"] for v in values)
+    assert [v["bytes"] for v in values] == sorted((v["bytes"] for v in values), reverse=True)
+    by_tensor = {v["tensor"]: v for v in values}
+    relu = by_tensor["block3/Relu"]
+    assert relu["op"] == "Relu" and relu["shape"] == [16, 32] and relu["bytes"] == 16 * 32 * 4
+    assert relu["readers"] == ["gradients/block3/Relu_grad/ReluGrad"]
+    assert all(r.startswith("gradients/") for v in values for r in v["readers"])
+    assert "block3/MatMul" not in by_tensor  # read by the Relu only, not by a gradient op
+    assert main(["inspect", str(source), "--saved"]) == 0
+    text = capsys.readouterr().out
+    assert f"saved:         {len(values)} forward values kept" in text
+    assert "block3/Relu (Relu [16, 32]) <- gradients/block3/Relu_grad/ReluGrad" in text

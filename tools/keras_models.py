@@ -42,9 +42,10 @@ VOCAB = 64
 
 
 def mobilenet_v2(size: int = 32, batch: int = 4, seed: int = 0,
-                 dynamic_batch: bool = False) -> Model:
-    """tf_keras MobileNetV2 (alpha 1.0) on ``size`` x ``size`` RGB images, Momentum."""
-    return _image_classifier("MobileNetV2", size, batch, seed, dynamic_batch)
+                 dynamic_batch: bool = False, alpha: float = 1.0) -> Model:
+    """tf_keras MobileNetV2 (width multiplier ``alpha``) on ``size`` x ``size`` RGB
+    images, Momentum."""
+    return _image_classifier("MobileNetV2", size, batch, seed, dynamic_batch, alpha=alpha)
 
 
 def resnet50(size: int = 32, batch: int = 4, seed: int = 0,
@@ -84,7 +85,7 @@ def _mlp(keras, x, width: int, i: int):
 
 
 def _image_classifier(application: str, size: int, batch: int, seed: int,
-                      dynamic_batch: bool) -> Model:
+                      dynamic_batch: bool, **options) -> Model:
     tf, keras = _keras()
     tf1 = tf.compat.v1
     graph = tf.Graph()
@@ -95,7 +96,7 @@ def _image_classifier(application: str, size: int, batch: int, seed: int,
         labels = tf1.placeholder(tf.int32, [None if dynamic_batch else batch], name="labels")
         model = getattr(keras.applications, application)(
             input_shape=(size, size, 3), weights=None, classes=CLASSES,
-            classifier_activation=None)
+            classifier_activation=None, **options)
         logits = model(images, training=True)
         train, loss = _train(tf, model, images, labels, logits,
                              tf1.train.MomentumOptimizer(0.01, 0.9))

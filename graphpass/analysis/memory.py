@@ -17,7 +17,8 @@ and counts what the runtime really allocates:
   values live to the end of the step.
 
 Unknown sizes count as zero, so the estimate is a lower bound on what it can
-see; a ``batch_size`` fills unknown leading (batch) dimensions.
+see; ``batch_size`` gives the inputs' unknown batch dimension (``check_batch_size``
+names an input that needs it).
 """
 
 from __future__ import annotations
@@ -46,16 +47,16 @@ def np_dtype(dtype: str):
 def tensor_bytes(graph: Graph, tensor: Tensor, batch_size: int | None = None) -> int | None:
     """Static size of ``tensor`` in bytes, or None when a dim or the dtype is unknown.
 
-    ``batch_size`` stands in for an unknown leading dimension (the batch of a graph
-    exported with ``None`` batch placeholders)."""
+    ``batch_size`` stands in for the inputs' unknown batch dimension (a graph
+    exported with ``None`` batch placeholders); see ``Dialect.batch_shape``."""
     dialect = graph.dialect
     shape = dialect.shape(graph, tensor)
     dtype = dialect.dtype(graph, tensor)
     if shape is None or dtype is None:
         return None
-    if batch_size is not None and shape and (shape[0] is None or shape[0] < 0):
-        shape = (batch_size, *shape[1:])
-    if any(d is None or d < 0 for d in shape):
+    if batch_size is not None and any(d is None or d < 0 for d in shape):
+        shape = dialect.batch_shape(graph, tensor, batch_size)
+    if shape is None or any(d is None or d < 0 for d in shape):
         return None
     try:
         itemsize = np_dtype(dtype).itemsize
@@ -140,12 +141,12 @@ class _Simulation:
         self.graph, self.dialect, self.order = graph, graph.dialect, order
         self.kept, self.batch_size = kept, batch_size
         self.idle = self._control_only(targets)
-        self.readers: dict[Tensor, int] = {}
+        self.constant = self._constants()
+        self.readers: dict[Tensor, int] = {}  # reads by the nodes that really run
         for name in order:
-            if name not in self.idle:
+            if name not in self.idle and name not in self.constant:
                 for tensor in graph.inputs(name):
                     self.readers[tensor] = self.readers.get(tensor, 0) + 1
-        self.constant = self._constants()
         self.buffers: dict[Tensor, _Buffer] = {}
         self.live = 0
 

@@ -70,6 +70,28 @@ class Dialect(ABC):
         """Reads only the shape of its input, never the values."""
         return False
 
+    def op_class(self, graph: Graph, name: str) -> str:
+        """What the cost model and the ``cheap`` recompute policy know of an op:
+        "matmul" (contractions), "conv", "cheap" (elementwise, activations,
+        normalisation, reductions, reshapes: worth recomputing) or "other"."""
+        op = graph.node(name).op
+        for kind in ("matmul", "conv", "cheap"):
+            if op in self.op_classes.get(kind, ()):
+                return kind
+        return "other"
+
+    #: op type -> class, per class (see ``op_class``)
+    op_classes: dict[str, frozenset[str]] = {}
+    #: products the runtime's graph optimizer may fold a constant factor into
+    constant_folded_ops: frozenset[str] = frozenset()
+
+    def conv_operands(self, graph: Graph, name: str) -> tuple[Tensor, Tensor, int]:
+        """For a convolution or one of its gradients: the output-side activation
+        (forward output or incoming gradient), the kernel, and the channel axis of
+        the former. The cost model charges ``2 |y| |kernel| / C_y``."""
+        inputs = graph.inputs(name)
+        return Tensor(name, 0), inputs[1], 1
+
     # -- runtime memory (graphpass.analysis.memory) ---------------------------
 
     def is_constant(self, graph: Graph, name: str) -> bool:
@@ -149,6 +171,14 @@ class Dialect(ABC):
         format knows none."""
         for node in graph.nodes():
             node.meta["shapes"] = []
+
+    def batch_shape(self, graph: Graph, tensor: Tensor, batch_size: int) -> tuple | None:
+        """The static shape when the inputs' unknown batch (first) dimension is
+        ``batch_size``; here the shape with an unknown first dimension filled in."""
+        shape = self.shape(graph, tensor)
+        if shape and (shape[0] is None or shape[0] < 0):
+            return (batch_size, *shape[1:])
+        return shape
 
     def dependency_scale(self, dtype: str) -> float:
         """The factor of data-mode ordering, ``x + stop_gradient(scale * s)``: the

@@ -48,6 +48,18 @@ RANDOM_OPS = frozenset({
 # Ops that run subgraphs; treated as stateful (their bodies are not analysed).
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
+# The cost model's op classes (Dialect.op_class); Conv's kernel is input 1, NCHW.
+MATMUL_OPS = frozenset({"MatMul", "Gemm", "Einsum", "MatMulInteger"})
+CONV_OPS = frozenset({"Conv", "ConvTranspose"})
+CHEAP_OPS = frozenset({
+    "Add", "Sub", "Mul", "Div", "Neg", "Reciprocal", "Sqrt", "Exp", "Log", "Pow", "Abs",
+    "Max", "Min", "Sum", "Cast", "Where", "Erf", "Tanh", "Sigmoid", "Relu", "LeakyRelu",
+    "Elu", "Selu", "Softplus", "Gelu", "Softmax", "LogSoftmax", "BatchNormalization",
+    "LayerNormalization", "ReduceMean", "ReduceSum", "ReduceMax", "Reshape", "Transpose",
+    "Unsqueeze", "Squeeze", "Identity", "Pad", "Slice", "Concat", "Split", "Expand", "Tile",
+    "Flatten", "Shape", "Size", "MaxPool", "AveragePool", "Greater", "Less", "Equal", "Not",
+    "And", "Or", "ConstantOfShape",
+})
 
 
 @cache
@@ -83,6 +95,7 @@ def dtype_enum(name: str) -> int:
 
 class ONNXDialect(Dialect):
     name = "onnx"
+    op_classes = {"matmul": MATMUL_OPS, "conv": CONV_OPS, "cheap": CHEAP_OPS}
     allows_empty_input_slots = True
     dependency_modes = ("data",)
     single_train_step = True

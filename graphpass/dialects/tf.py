@@ -55,6 +55,29 @@ _BINARY_FORWARD = (
 FORWARD_SLOTS = {op: (0,) for op in _UNARY_FORWARD} | {op: (0, 1) for op in _BINARY_FORWARD} \
     | {"Select": (1, 2), "SelectV2": (1, 2)}
 _APPLY_OP = re.compile(r"^(Resource)?(Sparse)?Apply[A-Z]")
+# The cost model's op classes (Dialect.op_class). Gradients of matmuls are matmuls.
+MATMUL_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
+                        "_FusedMatMul"})
+CONV_FORWARD_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "_FusedConv2D"})
+CONV_INPUT_GRAD_OPS = frozenset({"Conv2DBackpropInput", "Conv3DBackpropInputV2",
+                                 "DepthwiseConv2dNativeBackpropInput"})
+CONV_FILTER_GRAD_OPS = frozenset({"Conv2DBackpropFilter", "Conv3DBackpropFilterV2",
+                                  "DepthwiseConv2dNativeBackpropFilter"})
+# Worth recomputing (the `cheap` policy): elementwise math, activations,
+# normalisation (and the reductions it is built of), reshapes and copies.
+CHEAP_OPS = frozenset({
+    "Add", "AddV2", "AddN", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Neg", "Reciprocal",
+    "Square", "SquaredDifference", "Sqrt", "Rsqrt", "Exp", "Log", "Log1p", "Pow", "Abs",
+    "Maximum", "Minimum", "Sign", "Floor", "Cast", "Select", "SelectV2", "Erf", "Tanh",
+    "Sigmoid", "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Softplus", "Softsign", "Gelu",
+    "Softmax", "LogSoftmax", "BiasAdd", "FusedBatchNorm", "FusedBatchNormV2",
+    "FusedBatchNormV3", "Mean", "Sum", "Max", "Min", "Prod", "Reshape", "Transpose",
+    "ExpandDims", "Squeeze", "Identity", "Pad", "PadV2", "MirrorPad", "Slice", "StridedSlice",
+    "ConcatV2", "Pack", "Unpack", "Split", "SplitV", "Tile", "BroadcastTo", "Fill",
+    "ZerosLike", "OnesLike", "Shape", "ShapeN", "Size", "Rank", "MaxPool", "AvgPool",
+    "StopGradient", "Greater", "GreaterEqual", "Less", "LessEqual", "Equal",
+    "NotEqual", "LogicalAnd", "LogicalOr", "LogicalNot",
+})
 
 
 @cache
@@ -81,6 +104,10 @@ def _dtype_enum(name: str) -> int:
 class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
     name = "tf"
     dependency_modes = ("control", "data")
+    op_classes = {"matmul": MATMUL_OPS,
+                  "conv": CONV_FORWARD_OPS | CONV_INPUT_GRAD_OPS | CONV_FILTER_GRAD_OPS,
+                  "cheap": CHEAP_OPS}
+    constant_folded_ops = frozenset({"Mul", "RealDiv", "Div"})
 
     # -- structure ---------------------------------------------------------
 
@@ -108,6 +135,19 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
 
     def is_variable(self, graph: Graph, name: str) -> bool:
         return graph.node(name).op in REF_VARIABLE_OPS | {"VarHandleOp"}
+
+    def conv_operands(self, graph: Graph, name: str) -> tuple[Tensor, Tensor, int]:
+        """Forward: (output, filter input). Input gradient: (out_backprop, filter).
+        Filter gradient: (out_backprop, its output, the filter's shape)."""
+        op = graph.node(name).op
+        inputs = graph.inputs(name)
+        channels = 1 if self.get_attr(graph, name, "data_format", "NHWC") \
+            .startswith("NC") else -1
+        if op in CONV_INPUT_GRAD_OPS:
+            return inputs[2], inputs[1], channels
+        if op in CONV_FILTER_GRAD_OPS:
+            return inputs[2], Tensor(name, 0), channels
+        return Tensor(name, 0), inputs[1], channels
 
     def is_variable_value(self, graph: Graph, name: str) -> bool:
         node = graph.node(name)
@@ -247,6 +287,16 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
         dialect record their shapes when built, so adding them needs no new inference."""
         _infer_shapes(graph)
 
+    def batch_shape(self, graph: Graph, tensor: Tensor, batch_size: int) -> tuple | None:
+        """The static shape when the placeholders' unknown batch dimension is
+        ``batch_size``: TF's shape inference run again with it (once per graph and
+        size), so a reshape to ``[-1, width]`` gets batch x tokens rows, not batch."""
+        node = graph.node(tensor.node)
+        if batch_size not in node.meta.get("batch_shapes", {}):
+            _infer_shapes(graph, batch_size)
+        shapes = node.meta["batch_shapes"][batch_size]
+        return shapes[tensor.port] if tensor.port < len(shapes) else None
+
     def get_attr(self, graph: Graph, name: str, key: str, default: Any = None) -> Any:
         value = graph.node(name).attrs.get(key)
         if value is None:
@@ -270,8 +320,9 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
     def copy_node(self, graph: Graph, name: str, new_name: str) -> str:
         node = graph.node(name)
         copy = graph.add_node(new_name, node.op, attrs=node.attrs, device=node.device)
-        if "shapes" in node.meta:  # same op, same inputs' shapes: same outputs' shapes
-            copy.meta["shapes"] = node.meta["shapes"]
+        for key in ("shapes", "batch_shapes"):  # same op, same inputs: same shapes
+            if key in node.meta:
+                copy.meta[key] = node.meta[key]
         return new_name
 
     def _op(self, graph, name, op, inputs, control_inputs=(), device="", output_shapes=None,
@@ -561,25 +612,34 @@ def _broadcast_shape(a: tuple | None, b: tuple | None) -> tuple | None:
     return tuple(dims)
 
 
-def _infer_shapes(graph: Graph) -> None:
+def _infer_shapes(graph: Graph, batch_size: int | None = None) -> None:
+    """TF's shape inference over the whole graph, recorded per node in ``meta["shapes"]``
+    or, with ``batch_size`` (placeholders' unknown first dimension set to it), in
+    ``meta["batch_shapes"][batch_size]``."""
     import tensorflow as tf
 
     from graphpass.formats.tf_io import graph_def_from_graph
 
+    graph_def = graph_def_from_graph(graph)
+    if batch_size is not None:
+        for node in graph_def.node:
+            dims = node.attr["shape"].shape.dim if node.op.startswith("Placeholder") else []
+            if dims and dims[0].size < 0:
+                dims[0].size = batch_size
     tf_graph = tf.Graph()
     try:
         with tf_graph.as_default():
-            tf.compat.v1.import_graph_def(graph_def_from_graph(graph), name="")
+            tf.compat.v1.import_graph_def(graph_def, name="")
+        operations = tf_graph.get_operations()
     except (ValueError, TypeError, tf.errors.OpError):
-        for node in graph.nodes():  # custom ops or broken inputs: shapes stay unknown
-            node.meta["shapes"] = []
-        return
-    for op in tf_graph.get_operations():
-        if op.name in graph:
-            graph.node(op.name).meta["shapes"] = [
-                tuple(t.shape.as_list()) if t.shape.rank is not None else None
-                for t in op.outputs
-            ]
+        operations = []  # custom ops or broken inputs: shapes stay unknown
+    shapes = {op.name: [tuple(t.shape.as_list()) if t.shape.rank is not None else None
+                        for t in op.outputs] for op in operations}
+    for node in graph.nodes():
+        if batch_size is None:
+            node.meta["shapes"] = shapes.get(node.name, [])
+        else:
+            node.meta.setdefault("batch_shapes", {})[batch_size] = shapes.get(node.name, [])
 
 
 class _DType(str):

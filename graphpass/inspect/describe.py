@@ -9,9 +9,11 @@ from graphpass.ir.graph import Graph
 
 
 def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | None = None,
-             global_step: str | None = None, xla: bool = False) -> dict:
+             global_step: str | None = None, xla: bool = False, saved: bool = False,
+             batch_size: int | None = None) -> dict:
     """A JSON-able summary: counts, graph inputs/outputs, variables, regions; with
-    ``xla``, the step's ops that have no XLA kernel.
+    ``xla``, the step's ops that have no XLA kernel; with ``saved``, every forward
+    value the backward pass keeps (``saved_values``).
 
     A graph without a training step still gets described (``regions`` None,
     ``regions_error`` says why); an override that does not fit the graph is
@@ -39,8 +41,9 @@ def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | No
             raise
         info["regions"] = None
         info["regions_error"] = str(exc)
-        if xla:
-            raise GraphpassError(f"--xla needs the training step: {exc}") from None
+        if xla or saved:
+            option = "--xla" if xla else "--saved"
+            raise GraphpassError(f"{option} needs the training step: {exc}") from None
         return info
     info["regions"] = {
         "counts": regions.counts(),
@@ -61,4 +64,24 @@ def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | No
         step = [n for n in graph if regions.label(n) in STEP_REGIONS]
         info["xla_unsupported"] = [{"node": n, "op": op}
                                    for n, op in dialect.xla_unsupported(graph, step)]
+    if saved:
+        fetches = [s.train_op for s in regions.steps] + [s.loss.node for s in regions.steps]
+        info["saved"] = saved_values(graph, fetches, set(regions.nodes("forward")),
+                                     set(regions.nodes("backward")), batch_size)
     return info
+
+
+def saved_values(graph: Graph, fetches: list[str], forward: set[str], backward: set[str],
+                 batch_size: int | None = None) -> dict:
+    """JAX's ``print_saved_residuals`` for a graph: every forward value a gradient op
+    reads (so the step keeps it from the forward to the backward pass), its
+    producer op, shape, bytes and readers, largest first, and the total."""
+    from graphpass.analysis.cost import Sizes
+    from graphpass.analysis.forward import computed_forward, forward_chain
+    from graphpass.analysis.memory import check_batch_size
+
+    check_batch_size(graph, fetches, batch_size)
+    chain = forward_chain(graph, computed_forward(graph, forward), backward,
+                          Sizes(graph, batch_size))
+    return {"total_bytes": chain.saved_bytes, "count": len(chain.saved),
+            "values": [v.to_json() for v in chain.saved]}
