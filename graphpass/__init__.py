@@ -6,11 +6,29 @@ The data path: ``load`` -> :class:`Graph` -> analyses -> passes -> lowering ->
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from graphpass.errors import GraphpassError
-from graphpass.ir.formats import load, save
-from graphpass.ir.graph import Graph, Node, Tensor
+
+if TYPE_CHECKING:
+    from graphpass.ir.formats import load, save
+    from graphpass.ir.graph import Graph, Node, Tensor
 
 __version__ = "0.1.0"
+
+#: Public names imported on first use: ``graphpass --help`` (which imports this
+#: package) must not pay for networkx, numpy or a runtime.
+_LAZY = {"load": "graphpass.ir.formats", "save": "graphpass.ir.formats",
+         "Graph": "graphpass.ir.graph", "Node": "graphpass.ir.graph",
+         "Tensor": "graphpass.ir.graph"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'graphpass' has no attribute {name!r}")
 
 
 def run_passes(graph: Graph, settings: dict, instruments: list | None = None) -> list:

@@ -11,13 +11,16 @@ sizes count as zero, so the estimate is a lower bound on what it can see.
 
 from __future__ import annotations
 
-import numpy as np
+import math
+from functools import cache
 
 from graphpass.ir.graph import Graph, Tensor
 
 
 def np_dtype(dtype: str):
     """numpy dtype for a dialect dtype name (bfloat16 via ml_dtypes)."""
+    import numpy as np  # here: the CLI imports this module for --help
+
     if dtype == "bfloat16":
         import ml_dtypes
 
@@ -32,11 +35,16 @@ def tensor_bytes(graph: Graph, tensor: Tensor) -> int | None:
     dtype = dialect.dtype(graph, tensor)
     if shape is None or dtype is None or any(d is None or d < 0 for d in shape):
         return None
+    itemsize = _itemsize(dtype)
+    return None if itemsize is None else math.prod(shape) * itemsize
+
+
+@cache
+def _itemsize(dtype: str) -> int | None:
     try:
-        itemsize = np_dtype(dtype).itemsize
+        return np_dtype(dtype).itemsize
     except TypeError:
         return None
-    return int(np.prod(shape, dtype=np.int64)) * itemsize
 
 
 def estimated_peak_bytes(graph: Graph, fetches: list[str]) -> int:
