@@ -285,8 +285,8 @@ def print_table(rows: list[dict]) -> None:
     for row in rows:
         anchor = grappler.get(row["nodes"])
         if row["format"] == "tf" and row["variant"] != "grappler" and anchor and "seconds" in row:
-            print(f"tf {row['nodes']:,d} {row['variant']}: {row['seconds'] / anchor['seconds']:.2f}x "
-                  "Grappler's time")
+            ratio = row["seconds"] / anchor["seconds"]
+            print(f"tf {row['nodes']:,d} {row['variant']}: {ratio:.2f}x Grappler's time")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--onnx-blocks", default="3125",
                         help="comma-separated ONNX MLP depths ('' for none)")
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "graphpass_bench_scale"),
+    parser.add_argument("--work", default=str(Path(tempfile.gettempdir(), "graphpass_bench_scale")),
                         help="where the generated graphs are kept between runs")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per variant")
     parser.add_argument("--profile", help="with one graph and one variant: cProfile stats here")
