@@ -108,6 +108,11 @@ class Dialect(ABC):
         """Static shape, None for unknown dims; None if even the rank is unknown."""
         return None
 
+    def infer_shapes(self, graph: Graph, names: list[str]) -> None:
+        """Make the shapes of ``names`` known before ``shape`` is asked about them:
+        an analysis that needs a few nodes' shapes says which, and a dialect whose
+        inference is costly infers only what those depend on. Here: nothing to do."""
+
     def dependency_scale(self, dtype: str) -> float:
         """The factor of data-mode ordering, ``x + stop_gradient(scale * s)``: the
         dtype's smallest normal number, as ``recompute_grad(use_data_dep=True)``."""

@@ -181,6 +181,9 @@ class Graph:
             if not d["control"] and d["src_port"] == tensor.port
         ]
 
+    def data_producers(self, name: str) -> list[str]:
+        return _unique(src for src, d in self._in_edges(name) if not d["control"])
+
     def data_users(self, name: str) -> list[str]:
         return _unique(dst for dst, d in self._out_edges(name) if not d["control"])
 

@@ -181,6 +181,12 @@ class TFDialect(Dialect):
         shapes = node.meta.get("shapes") or []
         return shapes[tensor.port] if tensor.port < len(shapes) else None
 
+    def infer_shapes(self, graph: Graph, names: list[str]) -> None:
+        """Infer the subgraph ``names`` read by data edges, unless already known."""
+        missing = [n for n in names if "shapes" not in graph.node(n).meta]
+        if missing:
+            _infer_shapes(graph, missing)
+
     def get_attr(self, graph: Graph, name: str, key: str, default: Any = None) -> Any:
         value = graph.node(name).attrs.get(key)
         if value is None:
@@ -481,25 +487,46 @@ def _broadcast_shape(a: tuple | None, b: tuple | None) -> tuple | None:
     return tuple(dims)
 
 
-def _infer_shapes(graph: Graph) -> None:
+def _infer_shapes(graph: Graph, names: list[str] | None = None) -> None:
+    """Record TF's inferred output shapes on the nodes (``meta["shapes"]``): of
+    every node, or of ``names`` and their data ancestors (shapes follow data
+    edges only). When that subgraph does not import, the whole graph is inferred.
+
+    Only TF's C importer runs (it infers each node's shapes as it adds the
+    node): ``import_graph_def`` also builds colocation, device and control-flow
+    data in Python for every op, which was three quarters of its time and
+    decides no shape (tools/bench_scale.py).
+    """
     import tensorflow as tf
+    from tensorflow.python.client import pywrap_tf_session as c_api
+    from tensorflow.python.framework import ops
 
     from graphpass.ir.tf_io import graph_def_from_graph
 
+    only = None if names is None else graph.ancestors(names, follow_control=False) | set(names)
     tf_graph = tf.Graph()
+    options = c_api.TF_NewImportGraphDefOptions()
+    buffer = c_api.TF_NewBufferFromString(graph_def_from_graph(graph, only).SerializeToString())
     try:
-        with tf_graph.as_default():
-            tf.compat.v1.import_graph_def(graph_def_from_graph(graph), name="")
-    except (ValueError, TypeError, tf.errors.OpError):
+        with tf_graph._c_graph.get() as c_graph:
+            c_api.TF_DeleteImportGraphDefResults(
+                c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer, options))
+    except tf.errors.OpError:
+        if only is not None:
+            return _infer_shapes(graph)
         for node in graph.nodes():  # custom ops or broken inputs: shapes stay unknown
             node.meta["shapes"] = []
-        return
-    for op in tf_graph.get_operations():
-        if op.name in graph:
-            graph.node(op.name).meta["shapes"] = [
-                tuple(t.shape.as_list()) if t.shape.rank is not None else None
-                for t in op.outputs
-            ]
+        return None
+    finally:
+        c_api.TF_DeleteBuffer(buffer)
+        c_api.TF_DeleteImportGraphDefOptions(options)
+    for c_op in tf_graph.new_operations():
+        op = ops.Operation._from_c_op(c_op=c_op, g=tf_graph)
+        graph.node(op.name).meta["shapes"] = [
+            None if unknown_rank else tuple(dims)
+            for dims, unknown_rank in (t._shape for t in op.outputs)
+        ]
+    return None
 
 
 class _DType(str):
