@@ -6,19 +6,21 @@ The data path: ``load`` -> :class:`Graph` -> analyses -> passes -> lowering ->
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from graphpass.errors import GraphpassError
 
 if TYPE_CHECKING:
-    from graphpass.ir.formats import load, save
+    from graphpass.formats.detect import load, save
     from graphpass.ir.graph import Graph, Node, Tensor
+    from graphpass.options import PipelineOptions
 
 __version__ = "0.1.0"
 
 #: Public names imported on first use: ``graphpass --help`` (which imports this
 #: package) must not pay for networkx, numpy or a runtime.
-_LAZY = {"load": "graphpass.ir.formats", "save": "graphpass.ir.formats",
+_LAZY = {"load": "graphpass.formats.detect", "save": "graphpass.formats.detect",
          "Graph": "graphpass.ir.graph", "Node": "graphpass.ir.graph",
          "Tensor": "graphpass.ir.graph"}
 
@@ -31,17 +33,24 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'graphpass' has no attribute {name!r}")
 
 
-def run_passes(graph: Graph, settings: dict, instruments: list | None = None) -> list:
-    """Run the passes ``settings`` ask for (keys as the CLI's long options, with
-    underscores) on ``graph`` in place; returns one ``PassResult`` per pass."""
-    from graphpass.passes import Pipeline, build_passes
+def run_passes(graph: Graph, options: Mapping | PipelineOptions,
+               instruments: Sequence = ()) -> list:
+    """Run the passes ``options`` ask for on ``graph`` in place; returns one
+    ``PassResult`` per pass. ``options`` is a :class:`PipelineOptions` or a mapping
+    keyed like the CLI's long options, with underscores (validated the same way)."""
+    from graphpass.options import PipelineOptions, pipeline_options
+    from graphpass.passes import PassContext, Pipeline, build_passes
 
-    return Pipeline(build_passes(settings), instruments or []).run(graph)
+    if not isinstance(options, PipelineOptions):
+        options = pipeline_options(options)
+    ctx = PassContext.from_options(options, instruments)
+    return Pipeline(build_passes(options)).run(graph, ctx)
 
 
 def analyze(graph: Graph, **overrides):
-    """Region analysis (loss, gradients, optimizer, global_step); see ``graphpass.ir.regions``."""
-    from graphpass.ir.regions import analyze as _analyze
+    """Region analysis (loss, gradients, optimizer, global_step); see
+    ``graphpass.analysis.regions``."""
+    from graphpass.analysis.regions import analyze as _analyze
 
     return _analyze(graph, **overrides)
 

@@ -64,8 +64,8 @@ def test_tf_shapes_are_the_python_importers(name):
     import tensorflow as tf
 
     import graphpass
-    from graphpass.ir import tf_dialect
-    from graphpass.ir.tf_io import graph_def_from_graph
+    from graphpass.dialects import tf as tf_dialect
+    from graphpass.formats.tf_io import graph_def_from_graph
 
     graph = graphpass.load(DATA / f"{name}.meta")
     tf_graph = tf.Graph()
