@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from graphpass.dialects.base import Dialect
 from graphpass.errors import GraphpassError
@@ -145,8 +146,9 @@ class ONNXDialect(Dialect):
         (the trainable ones); frozen weights of an inference model are constants."""
         if graph.node(name).op not in SOURCE_OPS:
             return False
+        outputs = _output_names(graph)
         return any(
-            slot == 0 and self._sgd_gradient(graph, user) is not None
+            slot == 0 and self._sgd_gradient(graph, user, outputs) is not None
             for user, slot in graph.consumers(Tensor(name, 0))
         )
 
@@ -179,23 +181,25 @@ class ONNXDialect(Dialect):
     def optimizer_applies(self, graph: Graph) -> dict[str, list[Tensor]]:
         """SGD updates ``Sub(param, Mul(lr, grad))`` whose result is a graph output."""
         applies = {}
+        outputs = _output_names(graph)
         for node in graph.nodes():
-            grad = self._sgd_gradient(graph, node.name)
+            grad = self._sgd_gradient(graph, node.name, outputs)
             if grad is not None:
                 applies[node.name] = [grad]
         return applies
 
-    def _sgd_gradient(self, graph: Graph, name: str) -> Tensor | None:
+    def _sgd_gradient(self, graph: Graph, name: str, outputs: set[str]) -> Tensor | None:
         """The gradient an SGD update applies, or None if ``name`` is not one.
 
-        An update is a ``Sub(param, Mul(..))`` whose result is a graph output.
+        An update is a ``Sub(param, Mul(..))`` whose result is a graph output
+        (``outputs``: the graph's output names, gathered once by the caller).
         Of the two ``Mul`` operands the gradient is the computed one (the rate
         is an initializer or input); if both are computed, the one shaped like
         the parameter.
         """
         node = graph.node(name)
         if node.op != "Sub" or node.domain not in DEFAULT_DOMAINS or not node.outputs or \
-                node.outputs[0] not in {v.name for v in graph.meta["outputs"]}:
+                node.outputs[0] not in outputs:
             return None
         inputs = graph.input_slots(name)
         if 0 not in inputs or 1 not in inputs:
@@ -425,15 +429,35 @@ def _has_schema(node) -> bool:
     return onnx.defs.has(node.op, node.domain if node.domain != "ai.onnx" else "")
 
 
+def _output_names(graph: Graph) -> set[str]:
+    return {v.name for v in graph.meta["outputs"]}
+
+
+#: Per graph: value name -> the node producing it, gathered on the first
+#: ``_fresh_value`` call and extended by each (gathering it per new value made
+#: adding nodes quadratic). A graph's copy starts its own.
+_PRODUCERS: WeakKeyDictionary = WeakKeyDictionary()
+
+
 def _fresh_value(graph: Graph, node_name: str, port: int) -> str:
     """A tensor name no node produces yet: the node name (port 0) or ``node:port``."""
-    used = {v for n in graph.nodes() for v in n.outputs}
+    producers = _PRODUCERS.get(graph)
+    if producers is None:
+        producers = _PRODUCERS[graph] = {v: n.name for n in graph.nodes() for v in n.outputs}
     base = node_name if port == 0 else f"{node_name}:{port}"
     name, i = base, 0
-    while name in used:
+    while _produced(graph, producers, name):
         i += 1
         name = f"{base}_{i}"
+    producers[name] = node_name
     return name
+
+
+def _produced(graph: Graph, producers: dict[str, str], value: str) -> bool:
+    """Whether a node of the graph outputs ``value`` now: the index may name a
+    node that was removed since, or that is not added yet."""
+    owner = producers.get(value)
+    return owner is not None and owner in graph and value in graph.node(owner).outputs
 
 
 def _attribute(key: str, value: Any):
