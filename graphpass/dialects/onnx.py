@@ -38,6 +38,8 @@ from graphpass.formats.onnx_io import (
 from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
+#: Builder ops whose output has their first input's dtype (type constraint ``T``).
+_SAME_DTYPE_OPS = frozenset({"Reshape", "Slice", "Sum", "Add", "Sub", "Mul", "Identity"})
 # get_attr/set_attr keys with this prefix are node annotations (metadata_props).
 ANNOTATION_PREFIX = "_"
 # Ops whose output is random on every run (never recomputed: the copy would differ).
@@ -311,10 +313,21 @@ class ONNXDialect(Dialect):
                 copy.meta[key] = node.meta[key]
         return new_name
 
-    def _op(self, graph: Graph, name: str, op: str, inputs: list[Tensor], **attrs) -> Tensor:
+    def _op(self, graph: Graph, name: str, op: str, inputs: list[Tensor],
+            out_dtype: str | None = None, **attrs) -> Tensor:
+        """Add one op. Its dtype is recorded when known (``out_dtype``, or its first
+        input's for the ops of ``_SAME_DTYPE_OPS``), as inference would record it:
+        building the next op asks it, and would otherwise infer the whole model
+        again, once per segment a pass rewrites."""
         name = graph.unique_name(name)
-        graph.add_node(name, op, inputs, attrs={k: _attribute(k, v) for k, v in attrs.items()},
-                       outputs=[_fresh_value(graph, name, 0)])
+        node = graph.add_node(name, op, inputs,
+                              attrs={k: _attribute(k, v) for k, v in attrs.items()},
+                              outputs=[_fresh_value(graph, name, 0)])
+        first = graph.node(inputs[0].node) if inputs else None
+        if out_dtype is None and op in _SAME_DTYPE_OPS and "dtypes" in first.meta:
+            out_dtype = self.dtype(graph, inputs[0])
+        if out_dtype is not None:
+            node.meta["dtypes"] = [out_dtype]
         return Tensor(name, 0)
 
     def constant(self, graph: Graph, name: str, value: Any, dtype: str) -> Tensor:
@@ -328,7 +341,10 @@ class ONNXDialect(Dialect):
         enum = dtype_enum(dtype)
         proto = onnx.helper.make_tensor(value_name, enum, array.shape, array.flatten().tolist())
         _register_initializer(graph, proto)
-        graph.add_node(key, INITIALIZER, outputs=[value_name])
+        node = graph.add_node(key, INITIALIZER, outputs=[value_name])
+        # What inference records for an initializer (see _infer_types).
+        node.meta["dtypes"] = [_dtype_name(enum)]
+        node.meta["shapes"] = [tuple(array.shape)]
         return Tensor(key, 0)
 
     def identity(self, graph: Graph, name: str, tensor: Tensor,
@@ -379,7 +395,7 @@ class ONNXDialect(Dialect):
             return tensor
         enum = dtype_enum(dtype)
         to = enum if self.opset(graph) >= 6 else onnx.TensorProto.DataType.Name(enum)
-        return self._op(graph, name, "Cast", [tensor], to=to)
+        return self._op(graph, name, "Cast", [tensor], out_dtype=_dtype_name(enum), to=to)
 
     def binary(self, graph: Graph, name: str, op: str, a: Tensor, b: Tensor) -> Tensor:
         onnx_op = {"add": "Add", "sub": "Sub", "mul": "Mul"}[op]
