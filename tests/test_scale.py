@@ -80,3 +80,61 @@ def test_tf_shapes_are_the_python_importers(name):
     tf_dialect._infer_shapes(graph)
     assert {n: graph.node(n).meta["shapes"] for n in graph} == expected
     assert all(expected[n] == shapes for n, shapes in partial.items())
+
+
+def count_calls(monkeypatch, owner, name: str) -> list[int]:
+    """Count calls of ``owner.name`` (the counter is a one-element list)."""
+    counter = [0]
+    original = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        counter[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return counter
+
+
+def rewrite_counts(monkeypatch, tmp_path, source: Path, pattern: str) -> tuple[int, int]:
+    """(whole-graph walks, shape inferences) of ``inspect`` then ``rewrite --recompute``."""
+    from graphpass.cli import main
+    from graphpass.dialects import onnx as onnx_dialect
+    from graphpass.dialects import tf as tf_dialect
+    from graphpass.ir.graph import Graph
+
+    walks = count_calls(monkeypatch, Graph, "_reach")
+    inferences = count_calls(monkeypatch, onnx_dialect, "_infer_types")
+    tf_inferences = count_calls(monkeypatch, tf_dialect, "_infer_shapes")
+    assert main(["inspect", str(source)]) == 0
+    out = tmp_path / f"out{source.suffix}"
+    assert main(["rewrite", str(source), "-o", str(out), "--recompute", pattern,
+                 "--dependency", "data", "--quiet"]) == 0
+    monkeypatch.undo()
+    return walks[0], inferences[0] + tf_inferences[0]
+
+
+def test_onnx_walks_and_inferences_do_not_grow_with_the_graph(monkeypatch, tmp_path, capsys):
+    """4 and 24 blocks (4 and 24 segments): the same number of ancestor/descendant
+    walks and of shape inferences. A walk or an inference per candidate loss,
+    segment or added node (as before) would make the counts grow."""
+    from tools import onnx_models
+
+    counts = []
+    for blocks in (4, 24):
+        source = tmp_path / f"mlp{blocks}.onnx"
+        source.write_bytes(onnx_models.block_mlp(blocks=blocks, check=False)
+                           .model.SerializeToString())
+        counts.append(rewrite_counts(monkeypatch, tmp_path, source, "block[0-9]+/"))
+    assert counts[0] == counts[1]
+    assert counts[0][1] == 3  # inspect's; rewrite's before the segments and after them
+
+
+def test_tf_walks_and_inferences_do_not_grow_with_the_graph(monkeypatch, tmp_path, capsys):
+    from tools import tf_models
+
+    counts = []
+    for blocks in (3, 12):
+        source = tmp_path / f"mlp{blocks}.meta"
+        source.write_bytes(tf_models.block_mlp(blocks=blocks).meta_graph.SerializeToString())
+        counts.append(rewrite_counts(monkeypatch, tmp_path, source, "block[0-9]+/"))
+    assert counts[0] == counts[1]
