@@ -23,6 +23,7 @@ import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from graphpass.analysis.shapes import infer_shapes
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 
@@ -64,6 +65,12 @@ class Regions:
     def loss(self) -> Tensor:
         return self.steps[0].loss
 
+    @property
+    def fetches(self) -> list[str]:
+        """The nodes one training step runs: every train op, then every loss."""
+        fetches = [t for s in self.steps for t in s.train_ops or [s.train_op]]
+        return fetches + [s.loss.node for s in self.steps]
+
 
 def analyze(
     graph: Graph,
@@ -74,9 +81,11 @@ def analyze(
 ) -> Regions:
     """Find the training steps of ``graph`` and label its nodes.
 
-    ``loss``, ``train_ops`` and ``global_step`` override detection. Records
-    each node's label in ``node.meta["region"]``.
+    ``loss``, ``train_ops`` and ``global_step`` override detection. The labels
+    live in the result, never on the nodes (they would go stale once a pass adds
+    nodes); loss detection reads shapes, so shape inference runs first.
     """
+    infer_shapes(graph)
     dialect = graph.dialect
     applies = dialect.optimizer_applies(graph)
     if not applies:
@@ -89,8 +98,6 @@ def analyze(
     steps = [_train_step(graph, group, applies, loss) for group in groups]
     found = _label(graph, steps)
     labels = {name: found.get(name, OTHER) for name in graph}
-    for name, label in labels.items():
-        graph.node(name).meta["region"] = label
     step_var = _global_step(graph, labels, global_step)
     return Regions(steps=steps, global_step=step_var, labels=labels)
 
@@ -160,11 +167,8 @@ def _find_loss(graph: Graph, gradients: list[Tensor], train_op: str, applies: li
     order = {name: i for i, name in enumerate(graph)}
     toward_grads_order = sorted(order[n] for n in toward_grads)
     candidates = [n for n in graph if n in related and n not in after_update
-                  and n not in producers and _only_fetched(graph, n)]
-    # Shapes last, and only of what passed the rest: the dialect infers just
-    # these candidates' upstream, not the whole graph.
-    graph.dialect.infer_shapes(graph, candidates)
-    candidates = [n for n in candidates if _scalar_or_unknown(graph, Tensor(n, 0))]
+                  and n not in producers and _only_fetched(graph, n)
+                  and _scalar_or_unknown(graph, Tensor(n, 0))]
     score = {}
     for name, (last, covered) in _upstream_scores(graph, candidates, toward_grads,
                                                   order).items():

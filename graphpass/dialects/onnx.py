@@ -3,7 +3,7 @@
 
 * Types and shapes come from ``onnx.shape_inference``, run once over the whole
   model and recorded per node in ``node.meta["dtypes"]`` / ``node.meta["shapes"]``
-  (a node added later triggers a fresh run), as the TF dialect does.
+  by the shapes analysis (``analysis/shapes.py``), as the TF dialect does.
 * Constants the builders need (shapes, scalars) become initializers, written
   like the ones read: valid in every opset, and no extra nodes in the list.
 * ONNX has no control dependencies and no gradient-stopping op. The
@@ -38,8 +38,6 @@ from graphpass.formats.onnx_io import (
 from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
-#: Builder ops whose output has their first input's dtype (type constraint ``T``).
-_SAME_DTYPE_OPS = frozenset({"Reshape", "Slice", "Sum", "Add", "Sub", "Mul", "Identity"})
 # get_attr/set_attr keys with this prefix are node annotations (metadata_props).
 ANNOTATION_PREFIX = "_"
 # Ops whose output is random on every run (never recomputed: the copy would differ).
@@ -94,10 +92,11 @@ class ONNXDialect(Dialect):
     def num_outputs(self, graph: Graph, name: str) -> int | None:
         return len(graph.node(name).outputs)
 
-    def schedule(self, graph: Graph) -> list[str]:
+    def schedule(self, graph: Graph, nodes: set[str] | None = None) -> list[str]:
         """onnxruntime's default order for the model the writer emits (a DFS from the
         leaves; see ``onnx_io.ort_schedule``), not a plain topological order."""
-        return ort_schedule(graph)
+        order = ort_schedule(graph)
+        return order if nodes is None else [n for n in order if n in nodes]
 
     def parse_tensor(self, graph: Graph, text: str) -> Tensor:
         """An ONNX tensor name first (what users see in Netron); else ``node[:port]``."""
@@ -227,15 +226,13 @@ class ONNXDialect(Dialect):
     def dtype(self, graph: Graph, tensor: Tensor) -> str | None:
         return self._inferred(graph, tensor, "dtypes")
 
-    def shape(self, graph: Graph, tensor: Tensor) -> tuple | None:
-        """Static shape from ONNX shape inference (None for symbolic dims)."""
-        return self._inferred(graph, tensor, "shapes")
+    def infer_shapes(self, graph: Graph) -> None:
+        """ONNX shape inference, once over the model: dtypes and shapes (None for
+        symbolic dims) of every node's outputs."""
+        _infer_types(graph)
 
     def _inferred(self, graph: Graph, tensor: Tensor, key: str):
-        node = graph.node(tensor.node)
-        if key not in node.meta:
-            _infer_types(graph)
-        values = node.meta.get(key) or []
+        values = graph.node(tensor.node).meta.get(key) or []
         return values[tensor.port] if tensor.port < len(values) else None
 
     def dependency_scale(self, dtype: str) -> float:
@@ -313,21 +310,10 @@ class ONNXDialect(Dialect):
                 copy.meta[key] = node.meta[key]
         return new_name
 
-    def _op(self, graph: Graph, name: str, op: str, inputs: list[Tensor],
-            out_dtype: str | None = None, **attrs) -> Tensor:
-        """Add one op. Its dtype is recorded when known (``out_dtype``, or its first
-        input's for the ops of ``_SAME_DTYPE_OPS``), as inference would record it:
-        building the next op asks it, and would otherwise infer the whole model
-        again, once per segment a pass rewrites."""
+    def _op(self, graph: Graph, name: str, op: str, inputs: list[Tensor], **attrs) -> Tensor:
         name = graph.unique_name(name)
-        node = graph.add_node(name, op, inputs,
-                              attrs={k: _attribute(k, v) for k, v in attrs.items()},
-                              outputs=[_fresh_value(graph, name, 0)])
-        first = graph.node(inputs[0].node) if inputs else None
-        if out_dtype is None and op in _SAME_DTYPE_OPS and "dtypes" in first.meta:
-            out_dtype = self.dtype(graph, inputs[0])
-        if out_dtype is not None:
-            node.meta["dtypes"] = [out_dtype]
+        graph.add_node(name, op, inputs, attrs={k: _attribute(k, v) for k, v in attrs.items()},
+                       outputs=[_fresh_value(graph, name, 0)])
         return Tensor(name, 0)
 
     def constant(self, graph: Graph, name: str, value: Any, dtype: str) -> Tensor:
@@ -341,10 +327,7 @@ class ONNXDialect(Dialect):
         enum = dtype_enum(dtype)
         proto = onnx.helper.make_tensor(value_name, enum, array.shape, array.flatten().tolist())
         _register_initializer(graph, proto)
-        node = graph.add_node(key, INITIALIZER, outputs=[value_name])
-        # What inference records for an initializer (see _infer_types).
-        node.meta["dtypes"] = [_dtype_name(enum)]
-        node.meta["shapes"] = [tuple(array.shape)]
+        graph.add_node(key, INITIALIZER, outputs=[value_name])
         return Tensor(key, 0)
 
     def identity(self, graph: Graph, name: str, tensor: Tensor,
@@ -374,7 +357,11 @@ class ONNXDialect(Dialect):
         else:
             head = self._op(graph, f"{name}/head", "Slice", [flat], starts=[0], ends=[1],
                             axes=[0])
-        return self._reshape(graph, name, head, [], opset)
+        first = self._reshape(graph, name, head, [], opset)
+        # A scalar of the input's dtype: recorded as inference would (``cast`` reads it).
+        node = graph.node(first.node)
+        node.meta["dtypes"], node.meta["shapes"] = [self.dtype(graph, tensor)], [()]
+        return first
 
     def _reshape(self, graph: Graph, name: str, tensor: Tensor, shape: list[int],
                  opset: int) -> Tensor:
@@ -395,7 +382,9 @@ class ONNXDialect(Dialect):
             return tensor
         enum = dtype_enum(dtype)
         to = enum if self.opset(graph) >= 6 else onnx.TensorProto.DataType.Name(enum)
-        return self._op(graph, name, "Cast", [tensor], out_dtype=_dtype_name(enum), to=to)
+        cast = self._op(graph, name, "Cast", [tensor], to=to)
+        graph.node(cast.node).meta["dtypes"] = [dtype]  # known without inference
+        return cast
 
     def binary(self, graph: Graph, name: str, op: str, a: Tensor, b: Tensor) -> Tensor:
         onnx_op = {"add": "Add", "sub": "Sub", "mul": "Mul"}[op]

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
-from graphpass.formats.detect import GRAPHDEF, METAGRAPH, SAVEDMODEL, atomic_output
+from graphpass.formats.files import GRAPHDEF, METAGRAPH, SAVEDMODEL, atomic_output
 from graphpass.ir.graph import Graph, parse_tensor_name
 
 _EXTRA_FIELDS = ("experimental_debug_info", "experimental_type")
@@ -105,16 +105,13 @@ def _connect(graph: Graph, node_def) -> None:
         slot += 1
 
 
-def graph_def_from_graph(graph: Graph, only: set[str] | None = None):
-    """Lower the IR back to a ``GraphDef`` (node order = graph order).
-
-    ``only``: just those nodes, without control inputs (a subgraph closed under
-    data inputs, which is all TF's shape inference reads)."""
+def graph_def_from_graph(graph: Graph):
+    """Lower the IR back to a ``GraphDef`` (node order = graph order)."""
     with _gc_paused():
-        return _graph_def_from_graph(graph, only)
+        return _graph_def_from_graph(graph)
 
 
-def _graph_def_from_graph(graph: Graph, only: set[str] | None):
+def _graph_def_from_graph(graph: Graph):
     from tensorflow.core.framework import graph_pb2
 
     graph_def = graph_pb2.GraphDef()
@@ -125,12 +122,9 @@ def _graph_def_from_graph(graph: Graph, only: set[str] | None):
     if graph.meta.get("graph_version"):
         graph_def.version = graph.meta["graph_version"]
     for node in graph.nodes():
-        if only is not None and node.name not in only:
-            continue
         node_def = graph_def.node.add(name=node.name, op=node.op, device=node.device)
         node_def.input.extend(str(t) for t in graph.inputs(node.name))
-        if only is None:
-            node_def.input.extend("^" + c for c in graph.control_inputs(node.name))
+        node_def.input.extend("^" + c for c in graph.control_inputs(node.name))
         for key, value in node.attrs.items():
             node_def.attr[key].CopyFrom(value)
         for field, value in node.meta.get("tf_extras", {}).items():
