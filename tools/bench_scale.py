@@ -179,8 +179,16 @@ def worker(variant: str, source: str, output: str, profile: str | None) -> dict:
         start = time.perf_counter()
         command()
         seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"import_s": import_s, "seconds": seconds, "peak_rss": peak}
+    return {"import_s": import_s, "seconds": seconds, "peak_rss": _peak_rss()}
+
+
+def _peak_rss() -> int:
+    """This process's resident high-water mark (``VmHWM``; ``ru_maxrss`` would
+    carry the parent's over fork and exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _command(variant: str, source: str, output: str, is_onnx: bool):
