@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from graphpass.dialects.base import Dialect
 from graphpass.errors import GraphpassError
@@ -434,15 +435,35 @@ def _has_schema(node) -> bool:
     return onnx.defs.has(node.op, node.domain if node.domain != "ai.onnx" else "")
 
 
+def _output_names(graph: Graph) -> set[str]:
+    return {v.name for v in graph.meta["outputs"]}
+
+
+#: Per graph: value name -> the node producing it, gathered on the first
+#: ``_fresh_value`` call and extended by each (gathering it per new value made
+#: adding nodes quadratic). A graph's copy starts its own.
+_PRODUCERS: WeakKeyDictionary = WeakKeyDictionary()
+
+
 def _fresh_value(graph: Graph, node_name: str, port: int) -> str:
     """A tensor name no node produces yet: the node name (port 0) or ``node:port``."""
-    used = {v for n in graph.nodes() for v in n.outputs}
+    producers = _PRODUCERS.get(graph)
+    if producers is None:
+        producers = _PRODUCERS[graph] = {v: n.name for n in graph.nodes() for v in n.outputs}
     base = node_name if port == 0 else f"{node_name}:{port}"
     name, i = base, 0
-    while name in used:
+    while _produced(graph, producers, name):
         i += 1
         name = f"{base}_{i}"
+    producers[name] = node_name
     return name
+
+
+def _produced(graph: Graph, producers: dict[str, str], value: str) -> bool:
+    """Whether a node of the graph outputs ``value`` now: the index may name a
+    node that was removed since, or that is not added yet."""
+    owner = producers.get(value)
+    return owner is not None and owner in graph and value in graph.node(owner).outputs
 
 
 def _attribute(key: str, value: Any):

@@ -615,8 +615,16 @@ def _broadcast_shape(a: tuple | None, b: tuple | None) -> tuple | None:
 def _infer_shapes(graph: Graph, batch_size: int | None = None) -> None:
     """TF's shape inference over the whole graph, recorded per node in ``meta["shapes"]``
     or, with ``batch_size`` (placeholders' unknown first dimension set to it), in
-    ``meta["batch_shapes"][batch_size]``."""
+    ``meta["batch_shapes"][batch_size]``.
+
+    Only TF's C importer runs (it infers each node's shapes as it adds the
+    node): ``import_graph_def`` also builds colocation, device and control-flow
+    data in Python for every op, which was three quarters of its time and
+    decides no shape (tools/bench_scale.py).
+    """
     import tensorflow as tf
+    from tensorflow.python.client import pywrap_tf_session as c_api
+    from tensorflow.python.framework import ops
 
     from graphpass.formats.tf_io import graph_def_from_graph
 
@@ -627,14 +635,22 @@ def _infer_shapes(graph: Graph, batch_size: int | None = None) -> None:
             if dims and dims[0].size < 0:
                 dims[0].size = batch_size
     tf_graph = tf.Graph()
+    options = c_api.TF_NewImportGraphDefOptions()
+    buffer = c_api.TF_NewBufferFromString(graph_def.SerializeToString())
+    shapes: dict[str, list] = {}
     try:
-        with tf_graph.as_default():
-            tf.compat.v1.import_graph_def(graph_def, name="")
-        operations = tf_graph.get_operations()
-    except (ValueError, TypeError, tf.errors.OpError):
-        operations = []  # custom ops or broken inputs: shapes stay unknown
-    shapes = {op.name: [tuple(t.shape.as_list()) if t.shape.rank is not None else None
-                        for t in op.outputs] for op in operations}
+        with tf_graph._c_graph.get() as c_graph:
+            c_api.TF_DeleteImportGraphDefResults(
+                c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer, options))
+        for c_op in tf_graph.new_operations():
+            op = ops.Operation._from_c_op(c_op=c_op, g=tf_graph)
+            shapes[op.name] = [None if unknown_rank else tuple(dims)
+                               for dims, unknown_rank in (t._shape for t in op.outputs)]
+    except tf.errors.OpError:
+        pass  # custom ops or broken inputs: shapes stay unknown
+    finally:
+        c_api.TF_DeleteBuffer(buffer)
+        c_api.TF_DeleteImportGraphDefOptions(options)
     for node in graph.nodes():
         if batch_size is None:
             node.meta["shapes"] = shapes.get(node.name, [])

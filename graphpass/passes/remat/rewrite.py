@@ -30,6 +30,8 @@ none). The factor is the dialect's ``dependency_scale`` (ONNX: 0, see there).
 from __future__ import annotations
 
 import difflib
+import heapq
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -143,9 +145,14 @@ class RematPass(Pass):
     def _rewrite(self, graph: Graph, segments: list[Segment], step: _Step) -> list[dict]:
         """Plan and apply each segment in turn (a plan sees the earlier rewrites)."""
         entries = []
+        # Tupleized gradients tie a segment's gradient ops to each other, which
+        # may run against the order the reachability shortcut relies on.
+        reach = _Reach(graph, step.backward, ordered=not self.options.tupleize_grads)
         for segment in segments:
-            segment_plan = _plan(graph, segment, step.forward, step.backward)
+            segment_plan = _plan(graph, segment, step.forward, step.backward, reach)
             entries.append(self._apply(graph, segment, segment_plan, step.dependency))
+            if entries[-1]["copied"]:
+                reach.rewritten(segment_plan)
         return entries
 
     # -- marks ---------------------------------------------------------------
@@ -333,15 +340,18 @@ def _hint_segments(graph: Graph, forward: set[str],
     segments = {}
     for hint, names in by_hint.items():
         parts = nx.connected_components(graph.nx.subgraph(names).to_undirected(as_view=True))
-        ordered = sorted((sorted(p, key=names.index) for p in parts),
-                         key=lambda p: names.index(p[0]))
+        position = {n: i for i, n in enumerate(names)}
+        ordered = sorted((sorted(p, key=position.__getitem__) for p in parts),
+                         key=lambda p: position[p[0]])
         for i, part in enumerate(ordered):
             segments[f"hint {hint}" + (f" #{i}" if len(ordered) > 1 else "")] = part
     return segments, skipped
 
 
-def _plan(graph: Graph, segment: Segment, forward: set[str], backward: set[str]) -> _Plan:
-    """Decide copies, rewires and triggers for one segment (graph untouched)."""
+def _plan(graph: Graph, segment: Segment, forward: set[str], backward: set[str],
+          reach: _Reach | None = None) -> _Plan:
+    """Decide copies, rewires and triggers for one segment (graph untouched).
+    ``reach``: shared by the segments of one rewrite (made here if not given)."""
     dialect = graph.dialect
     if segment.kept is None:
         recomputable = {n for n in segment.nodes if dialect.is_recomputable(graph, n)}
@@ -365,7 +375,8 @@ def _plan(graph: Graph, segment: Segment, forward: set[str], backward: set[str])
         copies = [n for n in graph if n in needed]
     consumers = {c for c, _, _ in rewires}
     return _Plan(copies=copies, rewires=rewires,
-                 triggers=_triggers(graph, consumers, backward))
+                 triggers=_triggers(graph, consumers, backward,
+                                    reach or _Reach(graph, backward)))
 
 
 def _internal_values(graph: Graph, segment: Segment, recomputable: set[str],
@@ -378,7 +389,8 @@ def _internal_values(graph: Graph, segment: Segment, recomputable: set[str],
             if not _is_boundary(graph.consumers(Tensor(name, port)), members, forward)]
 
 
-def _triggers(graph: Graph, consumers: set[str], backward: set[str]) -> list[Tensor]:
+def _triggers(graph: Graph, consumers: set[str], backward: set[str],
+              reach: _Reach) -> list[Tensor]:
     """The gradient flowing into the segment: computed float backward tensors that
     the segment's gradient ops read and that do not depend on them.
 
@@ -395,7 +407,7 @@ def _triggers(graph: Graph, consumers: set[str], backward: set[str]) -> list[Ten
     every gradient downstream of its segments' own update ops).
     """
     dialect = graph.dialect
-    after = graph.descendants(consumers) | consumers
+    after = reach.downstream(consumers)
 
     def entering(nodes: set[str], sources: bool = False) -> list[Tensor]:
         return _unique(
@@ -415,19 +427,96 @@ def _triggers(graph: Graph, consumers: set[str], backward: set[str]) -> list[Ten
                  if u in backward and u not in seen}
         seen |= layer
         found = entering(layer)
-        gradients = [t for t in found if _carries_gradient(graph, t, backward)]
+        gradients = [t for t in found if reach.carries_gradient(t.node)]
         if gradients:
             return gradients
         fallback = fallback or found
     return fallback or entering(consumers, sources=True)
 
 
-def _carries_gradient(graph: Graph, tensor: Tensor, backward: set[str]) -> bool:
-    """Computed from some other backward value (not from forward values and
-    constants alone, as a ``Transpose`` of an activation or a weight is)."""
-    dialect = graph.dialect
-    return any(n in backward and not dialect.is_source(graph, n)
-               for n in graph.ancestors([tensor.node]))
+class _Reach:
+    """The two reachability questions of the trigger search, answered for the
+    graph as the earlier segments' rewrites left it, without a walk of the whole
+    graph per segment (which made rewriting quadratic in the segments).
+
+    * ``downstream(consumers)``: the nodes that depend on ``consumers``, walked
+      only as far as asked: a node depends only on nodes before it in a
+      topological order, so asking about ``x`` walks the consumers' descendants
+      that come before ``x``. A rewrite keeps the order of the original graph
+      valid as long as each segment's triggers come before its rewired
+      consumers (what copies and ties connect); checked after every segment,
+      and once it fails (or the graph has a cycle) the walk is unbounded.
+    * ``carries_gradient(name)``: computed from some backward value (not from
+      forward values and constants alone, as a ``Transpose`` of an activation
+      or a weight is). One walk before any rewrite; a rewrite adds ancestors
+      to an original node only through the copies and ties it added, which the
+      walk from ``name`` follows up to the original nodes (a rewired consumer
+      reads an activation, so it is itself computed backward).
+    """
+
+    def __init__(self, graph: Graph, backward: set[str], ordered: bool = True) -> None:
+        self.graph = graph
+        self.computed = {n for n in backward if not graph.dialect.is_source(graph, n)}
+        self.from_computed = graph.descendants(self.computed)
+        self.original = set(graph)
+        self.position: dict[str, int] | None = None
+        if ordered:
+            try:
+                self.position = {n: i for i, n in enumerate(graph.topological_order())}
+            except ValueError:  # a cycle (TF loops): no order to bound the walks by
+                pass
+
+    def downstream(self, consumers: set[str]) -> _Downstream:
+        return _Downstream(self.graph, consumers, self.position)
+
+    def rewritten(self, plan: _Plan) -> None:
+        """After ``plan`` was applied: does the original order still hold?"""
+        position = self.position
+        if position is not None and max(position[t.node] for t in plan.triggers) >= \
+                min(position[c] for c, _, _ in plan.rewires):
+            self.position = None
+
+    def carries_gradient(self, name: str) -> bool:
+        if name in self.from_computed:
+            return True
+        seen, stack = {name}, [name]
+        while stack:
+            for producer in self.graph.producers(stack.pop()):
+                if producer in self.computed or producer in self.from_computed:
+                    return True
+                if producer not in self.original and producer not in seen:
+                    seen.add(producer)
+                    stack.append(producer)
+        return False
+
+
+class _Downstream:
+    """``descendants(consumers) | consumers``, walked lazily (see ``_Reach``)."""
+
+    def __init__(self, graph: Graph, consumers: set[str],
+                 position: dict[str, int] | None) -> None:
+        self.graph = graph
+        self.position = position
+        self.members = set(consumers)
+        self.pending = sorted((self._key(c, 0), c) for c in consumers)
+
+    def _key(self, name: str, parent_key: float) -> float:
+        """Position in the order; a node a rewrite added walks with its producer."""
+        if self.position is None:
+            return 0
+        return self.position.get(name, parent_key)
+
+    def __contains__(self, name: str) -> bool:
+        if name in self.members:
+            return True
+        bound = math.inf if self.position is None else self.position.get(name, math.inf)
+        while self.pending and self.pending[0][0] <= bound:
+            key, node = heapq.heappop(self.pending)
+            for user in self.graph.users(node):
+                if user not in self.members:
+                    self.members.add(user)
+                    heapq.heappush(self.pending, (self._key(user, key), user))
+        return name in self.members
 
 
 def _is_boundary(readers: list[tuple[str, int]], members: set[str], forward: set[str]) -> bool:
@@ -498,6 +587,12 @@ def _order_by_data(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor]
             "mark a larger segment (one that reads a float tensor) or use --dependency control"
         )
     activations = [t for t in external if not dialect.is_variable_value(graph, t.node)]
+    # Who reads each external tensor, once (a scan of every copy per tensor was
+    # quadratic in the segment); copies in order, then slots as the graph lists them.
+    readers: dict[Tensor, list[tuple[str, int]]] = {}
+    for copy in copy_of.values():
+        for slot, source in graph.input_slots(copy).items():
+            readers.setdefault(source, []).append((copy, slot))
     scope = f"{SCOPE}{segment.rstrip('/')}/dep"
     signal: dict[str, Tensor] = {}
     for tensor in activations or external:
@@ -505,10 +600,8 @@ def _order_by_data(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor]
         if dtype not in signal:
             signal[dtype] = _tiny_signal(graph, f"{scope}/{dtype}", triggers, dtype)
         tied = dialect.binary(graph, f"{scope}/tie", "add", tensor, signal[dtype])
-        for copy in copy_of.values():
-            for slot, source in graph.input_slots(copy).items():
-                if source == tensor:
-                    graph.set_input(copy, slot, tied)
+        for copy, slot in readers[tensor]:
+            graph.set_input(copy, slot, tied)
 
 
 def _tiny_signal(graph: Graph, scope: str, tensors: list[Tensor], dtype: str) -> Tensor:
