@@ -46,6 +46,8 @@ class Rewrite(Command):
         parser.add_argument("--output-format", choices=["pb", "pbtxt"],
                             help="TF output encoding (default: the input's)")
         parser.add_argument("--tag", help="SavedModel MetaGraph tag (default: train, then serve)")
+        parser.add_argument("--signature", help="TF2 signature whose function holds the training "
+                            "step (default: train, else the one signature that trains)")
         parser.add_argument("--config", help="TOML file with the same options (CLI wins)")
         parser.add_argument("--report", help="write a JSON report of what each pass did")
         parser.add_argument("--quiet", action="store_true", help="print nothing on success")
@@ -70,7 +72,8 @@ class Rewrite(Command):
         _check_output(source, target, settings.get("in_place", False))
         if settings.get("report"):
             _check_output(source, Path(settings["report"]), False)
-        graph = graphpass.load(source, tag=settings.get("tag"))
+        graph = graphpass.load(source, tag=settings.get("tag"),
+                               signature=settings.get("signature"))
         nodes_before = len(graph)
         if any(settings.get(k) for k in ("loss", "train_op", "global_step")):
             # Overrides are checked even when no requested pass needs regions.
@@ -105,6 +108,7 @@ class Inspect(Command):
         parser.add_argument("input")
         parser.add_argument("--json", action="store_true", help="print JSON")
         parser.add_argument("--tag", help="SavedModel MetaGraph tag")
+        parser.add_argument("--signature", help="TF2 signature holding the training step")
         parser.add_argument("--loss")
         parser.add_argument("--train-op", action="append")
         parser.add_argument("--global-step")
@@ -116,7 +120,7 @@ class Inspect(Command):
         import graphpass
         from graphpass.inspection import describe
 
-        graph = graphpass.load(args.input, tag=args.tag)
+        graph = graphpass.load(args.input, tag=args.tag, signature=args.signature)
         info = describe(graph, loss=args.loss, train_ops=args.train_op,
                         global_step=args.global_step, xla=args.xla)
         print(json.dumps(info, indent=2, sort_keys=True) if args.json else _describe_text(info))

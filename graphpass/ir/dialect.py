@@ -75,6 +75,10 @@ class Dialect(ABC):
         """``name``'s output is a variable's value (the variable, or a read of it)."""
         return self.is_variable(graph, name)
 
+    def is_fetch(self, graph: Graph, name: str) -> bool:
+        """``name`` only hands a value out of the graph (a function's result)."""
+        return False
+
     def graph_inputs(self, graph: Graph) -> list[str]:
         """What the graph is fed (TF placeholders, ONNX graph inputs)."""
         return []

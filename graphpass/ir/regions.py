@@ -191,7 +191,8 @@ def _is_fetched_value(graph: Graph, name: str) -> bool:
     if shape is not None and len(shape) > 0:
         return False
     return all(
-        dialect.is_shape_only(graph, user) or not dialect.is_float(graph, Tensor(user, 0))
+        dialect.is_shape_only(graph, user) or dialect.is_fetch(graph, user)
+        or not dialect.is_float(graph, Tensor(user, 0))
         for user in graph.data_users(name)
     )
 

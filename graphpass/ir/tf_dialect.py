@@ -74,7 +74,20 @@ class TFDialect(Dialect):
             graph.node(inputs[0].node).op in REF_VARIABLE_OPS
 
     def is_variable(self, graph: Graph, name: str) -> bool:
-        return graph.node(name).op in REF_VARIABLE_OPS | {"VarHandleOp"}
+        node = graph.node(name)
+        if node.op in REF_VARIABLE_OPS | {"VarHandleOp"}:
+            return True
+        # In a function body, a variable is a resource argument.
+        return node.op == "Placeholder" and self.get_attr(graph, name, "dtype") == "resource"
+
+    def is_fetch(self, graph: Graph, name: str) -> bool:
+        """A function result (``_Retval``), or an ``Identity`` only results read."""
+        node = graph.node(name)
+        if node.op == "_Retval":
+            return True
+        users = graph.data_users(name)
+        return node.op == "Identity" and bool(users) and \
+            all(self.is_fetch(graph, u) for u in users)
 
     def is_variable_value(self, graph: Graph, name: str) -> bool:
         node = graph.node(name)
@@ -102,12 +115,17 @@ class TFDialect(Dialect):
                 slots = self.input_arg_slots(graph, node.name, "grad") or \
                     self.input_arg_slots(graph, node.name, "delta")
                 applies[node.name] = [inputs[s] for s in slots if s < len(inputs)]
-        return applies
+        if applies:
+            return applies
+        from graphpass.ir.tf_updates import plain_updates
+
+        return plain_updates(graph)
 
     def ends_train_step(self, graph: Graph, name: str) -> bool:
         op = graph.node(name).op
-        return op == "NoOp" or op.startswith(("Assign", "ResourceScatter", "Scatter")) or \
-            bool(_APPLY_OP.match(op))
+        # _Retval: a function's result; the step ends when the function returns.
+        return op in ("NoOp", "_Retval") or \
+            op.startswith(("Assign", "ResourceScatter", "Scatter")) or bool(_APPLY_OP.match(op))
 
     def step_increments(self, graph: Graph) -> list[tuple[str, str]]:
         """``(increment op, integer variable)`` pairs: candidates for global_step."""
@@ -120,7 +138,9 @@ class TFDialect(Dialect):
             if variable and self.is_variable(graph, variable) and \
                     self.get_attr(graph, variable, "dtype") in INTEGER_DTYPES:
                 found.append((node.name, variable))
-        return found
+        from graphpass.ir.tf_updates import step_increments
+
+        return found + [pair for pair in step_increments(graph) if pair not in found]
 
     # -- tensors -----------------------------------------------------------
 
@@ -496,10 +516,23 @@ def _infer_shapes(graph: Graph) -> None:
         return
     for op in tf_graph.get_operations():
         if op.name in graph:
-            graph.node(op.name).meta["shapes"] = [
-                tuple(t.shape.as_list()) if t.shape.rank is not None else None
-                for t in op.outputs
-            ]
+            node = graph.node(op.name)
+            inferred = [tuple(t.shape.as_list()) if t.shape.rank is not None else None
+                        for t in op.outputs]
+            node.meta["shapes"] = _with_recorded_shapes(node, inferred)
+
+
+def _with_recorded_shapes(node, inferred: list) -> list:
+    """Inferred shapes, or where inference cannot tell (a variable read inside a
+    function body, whose resource argument carries no shape here) the shapes the
+    exporter recorded in ``_output_shapes``."""
+    from graphpass.ir.tf_function import shape_tuple
+
+    recorded = node.attrs.get("_output_shapes")
+    if recorded is None or len(recorded.list.shape) != len(inferred):
+        return inferred
+    return [shape if shape is not None and None not in shape else shape_tuple(proto) or shape
+            for shape, proto in zip(inferred, recorded.list.shape)]
 
 
 class _DType(str):

@@ -1,0 +1,204 @@
+"""TF2 training steps built with Keras 3 (``tf.keras``), exported as SavedModels the
+way TensorFlow Lite's on-device training guide does: a ``tf.Module`` holding the
+model and its optimizer, a ``@tf.function`` ``train(x, y)`` step (GradientTape,
+``optimizer.apply_gradients``) returning ``{"loss": loss}``, saved with
+``tf.saved_model.save(module, dir, signatures={"train": module.train})``.
+
+Models (small defaults for tests; ``--size bench`` for benchmarks):
+
+* ``mlp``: 8 blocks ``h = tanh(relu(Dense(h))) * 2``, loss ``mean(h * h)`` (the same
+  block as ``tools/tf_models.block_mlp``);
+* ``convnet``: Conv2D + BatchNormalization + ReLU, twice, Dropout, Dense, softmax
+  cross-entropy;
+* ``transformer``: an encoder of blocks (MultiHeadAttention, LayerNormalization,
+  feed-forward), mean squared error against a target sequence.
+
+Optimizers: ``sgd`` (momentum 0.9), ``adam``, plus ``adamw``, ``rmsprop``,
+``adagrad`` for the region analysis. ``jit_compile=True`` marks the train function
+for XLA. Everything is seeded: the same arguments give the same variables and the
+same inputs (``inputs``).
+
+    python tools/keras3_models.py mlp sgd /tmp/mlp_sgd [--jit] [--size bench]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+MODELS = ("mlp", "convnet", "transformer")
+OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
+
+
+@dataclass(frozen=True)
+class Size:
+    """Shapes of one model family's inputs and layers."""
+
+    batch: int
+    width: int
+    blocks: int
+    image: int = 8
+    sequence: int = 8
+    heads: int = 2
+
+
+SIZES = {
+    "test": {"mlp": Size(batch=64, width=128, blocks=8),
+             "convnet": Size(batch=4, width=8, blocks=2, image=8),
+             "transformer": Size(batch=8, width=32, blocks=4, sequence=32, heads=2)},
+    "bench": {"mlp": Size(batch=2048, width=1024, blocks=8),
+              "convnet": Size(batch=32, width=32, blocks=2, image=32),
+              "transformer": Size(batch=32, width=128, blocks=4, sequence=256, heads=4)},
+}
+
+
+def _keras():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    return tf, tf.keras
+
+
+def optimizer(name: str, **options):
+    """A Keras 3 optimizer by name; ``options`` go to its constructor (``clipnorm``,
+    ``global_clipnorm``, ``learning_rate`` (a schedule too), ...)."""
+    _, keras = _keras()
+    options.setdefault("learning_rate", 0.01)
+    if name == "sgd":
+        return keras.optimizers.SGD(momentum=0.9, **options)
+    classes = {"adam": keras.optimizers.Adam, "adamw": keras.optimizers.AdamW,
+               "rmsprop": keras.optimizers.RMSprop, "adagrad": keras.optimizers.Adagrad}
+    return classes[name](**options)
+
+
+def _mlp(keras, size: Size):
+    inputs = keras.Input((size.width,), batch_size=size.batch, name="x")
+    h = inputs
+    for i in range(1, size.blocks + 1):
+        h = keras.layers.Dense(size.width, activation="relu", use_bias=False,
+                               name=f"block{i}_dense")(h)
+        h = keras.layers.Lambda(lambda t: keras.ops.tanh(t) * 2, name=f"block{i}_tanh")(h)
+    return keras.Model(inputs, h, name="mlp")
+
+
+def _convnet(keras, size: Size):
+    inputs = keras.Input((size.image, size.image, 3), batch_size=size.batch, name="x")
+    h = inputs
+    for i in range(1, size.blocks + 1):
+        h = keras.layers.Conv2D(size.width * i, 3, padding="same", use_bias=False,
+                                name=f"block{i}_conv")(h)
+        h = keras.layers.BatchNormalization(name=f"block{i}_bn")(h)
+        h = keras.layers.ReLU(name=f"block{i}_relu")(h)
+    h = keras.layers.GlobalAveragePooling2D(name="pool")(h)
+    h = keras.layers.Dropout(0.25, seed=1, name="dropout")(h)
+    outputs = keras.layers.Dense(10, name="logits")(h)
+    return keras.Model(inputs, outputs, name="convnet")
+
+
+def _transformer(keras, size: Size):
+    inputs = keras.Input((size.sequence, size.width), batch_size=size.batch, name="x")
+    h = inputs
+    for i in range(1, size.blocks + 1):
+        attention = keras.layers.MultiHeadAttention(
+            size.heads, size.width // size.heads, name=f"block{i}_attention")(h, h)
+        h = keras.layers.LayerNormalization(name=f"block{i}_norm1")(h + attention)
+        ff = keras.layers.Dense(size.width * 4, activation="relu", name=f"block{i}_ff1")(h)
+        ff = keras.layers.Dense(size.width, name=f"block{i}_ff2")(ff)
+        h = keras.layers.LayerNormalization(name=f"block{i}_norm2")(h + ff)
+    return keras.Model(inputs, h, name="transformer")
+
+
+def _loss(tf, model_name: str, y, prediction):
+    if model_name == "mlp":
+        return tf.reduce_mean(prediction * prediction)
+    if model_name == "convnet":
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, prediction))
+    return tf.reduce_mean(tf.square(prediction - y))
+
+
+def input_specs(model_name: str, size: Size) -> tuple:
+    """``(x, y)`` shapes and dtypes of the train signature."""
+    if model_name == "mlp":
+        return ((size.batch, size.width), "float32"), ((size.batch, size.width), "float32")
+    if model_name == "convnet":
+        return ((size.batch, size.image, size.image, 3), "float32"), ((size.batch,), "int32")
+    shape = (size.batch, size.sequence, size.width)
+    return (shape, "float32"), (shape, "float32")
+
+
+def inputs(model_name: str, size_name: str = "test", seed: int = 0) -> dict:
+    """Deterministic ``{"x": ..., "y": ...}`` for the train signature."""
+    rng = np.random.RandomState(seed)
+    size = SIZES[size_name][model_name]
+    (x_shape, _), (y_shape, y_dtype) = input_specs(model_name, size)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    if y_dtype == "int32":
+        y = rng.randint(0, 10, y_shape).astype(np.int32)
+    else:
+        y = rng.standard_normal(y_shape).astype(np.float32)
+    return {"x": x, "y": y}
+
+
+def build_module(model_name: str, optimizer_name: str, *, size_name: str = "test",
+                 jit_compile: bool = False, seed: int = 0, **optimizer_options):
+    """The ``tf.Module`` with ``model``, ``optimizer`` and the ``train`` tf.function."""
+    tf, keras = _keras()
+    keras.utils.set_random_seed(seed)
+    size = SIZES[size_name][model_name]
+    model = {"mlp": _mlp, "convnet": _convnet, "transformer": _transformer}[model_name](
+        keras, size)
+    opt = optimizer(optimizer_name, **optimizer_options)
+    opt.build(model.trainable_variables)
+    (x_shape, x_dtype), (y_shape, y_dtype) = input_specs(model_name, size)
+
+    class TrainModule(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.optimizer = opt
+
+        @tf.function(input_signature=[tf.TensorSpec(x_shape, x_dtype, name="x"),
+                                      tf.TensorSpec(y_shape, y_dtype, name="y")],
+                     jit_compile=jit_compile)
+        def train(self, x, y):
+            with tf.GradientTape() as tape:
+                prediction = self.model(x, training=True)
+                loss = _loss(tf, model_name, y, prediction)
+            variables = self.model.trainable_variables
+            gradients = tape.gradient(loss, variables)
+            self.optimizer.apply_gradients(zip(gradients, variables))
+            return {"loss": loss}
+
+    return TrainModule()
+
+
+def export(directory: str | os.PathLike, model_name: str, optimizer_name: str, *,
+           size_name: str = "test", jit_compile: bool = False, seed: int = 0,
+           **optimizer_options) -> Path:
+    """Build and save the SavedModel with its ``train`` signature; returns the directory."""
+    tf, _ = _keras()
+    module = build_module(model_name, optimizer_name, size_name=size_name,
+                          jit_compile=jit_compile, seed=seed, **optimizer_options)
+    tf.saved_model.save(module, str(directory), signatures={"train": module.train})
+    return Path(directory)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", choices=MODELS)
+    parser.add_argument("optimizer", choices=OPTIMIZERS)
+    parser.add_argument("directory")
+    parser.add_argument("--jit", action="store_true", help="jit_compile=True")
+    parser.add_argument("--size", choices=sorted(SIZES), default="test")
+    args = parser.parse_args()
+    export(args.directory, args.model, args.optimizer, size_name=args.size,
+           jit_compile=args.jit)
+    print(args.directory)
+
+
+if __name__ == "__main__":
+    main()
