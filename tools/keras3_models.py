@@ -160,6 +160,11 @@ def build_module(model_name: str, optimizer_name: str, *, size_name: str = "test
             super().__init__()
             self.model = model
             self.optimizer = opt
+            # Keras 3 variables tf.Module tracking does not see (Dropout's seed
+            # generator state): listed here so that the SavedModel saves them.
+            self.state = [v for layer in model.layers
+                          for generator in getattr(layer, "_seed_generators", [])
+                          for v in [generator.state]]
 
         @tf.function(input_signature=[tf.TensorSpec(x_shape, x_dtype, name="x"),
                                       tf.TensorSpec(y_shape, y_dtype, name="y")],
