@@ -8,7 +8,7 @@ import re
 from functools import cache
 from typing import Any, NamedTuple
 
-from graphpass.ir.dialect import Dialect
+from graphpass.dialects.base import Dialect
 from graphpass.ir.graph import Graph, Tensor
 
 # Values that are fed or stored, not computed.
@@ -22,6 +22,16 @@ SHAPE_ONLY_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "OnesLike", "Zero
 STEP_INCREMENT_OPS = frozenset({"AssignAdd", "AssignAddVariableOp"})
 INTEGER_DTYPES = frozenset({"int32", "int64"})
 _APPLY_OP = re.compile(r"^(Resource)?(Sparse)?Apply[A-Z]")
+#: Ops that write a resource variable (their input 0 is the variable).
+VARIABLE_WRITE_OPS = frozenset({
+    "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
+    "ResourceScatterAdd", "ResourceScatterSub", "ResourceScatterUpdate",
+    "ResourceScatterMul", "ResourceScatterDiv", "ResourceScatterMin",
+    "ResourceScatterMax", "ResourceScatterNdAdd", "ResourceScatterNdSub",
+    "ResourceScatterNdUpdate", "ResourceStridedSliceAssign",
+})
+#: A function's result, as TF represents it inside a graph.
+RESULT_OP = "_Retval"
 
 
 @cache
@@ -117,14 +127,14 @@ class TFDialect(Dialect):
                 applies[node.name] = [inputs[s] for s in slots if s < len(inputs)]
         if applies:
             return applies
-        from graphpass.ir.tf_updates import plain_updates
+        from graphpass.dialects.tf_updates import plain_updates
 
         return plain_updates(graph)
 
     def ends_train_step(self, graph: Graph, name: str) -> bool:
         op = graph.node(name).op
         # _Retval: a function's result; the step ends when the function returns.
-        return op in ("NoOp", "_Retval") or \
+        return op in ("NoOp", RESULT_OP) or \
             op.startswith(("Assign", "ResourceScatter", "Scatter")) or bool(_APPLY_OP.match(op))
 
     def step_increments(self, graph: Graph) -> list[tuple[str, str]]:
@@ -138,7 +148,7 @@ class TFDialect(Dialect):
             if variable and self.is_variable(graph, variable) and \
                     self.get_attr(graph, variable, "dtype") in INTEGER_DTYPES:
                 found.append((node.name, variable))
-        from graphpass.ir.tf_updates import step_increments
+        from graphpass.dialects.tf_updates import step_increments
 
         return found + [pair for pair in step_increments(graph) if pair not in found]
 
@@ -398,8 +408,8 @@ class TFDialect(Dialect):
                       branches: tuple[list[str], list[str]], results: tuple[float, float],
                       device: str = "") -> Tensor:
         """Move two sets of nodes into the then/else functions of one functional ``If``
-        (see :func:`graphpass.ir.tf_library.functional_if`); returns its output."""
-        from graphpass.ir import tf_library
+        (see :func:`graphpass.formats.tf_library.functional_if`); returns its output."""
+        from graphpass.formats import tf_library
 
         return tf_library.functional_if(self, graph, name, pred, branches, results, device)
 
@@ -408,13 +418,13 @@ class TFDialect(Dialect):
     def register_global_variable(self, graph: Graph, variable: ResourceVariable) -> bool:
         """List a pass-made variable in the MetaGraphDef's global variables collection
         (non-trainable); False for a bare GraphDef. Savers are left alone."""
-        from graphpass.ir import tf_library
+        from graphpass.formats import tf_library
 
         return tf_library.register_global_variable(graph, variable)
 
     def add_to_collection(self, graph: Graph, key: str, tensor: Tensor) -> bool:
         """Add a tensor to a MetaGraphDef node-list collection (``summaries``)."""
-        from graphpass.ir import tf_library
+        from graphpass.formats import tf_library
 
         return tf_library.add_to_collection(graph, key, tensor)
 
@@ -504,7 +514,7 @@ def _broadcast_shape(a: tuple | None, b: tuple | None) -> tuple | None:
 def _infer_shapes(graph: Graph) -> None:
     import tensorflow as tf
 
-    from graphpass.ir.tf_io import graph_def_from_graph
+    from graphpass.formats.tf_io import graph_def_from_graph
 
     tf_graph = tf.Graph()
     try:
@@ -522,12 +532,17 @@ def _infer_shapes(graph: Graph) -> None:
             node.meta["shapes"] = _with_recorded_shapes(node, inferred)
 
 
+def shape_tuple(proto) -> tuple | None:
+    """A TensorShapeProto as a tuple (None for unknown dims), None for unknown rank."""
+    if proto.unknown_rank:
+        return None
+    return tuple(d.size if d.size >= 0 else None for d in proto.dim)
+
+
 def _with_recorded_shapes(node, inferred: list) -> list:
     """Inferred shapes, or where inference cannot tell (a variable read inside a
     function body, whose resource argument carries no shape here) the shapes the
     exporter recorded in ``_output_shapes``."""
-    from graphpass.ir.tf_function import shape_tuple
-
     recorded = node.attrs.get("_output_shapes")
     if recorded is None or len(recorded.list.shape) != len(inferred):
         return inferred

@@ -22,19 +22,11 @@ other functions, signatures) is not touched.
 
 from __future__ import annotations
 
+from graphpass.dialects.tf import RESULT_OP, VARIABLE_WRITE_OPS, op_def, shape_tuple
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 
 CALL_OPS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
-#: Ops that write a resource variable (their input 0 is the variable).
-VARIABLE_WRITE_OPS = frozenset({
-    "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
-    "ResourceScatterAdd", "ResourceScatterSub", "ResourceScatterUpdate",
-    "ResourceScatterMul", "ResourceScatterDiv", "ResourceScatterMin",
-    "ResourceScatterMax", "ResourceScatterNdAdd", "ResourceScatterNdSub",
-    "ResourceScatterNdUpdate", "ResourceStridedSliceAssign",
-})
-RESULT_OP = "_Retval"
 RESULT_SCOPE = "graphpass/ret/"
 DEFAULT_SIGNATURE = "train"
 
@@ -161,7 +153,7 @@ def graph_def_step(graph_def) -> str | None:
 def graph_from_function(fdef, functions: dict, meta: dict) -> Graph:
     """The IR of one FunctionDef body (arguments as placeholders, results as
     ``_Retval`` nodes); ``meta`` is the container's, kept for writing back."""
-    from graphpass.ir.tf_io import node_extras
+    from graphpass.formats.tf_io import node_extras
 
     graph = Graph("tf", meta)
     graph.meta["function"] = {
@@ -217,13 +209,6 @@ def _arg_shape(fdef, index: int) -> tuple | None:
     return shape_tuple(shapes.list.shape[0])
 
 
-def shape_tuple(proto) -> tuple | None:
-    """A TensorShapeProto as a tuple (None for unknown dims), None for unknown rank."""
-    if proto.unknown_rank:
-        return None
-    return tuple(d.size if d.size >= 0 else None for d in proto.dim)
-
-
 def _retval_attrs(dtype: int, index: int) -> dict:
     from tensorflow.core.framework import attr_value_pb2
 
@@ -239,8 +224,6 @@ class _OutputNames:
         self.functions = functions
 
     def _arg_sizes(self, name: str) -> list[tuple[str, int]]:
-        from graphpass.ir.tf_dialect import op_def
-
         node = self.graph.node(name)
         if node.op in self.functions:
             return [(a.name, 1) for a in self.functions[node.op].signature.output_arg]
@@ -292,8 +275,6 @@ def function_from_graph(graph: Graph, original):
     """The rewritten FunctionDef: ``original`` with its body, results and control
     outputs replaced from the IR. Stateful nodes a pass added that nothing reads
     become control outputs, so the function runtime does not prune them."""
-    from graphpass.ir.tf_dialect import op_def
-
     fdef = type(original)()
     fdef.CopyFrom(original)
     del fdef.node_def[:]

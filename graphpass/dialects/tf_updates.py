@@ -29,9 +29,9 @@ analysis cannot tell which training step it belongs to.
 
 from __future__ import annotations
 
+from graphpass.dialects.tf import RESULT_OP, VARIABLE_WRITE_OPS
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
-from graphpass.ir.tf_function import RESULT_OP, VARIABLE_WRITE_OPS
 
 RESOURCE_SOURCE_OPS = frozenset({"VarHandleOp", "Placeholder", "_Arg"})
 INTEGER_DTYPES = frozenset({"int32", "int64"})

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
-from graphpass.ir import tf_function
-from graphpass.ir.formats import GRAPHDEF, METAGRAPH, SAVEDMODEL, atomic_output
+from graphpass.formats import tf_function
+from graphpass.formats.detect import GRAPHDEF, METAGRAPH, SAVEDMODEL, atomic_output
 from graphpass.ir.graph import Graph, parse_tensor_name
 
 _EXTRA_FIELDS = ("experimental_debug_info", "experimental_type")
@@ -29,7 +29,7 @@ def read_tf(path: Path, kind: str, is_text: bool, *, tag: str | None = None,
 
     When the training step is a function (a TF2 ``train`` signature, or a GraphDef
     whose top level only calls it), the graph is that function's body; see
-    :mod:`graphpass.ir.tf_function`. ``signature`` names the signature to follow.
+    :mod:`graphpass.formats.tf_function`. ``signature`` names the signature to follow.
     """
     from tensorflow.core.framework import graph_pb2
     from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
