@@ -203,6 +203,8 @@ class Verify(Command):
         parser.add_argument("--init", help="the init op (default: the MetaGraph's "
                             "variable initialisers, else `init`)")
         parser.add_argument("--tag", help="SavedModel MetaGraph tag")
+        parser.add_argument("--signature", help="TF2 SavedModels: the signature to call "
+                            "(default: train, else the one signature that trains)")
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
         parser.add_argument("--quiet", action="store_true",
                             help="no table or progress; only the verdict on a mismatch")
@@ -215,7 +217,8 @@ class Verify(Command):
         options = VerifyOptions(
             steps=args.steps, xla=args.xla, feeds=_read_feeds(args.feed), loss=args.loss,
             train_ops=tuple(args.train_op or ()), init=args.init, rtol=args.rtol,
-            atol=args.atol, seed=args.seed, tag=args.tag, quiet=args.quiet)
+            atol=args.atol, seed=args.seed, tag=args.tag, quiet=args.quiet,
+            signature=args.signature)
         report = verify_files(args.original, args.rewritten, options)
         if args.json:
             print(json.dumps(report.to_json(), indent=2, sort_keys=True))

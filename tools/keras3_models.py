@@ -18,7 +18,8 @@ Optimizers: ``sgd`` (momentum 0.9), ``adam``, plus ``adamw``, ``rmsprop``,
 for XLA. Everything is seeded: the same arguments give the same variables and the
 same inputs (``inputs``).
 
-    python tools/keras3_models.py mlp sgd /tmp/mlp_sgd [--jit] [--size bench]
+    python tools/keras3_models.py export mlp sgd /tmp/mlp_sgd [--jit] [--size bench]
+    python tools/keras3_models.py measure /tmp/mlp_sgd mlp
 """
 
 from __future__ import annotations
@@ -47,9 +48,11 @@ class Size:
 
 
 SIZES = {
-    "test": {"mlp": Size(batch=64, width=128, blocks=8),
+    # Activations of at least 256 KiB where memory is measured: oneDNN's CPU
+    # allocator leaves smaller buffers out of its statistics.
+    "test": {"mlp": Size(batch=1024, width=128, blocks=8),
              "convnet": Size(batch=4, width=8, blocks=2, image=8),
-             "transformer": Size(batch=8, width=32, blocks=4, sequence=32, heads=2)},
+             "transformer": Size(batch=16, width=64, blocks=4, sequence=64, heads=4)},
     "bench": {"mlp": Size(batch=2048, width=1024, blocks=8),
               "convnet": Size(batch=32, width=32, blocks=2, image=32),
               "transformer": Size(batch=32, width=128, blocks=4, sequence=256, heads=4)},
@@ -192,14 +195,71 @@ def export(directory: str | os.PathLike, model_name: str, optimizer_name: str, *
     return Path(directory)
 
 
+def train_steps(directory: str | os.PathLike, model_name: str, *, steps: int = 3,
+                size_name: str = "test", signature: str = "train") -> tuple[list, dict]:
+    """Load a SavedModel with ``tf.saved_model.load`` and call its train signature
+    ``steps`` times on ``inputs``: the losses, and every variable it uses, by name."""
+    tf, _ = _keras()
+    loaded = tf.saved_model.load(str(directory))
+    function = loaded.signatures[signature]
+    feed = {k: tf.constant(v) for k, v in inputs(model_name, size_name).items()}
+    losses = [function(**feed)["loss"].numpy() for _ in range(steps)]
+    return losses, {v.name: v.numpy() for v in function.variables}
+
+
+def measure_peak(directory: str | os.PathLike, model_name: str, *,
+                 size_name: str = "test", signature: str = "train") -> dict:
+    """Peak allocator bytes of one call of the train signature, after a warm-up call,
+    with one inter-op thread (a stable schedule). Run it in a process of its own,
+    with oneDNN on (``TF_ENABLE_ONEDNN_OPTS=1``): the allocator only keeps statistics
+    then. Returns ``{"peak": bytes, "loss": float}``."""
+    tf, _ = _keras()
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    function = tf.saved_model.load(str(directory)).signatures[signature]
+    feed = {k: tf.constant(v) for k, v in inputs(model_name, size_name).items()}
+    function(**feed)
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    loss = function(**feed)["loss"].numpy()
+    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+    return {"peak": peak, "loss": float(loss)}
+
+
+def measure_in_subprocess(directory: str | os.PathLike, model_name: str,
+                          size_name: str = "test") -> dict:
+    """:func:`measure_peak` in a fresh process (the allocator's peak is per process)."""
+    import json
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1", TF_CPP_MIN_LOG_LEVEL="3")
+    root = Path(__file__).resolve().parent.parent
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    out = subprocess.run(
+        [sys.executable, "-m", "tools.keras3_models", "measure", str(directory), model_name,
+         "--size", size_name], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
+    import json
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", choices=MODELS)
-    parser.add_argument("optimizer", choices=OPTIMIZERS)
-    parser.add_argument("directory")
-    parser.add_argument("--jit", action="store_true", help="jit_compile=True")
-    parser.add_argument("--size", choices=sorted(SIZES), default="test")
+    sub = parser.add_subparsers(dest="command", required=True)
+    build = sub.add_parser("export", help="build and save a model")
+    build.add_argument("model", choices=MODELS)
+    build.add_argument("optimizer", choices=OPTIMIZERS)
+    build.add_argument("directory")
+    build.add_argument("--jit", action="store_true", help="jit_compile=True")
+    build.add_argument("--size", choices=sorted(SIZES), default="test")
+    measure = sub.add_parser("measure", help="peak bytes of one train call, as JSON")
+    measure.add_argument("directory")
+    measure.add_argument("model", choices=MODELS)
+    measure.add_argument("--size", choices=sorted(SIZES), default="test")
     args = parser.parse_args()
+    if args.command == "measure":
+        print(json.dumps(measure_peak(args.directory, args.model, size_name=args.size)))
+        return
     export(args.directory, args.model, args.optimizer, size_name=args.size,
            jit_compile=args.jit)
     print(args.directory)

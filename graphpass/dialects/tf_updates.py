@@ -196,7 +196,7 @@ def _reads_only_forward(graph: Graph, write: str, optimizer_math: set[str],
 
 
 def step_increments(graph: Graph) -> list[tuple[str, str]]:
-    """``(write, integer variable)`` for ``v = v + c`` written with plain ops
+    """``(write, integer scalar variable)`` for ``v = v + c`` written with plain ops
     (``AssignVariableOp(v, AddV2(ReadVariableOp(v), c))``, Keras's ``iterations``)
     and ``AssignAddVariableOp`` of an integer variable."""
     found = []
@@ -208,7 +208,8 @@ def step_increments(graph: Graph) -> list[tuple[str, str]]:
                 not in INTEGER_DTYPES:
             continue
         variable = resource_variable(graph, inputs[0])
-        if variable is None:
+        # A counter is a scalar (a random generator's state, also counted up, is not).
+        if variable is None or graph.dialect.shape(graph, inputs[1]) != ():
             continue
         if node.op == "AssignAddVariableOp" or _adds_to_itself(graph, inputs[1], variable):
             found.append((node.name, variable))

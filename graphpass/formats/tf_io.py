@@ -62,6 +62,21 @@ def read_tf(path: Path, kind: str, is_text: bool, *, tag: str | None = None,
     return graph
 
 
+def read_saved_model_proto(path: Path, tag: str | None = None):
+    """The MetaGraphDef of a SavedModel that ``--tag`` (default train, then serve) picks."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    from graphpass.formats.detect import detect
+
+    kind, is_text = detect(path)
+    if kind != SAVEDMODEL:
+        raise GraphpassError(f"{path}: not a SavedModel")
+    if path.is_dir():
+        path = path / ("saved_model.pbtxt" if is_text else "saved_model.pb")
+    message = _parse(path, saved_model_pb2.SavedModel(), is_text, "SavedModel")
+    return message.meta_graphs[_choose_meta_graph(path, message, tag)]
+
+
 def _meta_graph(message, meta: dict):
     return message.meta_graphs[meta["metagraph_index"]] if "metagraph_index" in meta \
         else message
