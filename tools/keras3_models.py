@@ -226,19 +226,35 @@ def measure_peak(directory: str | os.PathLike, model_name: str, *,
 
 
 def measure_in_subprocess(directory: str | os.PathLike, model_name: str,
-                          size_name: str = "test") -> dict:
-    """:func:`measure_peak` in a fresh process (the allocator's peak is per process)."""
+                          size_name: str = "test", xla_dump: Path | None = None) -> dict:
+    """:func:`measure_peak` in a fresh process (the allocator's peak is per process).
+    With ``xla_dump``, XLA dumps there what it compiles and ``xla_total`` is the
+    largest "Total bytes used" of its buffer assignments (None: nothing compiled)."""
     import json
     import subprocess
     import sys
 
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1", TF_CPP_MIN_LOG_LEVEL="3")
+    if xla_dump is not None:
+        env["XLA_FLAGS"] = f"--xla_dump_to={xla_dump}"
     root = Path(__file__).resolve().parent.parent
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     out = subprocess.run(
         [sys.executable, "-m", "tools.keras3_models", "measure", str(directory), model_name,
          "--size", size_name], env=env, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if xla_dump is not None:
+        result["xla_total"] = xla_total_bytes(Path(xla_dump))
+    return result
+
+
+def xla_total_bytes(dump_dir: Path) -> int | None:
+    """Largest "Total bytes used" over XLA's buffer-assignment dumps (the train step)."""
+    import re
+
+    totals = [int(m.group(1)) for path in dump_dir.glob("*buffer-assignment.txt")
+              for m in re.finditer(r"Total bytes used: (\d+)", path.read_text())]
+    return max(totals) if totals else None
 
 
 def main() -> None:

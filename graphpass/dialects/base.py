@@ -75,6 +75,10 @@ class Dialect(ABC):
         """``name``'s output is a variable's value (the variable, or a read of it)."""
         return self.is_variable(graph, name)
 
+    def default_dependency(self, graph: Graph) -> str:
+        """The dependency mode remat uses when none is asked for."""
+        return self.dependency_modes[0]
+
     def is_fetch(self, graph: Graph, name: str) -> bool:
         """``name`` only hands a value out of the graph (a function's result)."""
         return False

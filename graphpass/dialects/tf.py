@@ -90,6 +90,12 @@ class TFDialect(Dialect):
         # In a function body, a variable is a resource argument.
         return node.op == "Placeholder" and self.get_attr(graph, name, "dtype") == "resource"
 
+    def default_dependency(self, graph: Graph) -> str:
+        """Data for a function body that XLA must compile (``jit_compile=True``:
+        XLA ignores control edges), else control."""
+        function = graph.meta.get("function")
+        return "data" if function and function.get("xla_must_compile") else "control"
+
     def is_fetch(self, graph: Graph, name: str) -> bool:
         """A function result (``_Retval``), or an ``Identity`` only results read."""
         node = graph.node(name)

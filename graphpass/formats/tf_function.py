@@ -159,7 +159,8 @@ def graph_from_function(fdef, functions: dict, meta: dict) -> Graph:
     graph.meta["function"] = {
         "name": fdef.signature.name, "control_ret": dict(fdef.control_ret),
         "args": frozenset(a.name for a in fdef.signature.input_arg),
-        "nodes": frozenset(n.name for n in fdef.node_def)}
+        "nodes": frozenset(n.name for n in fdef.node_def),
+        "xla_must_compile": _must_compile(fdef, functions)}
     for index, arg in enumerate(fdef.signature.input_arg):
         node = graph.add_node(arg.name, "Placeholder",
                               attrs=_placeholder_attrs(fdef, index, arg))
@@ -189,6 +190,16 @@ def graph_from_function(fdef, functions: dict, meta: dict) -> Graph:
         graph.add_node(RESULT_SCOPE + arg.name, RESULT_OP, [outputs.tensor(fdef.ret[arg.name])],
                        attrs=_retval_attrs(arg.type, index))
     return graph
+
+
+def _must_compile(fdef, functions: dict) -> bool:
+    """``jit_compile=True``: the function, or a call of it, carries ``_XlaMustCompile``."""
+    if fdef.attr["_XlaMustCompile"].b if "_XlaMustCompile" in fdef.attr else False:
+        return True
+    name = fdef.signature.name
+    return any(_called(n, functions) == name and "_XlaMustCompile" in n.attr
+               and n.attr["_XlaMustCompile"].b
+               for f in functions.values() for n in f.node_def)
 
 
 def _placeholder_attrs(fdef, index: int, arg) -> dict:
