@@ -352,6 +352,12 @@ def _describe_text(info: dict) -> str:
         f"variables:     {len(info['variables'])}: {_listed(info['variables'])}",
         "ops:           " + ", ".join(f"{op} {n}" for op, n in info["ops"].items()),
     ]
+    if "signatures" in info:
+        lines.append("signatures:    " + (", ".join(
+            s["signature"] + (f" (training step in {s['function']})" if s["training"] else "")
+            for s in info["signatures"]) or "-"))
+    if "function" in info:
+        lines.append(f"step function: {info['function']} (its body is the graph above)")
     regions = info.get("regions")
     if regions is None:
         lines.append(f"training:      not a training graph ({info['regions_error']})")
@@ -360,7 +366,9 @@ def _describe_text(info: dict) -> str:
             "regions:       " + ", ".join(f"{k} {v}" for k, v in regions["counts"].items()),
             f"loss:          {', '.join(regions['losses'])}",
             f"train ops:     {', '.join(regions['train_ops'])}",
-            f"global_step:   {regions['global_step'] or '-'}",
+            f"global_step:   {regions['global_step'] or '-'}"
+            + (f" (variable {regions['global_step_variable']})"
+               if regions.get("global_step_variable") else ""),
         ]
     if "xla_unsupported" in info:
         bad = info["xla_unsupported"]

@@ -60,9 +60,14 @@ SIZES = {
 
 
 def _keras():
+    """TF and Keras, eager. ``tools/tf_models`` turns eager execution off for the
+    whole process (TF1 graphs); a test process runs both, so turn it back on."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
+    from tensorflow.python.framework import ops
 
+    if not tf.executing_eagerly():
+        ops.enable_eager_execution()
     return tf, tf.keras
 
 

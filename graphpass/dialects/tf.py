@@ -9,6 +9,7 @@ from functools import cache
 from typing import Any, NamedTuple
 
 from graphpass.dialects.base import Dialect
+from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 
 # Values that are fed or stored, not computed.
@@ -135,7 +136,14 @@ class TFDialect(Dialect):
             return applies
         from graphpass.dialects.tf_updates import plain_updates
 
-        return plain_updates(graph)
+        updates = plain_updates(graph)
+        listed = graph.meta.get("signatures")
+        if not updates and listed and "function" not in graph.meta:
+            raise GraphpassError(
+                "no signature of this SavedModel holds a training step (signatures: "
+                f"{', '.join(s['signature'] for s in listed)}); export the train function "
+                "as one (signatures={'train': module.train}) or name it with --signature")
+        return updates
 
     def ends_train_step(self, graph: Graph, name: str) -> bool:
         op = graph.node(name).op

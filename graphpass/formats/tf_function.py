@@ -147,6 +147,40 @@ def graph_def_step(graph_def) -> str | None:
     return step_function(functions, entries[0]) if len(entries) == 1 else None
 
 
+def _reaches(name: str, step: str, functions: dict, seen: set) -> bool:
+    """Whether function ``name`` is ``step`` or calls it, directly or not."""
+    if name == step:
+        return True
+    if name in seen:
+        return False
+    seen.add(name)
+    return any(_reaches(c, step, functions, seen) for n in functions[name].node_def
+               if (c := _called(n, functions)))
+
+
+def argument_sources(graph_def, step: str) -> dict[str, str]:
+    """``{argument of step: top-level node}``: which variable (``VarHandleOp``) or
+    placeholder each argument of the step function is, following the calls that
+    lead to it from the top level."""
+    functions = library_functions(graph_def)
+
+    def descend(node_defs, names: dict | None) -> dict | None:
+        for node_def in node_defs:
+            callee = _called(node_def, functions)
+            if callee is None or not _reaches(callee, step, functions, set()):
+                continue
+            inputs = [i.split(":")[0] for i in node_def.input if not i.startswith("^")]
+            outer = inputs if names is None else [names.get(i) for i in inputs]
+            args = [a.name for a in functions[callee].signature.input_arg]
+            mapping = {a: o for a, o in zip(args, outer) if o}
+            found = mapping if callee == step else descend(functions[callee].node_def, mapping)
+            if found is not None:
+                return found
+        return None
+
+    return descend(graph_def.node, None) or {}
+
+
 # -- FunctionDef -> IR ----------------------------------------------------------
 
 

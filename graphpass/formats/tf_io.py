@@ -53,13 +53,12 @@ def read_tf(path: Path, kind: str, is_text: bool, *, tag: str | None = None,
         meta.update(savedmodel=message, metagraph_index=index, source_dir=source.parent
                     if source.is_file() else source)
         graph_def = message.meta_graphs[index].graph_def
+    if kind != GRAPHDEF:
+        meta["signatures"] = tf_function.signatures(_meta_graph(message, meta))
     step = _step_function(source, kind, message, meta, signature)
     if step is not None:
         return _read_step_function(graph_def, step, meta)
-    graph = graph_from_graph_def(graph_def, meta)
-    if kind != GRAPHDEF:
-        graph.meta["signatures"] = tf_function.signatures(_meta_graph(message, meta))
-    return graph
+    return graph_from_graph_def(graph_def, meta)
 
 
 def read_saved_model_proto(path: Path, tag: str | None = None):
@@ -99,7 +98,9 @@ def _read_step_function(graph_def, name: str, meta: dict) -> Graph:
                 versions=graph_def.versions if graph_def.HasField("versions") else None,
                 graph_version=graph_def.version)
     with _gc_paused():
-        return tf_function.graph_from_function(functions[name], functions, meta)
+        graph = tf_function.graph_from_function(functions[name], functions, meta)
+    graph.meta["function"]["variables"] = tf_function.argument_sources(graph_def, name)
+    return graph
 
 
 def node_extras(node_def) -> dict:

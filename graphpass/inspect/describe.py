@@ -32,6 +32,10 @@ def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | No
         "outputs": dialect.graph_outputs(graph),
         "variables": [n for n in graph if dialect.is_variable(graph, n)],
     }
+    if graph.meta.get("signatures") is not None:  # TF SavedModel / MetaGraphDef
+        info["signatures"] = graph.meta["signatures"]
+    if graph.meta.get("function") is not None:  # the step is this function's body
+        info["function"] = graph.meta["function"]["name"]
     try:
         regions = analyze(graph, loss=loss, train_ops=train_ops, global_step=global_step)
     except GraphpassError as exc:
@@ -49,6 +53,10 @@ def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | No
         "apply_ops": sum(len(s.applies) for s in regions.steps),
         "global_step": regions.global_step,
     }
+    if graph.meta.get("function") is not None and regions.global_step:
+        # A function argument: name the variable the caller passes (``sgd/iteration``).
+        info["regions"]["global_step_variable"] = \
+            graph.meta["function"]["variables"].get(regions.global_step)
     if xla:
         from graphpass.passes.lower import STEP_REGIONS, xla_unsupported
 

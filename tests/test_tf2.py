@@ -1,0 +1,222 @@
+"""TF2 training steps: Keras 3 train functions saved as SavedModel signatures
+(tools/keras3_models.py). The step function's body is read as the IR, analysed
+(plain-op optimizer updates), rewritten, written back into the library, and the
+result is loaded with ``tf.saved_model.load`` and trained against the original."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tf_helpers import listing
+
+import graphpass
+from graphpass.cli import main
+from graphpass.inspect.describe import describe
+from tools import keras3_models
+
+#: Forward name scopes of one block in each model's step function.
+BLOCKS = {"mlp": "mlp_1/block[1-7]_", "convnet": "convnet_1/block[1-2]_",
+          "transformer": "transformer_1/block[1-4]_"}
+#: Trainable variables of each model (each gets one gradient update).
+TRAINABLE = {"mlp": 8, "convnet": 8, "transformer": 64}
+
+
+class SavedModels:
+    """Each Keras SavedModel built once per module, and its reference training run."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.runs: dict = {}
+
+    def get(self, model: str, optimizer: str, **options) -> Path:
+        key = "_".join([model, optimizer, *(f"{k}{v}" for k, v in sorted(options.items()))])
+        directory = self.root / key
+        if not directory.exists():
+            keras3_models.export(directory, model, optimizer, **options)
+        return directory
+
+    def reference(self, directory: Path, model: str):
+        if directory not in self.runs:
+            self.runs[directory] = keras3_models.train_steps(directory, model)
+        return self.runs[directory]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    import tensorflow as tf
+
+    was_eager = tf.executing_eagerly()
+    yield SavedModels(tmp_path_factory.mktemp("keras3"))
+    if not was_eager:  # the TF1 tests after this module expect graph mode
+        tf.compat.v1.disable_eager_execution()
+
+
+def _rewrite(source: Path, target: Path, *args: str) -> None:
+    assert main(["rewrite", str(source), "-o", str(target), "--quiet", *args]) == 0
+
+
+def _assert_trains_like(directory: Path, model: str, reference, rtol: float = 0.0) -> None:
+    losses, variables = keras3_models.train_steps(directory, model)
+    ref_losses, ref_variables = reference
+    assert sorted(variables) == sorted(ref_variables) and variables
+    if rtol == 0.0:
+        assert np.array(losses).tobytes() == np.array(ref_losses).tobytes(), (losses, ref_losses)
+        for name, value in ref_variables.items():
+            assert variables[name].tobytes() == value.tobytes(), f"variable {name} differs"
+    else:
+        np.testing.assert_allclose(losses, ref_losses, rtol=rtol)
+        for name, value in ref_variables.items():
+            np.testing.assert_allclose(variables[name], value, rtol=rtol, atol=1e-7,
+                                       err_msg=name)
+
+
+# -- reading and writing function bodies ------------------------------------------
+
+
+def test_round_trip_keeps_the_saved_model(saved, tmp_path):
+    """Read the step function and write it back with no pass: the SavedModel proto is
+    equal to the original (object graph, signatures, every function), and variables/
+    and assets/ are copied."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    source = saved.get("mlp", "sgd")
+    graph = graphpass.load(source)
+    assert graph.meta["function"]["name"].startswith("__inference_train_")
+    graphpass.save(graph, tmp_path / "out")
+    protos = []
+    for directory in (source, tmp_path / "out"):
+        proto = saved_model_pb2.SavedModel()
+        proto.ParseFromString((directory / "saved_model.pb").read_bytes())
+        protos.append(proto)
+    assert protos[0] == protos[1]
+    copied = set(listing(tmp_path / "out"))
+    assert {p for p in listing(source) if p.startswith("variables")} <= copied
+
+
+@pytest.mark.parametrize("model", ["mlp", "convnet", "transformer"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_inspect_finds_the_step_without_flags(saved, model, optimizer):
+    graph = graphpass.load(saved.get(model, optimizer))
+    regions = describe(graph)["regions"]
+    assert regions is not None
+    assert regions["losses"] == ["Mean"]
+    assert regions["apply_ops"] == TRAINABLE[model]
+    assert regions["global_step_variable"].endswith("/iteration")
+
+
+def _outer_name(graph, argument: str) -> str:
+    return graph.meta["function"]["variables"][argument]
+
+
+@pytest.mark.parametrize("optimizer,options", [
+    ("adamw", {}), ("rmsprop", {}), ("adagrad", {}), ("adam", {"clipnorm": 1.0}),
+    ("sgd", {"global_clipnorm": 1.0}), ("adam", {"schedule": True}),
+])
+def test_keras_optimizers_are_found_by_what_they_read(saved, optimizer, options):
+    """Every trainable variable's update is found, with its gradient among the backward
+    values, and ``iterations`` is the step counter, for each optimizer and option."""
+    if options.pop("schedule", False):
+        import tensorflow as tf
+
+        options["learning_rate"] = tf.keras.optimizers.schedules.ExponentialDecay(0.01, 10, 0.9)
+    graph = graphpass.load(saved.get("mlp", optimizer, **options))
+    regions = graphpass.analyze(graph)
+    (step,) = regions.steps
+    assert len(step.applies) == TRAINABLE["mlp"]
+    assert all(regions.label(t.node) == "backward" for t in step.gradients)
+    assert _outer_name(graph, regions.global_step).endswith("/iteration")
+
+
+# -- rewriting ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["mlp", "convnet", "transformer"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_regex_remat_trains_bit_for_bit(saved, tmp_path, model, optimizer):
+    source = saved.get(model, optimizer)
+    _rewrite(source, tmp_path / "out", "--recompute", BLOCKS[model])
+    _assert_trains_like(tmp_path / "out", model, saved.reference(source, model))
+
+
+@pytest.mark.parametrize("model", ["mlp", "transformer"])
+def test_data_mode_remat_trains_alike(saved, tmp_path, model):
+    source = saved.get(model, "adam")
+    _rewrite(source, tmp_path / "out", "--recompute", BLOCKS[model], "--dependency", "data")
+    _assert_trains_like(tmp_path / "out", model, saved.reference(source, model), rtol=1e-6)
+
+
+@pytest.mark.parametrize("model", ["mlp", "transformer"])
+def test_auto_remat_trains_bit_for_bit(saved, tmp_path, model):
+    source = saved.get(model, "sgd")
+    report = tmp_path / "report.json"
+    _rewrite(source, tmp_path / "out", "--recompute", "auto", "--report", str(report))
+    assert json.loads(report.read_text())["passes"][0]["changed"]
+    _assert_trains_like(tmp_path / "out", model, saved.reference(source, model))
+
+
+@pytest.mark.parametrize("model", ["mlp", "transformer"])
+def test_measured_peak_of_one_call(saved, tmp_path, model):
+    """The allocator's peak of one train call, each SavedModel in its own process."""
+    source = saved.get(model, "sgd")
+    _rewrite(source, tmp_path / "out", "--recompute", BLOCKS[model])
+    before = keras3_models.measure_in_subprocess(source, model)
+    after = keras3_models.measure_in_subprocess(tmp_path / "out", model)
+    assert before["loss"] == after["loss"]
+    assert after["peak"] <= 0.60 * before["peak"], (before, after)
+
+
+def test_jit_compiled_step_gets_data_mode_and_less_xla_memory(saved, tmp_path):
+    """``jit_compile=True``: remat defaults to data mode (XLA ignores control edges),
+    XLA compiles the rewritten step, and its buffer assignment is smaller."""
+    source = saved.get("mlp", "sgd", jit_compile=True)
+    report = tmp_path / "report.json"
+    _rewrite(source, tmp_path / "out", "--recompute", BLOCKS["mlp"], "--report", str(report))
+    assert json.loads(report.read_text())["passes"][0]["report"]["dependency"] == "data"
+    _assert_trains_like(tmp_path / "out", "mlp", saved.reference(source, "mlp"), rtol=1e-5)
+    runs = {}
+    for name, directory in (("original", source), ("rewritten", tmp_path / "out")):
+        dump = tmp_path / f"xla_{name}"
+        runs[name] = keras3_models.measure_in_subprocess(directory, "mlp", xla_dump=dump)
+        assert any("inference_train_" in p.name for p in dump.iterdir()), "not compiled by XLA"
+    assert runs["rewritten"]["xla_total"] < runs["original"]["xla_total"], runs
+
+
+# -- verify and errors ---------------------------------------------------------------
+
+
+def test_verify_calls_the_signature(saved, tmp_path, capsys):
+    source = saved.get("mlp", "sgd")
+    _rewrite(source, tmp_path / "out", "--recompute", BLOCKS["mlp"])
+    assert main(["verify", str(source), str(tmp_path / "out"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and len(report["compared"]) == 17 and len(report["steps"]) == 3
+    other = saved.get("mlp", "adam")  # same shapes, another optimizer: differs
+    assert main(["verify", str(source), str(other), "--quiet"]) == 1
+
+
+def test_saved_model_without_a_training_signature(saved, tmp_path, capsys):
+    import tensorflow as tf
+
+    module = tf.Module()
+    module.v = tf.Variable(1.0)
+    module.serve = tf.function(lambda x: x * module.v,
+                               input_signature=[tf.TensorSpec([], tf.float32)])
+    tf.saved_model.save(module, str(tmp_path / "serving"), signatures={"serve": module.serve})
+    before = listing(tmp_path)
+    assert main(["rewrite", str(tmp_path / "serving"), "-o", str(tmp_path / "out"),
+                 "--recompute", "x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("graphpass: error:") and "serve" in err and len(err.splitlines()) == 1
+    assert listing(tmp_path) == before
+    assert main(["inspect", str(saved.get("mlp", "sgd")), "--signature", "nope"]) == 2
+    assert "train" in capsys.readouterr().err
+
+
+def test_inspect_lists_signatures(saved, capsys):
+    assert main(["inspect", str(saved.get("mlp", "sgd")), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    by_key = {s["signature"]: s for s in info["signatures"]}
+    assert by_key["train"]["training"] and info["function"].startswith("__inference_train_")
