@@ -52,7 +52,7 @@ SIZES = {
     # allocator leaves smaller buffers out of its statistics.
     "test": {"mlp": Size(batch=1024, width=128, blocks=8),
              "convnet": Size(batch=4, width=8, blocks=2, image=8),
-             "transformer": Size(batch=16, width=64, blocks=4, sequence=64, heads=4)},
+             "transformer": Size(batch=8, width=32, blocks=4, sequence=128, heads=4)},
     "bench": {"mlp": Size(batch=2048, width=1024, blocks=8),
               "convnet": Size(batch=32, width=32, blocks=2, image=32),
               "transformer": Size(batch=32, width=128, blocks=4, sequence=256, heads=4)},
