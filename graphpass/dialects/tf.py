@@ -35,6 +35,25 @@ VARIABLE_WRITE_OPS = frozenset({
 RESULT_OP = "_Retval"
 
 
+def called_functions(op: str, attrs, functions) -> list[str]:
+    """Library functions a node runs: its op (a function used as an op) and every
+    function-valued attr (``f`` of a call, ``then_branch``/``else_branch`` of an
+    ``If``, ``branches`` of a ``Case``, ``body``/``cond`` of a ``While``)."""
+    found = [op] if op in functions else []
+    for value in attrs.values():
+        kind = value.WhichOneof("value")
+        if kind == "func":
+            found.append(value.func.name)
+        elif kind == "list":
+            found.extend(f.name for f in value.list.func)
+    return [f for f in found if f in functions]
+
+
+def writes_variables(op: str) -> bool:
+    """``op`` writes a resource variable itself (not through a function it calls)."""
+    return op in VARIABLE_WRITE_OPS or op.startswith(("ResourceApply", "ResourceSparseApply"))
+
+
 @cache
 def op_def(op: str):
     """TF's registered OpDef for ``op``, or None (custom op or library function)."""

@@ -29,7 +29,7 @@ analysis cannot tell which training step it belongs to.
 
 from __future__ import annotations
 
-from graphpass.dialects.tf import RESULT_OP, VARIABLE_WRITE_OPS
+from graphpass.dialects.tf import RESULT_OP, called_functions, writes_variables
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 
@@ -38,7 +38,7 @@ INTEGER_DTYPES = frozenset({"int32", "int64"})
 
 
 def is_variable_write(graph: Graph, name: str) -> bool:
-    return graph.node(name).op in VARIABLE_WRITE_OPS
+    return writes_variables(graph.node(name).op)
 
 
 def resource_variable(graph: Graph, tensor: Tensor) -> str | None:
@@ -79,15 +79,26 @@ def returned_values(graph: Graph) -> list[Tensor]:
 
 
 class _Accesses:
-    """Every variable write and read of the graph, by variable (one sweep)."""
+    """Every variable write and read of the graph, by variable (one sweep).
+
+    A node that runs library functions which write variables (the ``If`` of
+    ``LossScaleOptimizer``, applying only finite gradients) counts as a write of
+    every variable it is passed."""
 
     def __init__(self, graph: Graph) -> None:
         self.writes: dict[str, list[str]] = {}
         self.variable_of: dict[str, str] = {}
         self.reads: set[str] = set()
+        writing = _writing_functions(graph)
         for node in graph.nodes():
             inputs = graph.inputs(node.name)
             if not inputs or node.op in ("Identity", RESULT_OP):
+                continue
+            if set(called_functions(node.op, node.attrs, writing)):
+                for tensor in inputs:
+                    variable = resource_variable(graph, tensor)
+                    if variable is not None:
+                        self.writes.setdefault(variable, []).append(node.name)
                 continue
             variable = resource_variable(graph, inputs[0])
             if variable is None:
@@ -103,6 +114,23 @@ class _Accesses:
         variable = self.variable_of[read]
         return [c for c in graph.control_inputs(read)
                 if self.variable_of.get(c) == variable and c not in self.reads]
+
+
+def _writing_functions(graph: Graph) -> dict:
+    """The library's functions that write variables, themselves or through calls."""
+    library = graph.meta.get("library")
+    functions = {f.signature.name: f for f in library.function} if library is not None else {}
+    verdict: dict[str, bool] = {}
+
+    def writes(name: str) -> bool:
+        if name not in verdict:
+            verdict[name] = False  # a recursive call does not write by itself
+            verdict[name] = any(
+                writes_variables(n.op) or any(writes(c) for c in called_functions(
+                    n.op, n.attr, functions)) for n in functions[name].node_def)
+        return verdict[name]
+
+    return {name: fdef for name, fdef in functions.items() if writes(name)}
 
 
 def _losses(graph: Graph, accesses: _Accesses) -> list[Tensor]:
@@ -172,9 +200,8 @@ def _gradients(graph: Graph, accesses: _Accesses, write: str, optimizer_math: se
         if name in seen:
             continue
         seen.add(name)
-        inputs = graph.inputs(name)
-        if name in accesses.variable_of:  # the resource handle is not a value read
-            inputs = inputs[1:]
+        # Resource handles are not values read.
+        inputs = [t for t in graph.inputs(name) if resource_variable(graph, t) is None]
         if name in accesses.reads:
             stack.extend(accesses.written_before(graph, name))
         for tensor in inputs:

@@ -22,18 +22,19 @@ other functions, signatures) is not touched.
 
 from __future__ import annotations
 
-from graphpass.dialects.tf import RESULT_OP, VARIABLE_WRITE_OPS, op_def, shape_tuple
+from graphpass.dialects.tf import (
+    RESULT_OP,
+    called_functions,
+    op_def,
+    shape_tuple,
+    writes_variables,
+)
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 
 CALL_OPS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
 RESULT_SCOPE = "graphpass/ret/"
 DEFAULT_SIGNATURE = "train"
-
-
-def _writes_variables(op: str) -> bool:
-    return op in VARIABLE_WRITE_OPS or op.startswith("ResourceApply") or \
-        op.startswith("ResourceSparseApply")
 
 
 def _called(node_def, functions: dict) -> str | None:
@@ -51,10 +52,10 @@ def _holds_writes(name: str, functions: dict, seen: set | None = None) -> bool:
         return False
     seen.add(name)
     for node_def in functions[name].node_def:
-        if _writes_variables(node_def.op):
+        if writes_variables(node_def.op):
             return True
-        callee = _called(node_def, functions)
-        if callee and _holds_writes(callee, functions, seen):
+        if any(_holds_writes(c, functions, seen)
+               for c in called_functions(node_def.op, node_def.attr, functions)):
             return True
     return False
 
@@ -65,11 +66,14 @@ def step_function(functions: dict, start: str) -> str:
     name = start
     for _ in range(len(functions)):
         fdef = functions[name]
-        if any(_writes_variables(n.op) for n in fdef.node_def):
+        if any(writes_variables(n.op) for n in fdef.node_def):
             return name
         callees = sorted({c for n in fdef.node_def
-                          if (c := _called(n, functions)) and _holds_writes(c, functions)})
-        if len(callees) != 1:
+                          for c in called_functions(n.op, n.attr, functions)
+                          if _holds_writes(c, functions)})
+        # Only a plain call forwards the step; an If's branches are part of it.
+        calls = [n for n in fdef.node_def if _called(n, functions) in callees]
+        if len(callees) != 1 or len(calls) != 1:
             return name
         name = callees[0]
     return name
@@ -139,7 +143,7 @@ def choose_signature(meta_graph, requested: str | None, where: str) -> str | Non
 def graph_def_step(graph_def) -> str | None:
     """For a GraphDef whose top level only calls functions: the step function behind
     the one top-level call that (transitively) writes variables."""
-    if any(_writes_variables(n.op) for n in graph_def.node):
+    if any(writes_variables(n.op) for n in graph_def.node):
         return None
     functions = library_functions(graph_def)
     entries = sorted({c for n in graph_def.node
