@@ -75,6 +75,16 @@ class Dialect(ABC):
         """``name``'s output is a variable's value (the variable, or a read of it)."""
         return self.is_variable(graph, name)
 
+    def variable_dtype(self, graph: Graph, name: str) -> str | None:
+        """The dtype of the values variable ``name`` holds."""
+        return self.get_attr(graph, name, "dtype")
+
+    def in_function_body(self, graph: Graph) -> bool:
+        """The graph is a function's body: passes cannot add variables to it (a
+        function's variables are arguments its callers pass) and express
+        conditionals as functional ``If``."""
+        return False
+
     def default_dependency(self, graph: Graph) -> str:
         """The dependency mode remat uses when none is asked for."""
         return self.dependency_modes[0]

@@ -110,6 +110,18 @@ class TFDialect(Dialect):
         # In a function body, a variable is a resource argument.
         return node.op == "Placeholder" and self.get_attr(graph, name, "dtype") == "resource"
 
+    def variable_dtype(self, graph: Graph, name: str) -> str | None:
+        """A resource argument holds the dtype its handle data says (recorded as
+        ``_handle_dtypes`` when the function body was read)."""
+        node = graph.node(name)
+        if node.op == "Placeholder" and "_handle_dtypes" in node.attrs:
+            types = node.attrs["_handle_dtypes"].list.type
+            return _dtype_name(types[0]) if types else None
+        return self.get_attr(graph, name, "dtype")
+
+    def in_function_body(self, graph: Graph) -> bool:
+        return graph.meta.get("function") is not None
+
     def default_dependency(self, graph: Graph) -> str:
         """Data for a function body that XLA must compile (``jit_compile=True``:
         XLA ignores control edges), else control."""
@@ -380,14 +392,15 @@ class TFDialect(Dialect):
         return depths
 
     def is_resource_variable(self, graph: Graph, name: str) -> bool:
-        return graph.node(name).op == "VarHandleOp"
+        return graph.node(name).op == "VarHandleOp" or self.is_variable(graph, name) and \
+            graph.node(name).op == "Placeholder"
 
     def read_variable(self, graph: Graph, name: str, variable: str,
                       control_inputs: list[str] = (), device: str | None = None) -> Tensor:
         """The variable's current value: ``ReadVariableOp`` of a resource, ``Identity``
         of a ref variable (which may alias the buffer: add 0 to keep a snapshot)."""
         node = graph.node(variable)
-        dtype = _DType(self.get_attr(graph, variable, "dtype"))
+        dtype = _DType(self.variable_dtype(graph, variable))
         device = node.device if device is None else device
         if self.is_resource_variable(graph, variable):
             return self._op(graph, name, "ReadVariableOp", [Tensor(variable, 0)], control_inputs,

@@ -248,6 +248,11 @@ def _placeholder_attrs(fdef, index: int, arg) -> dict:
     shape = shapes.list.shape[0] if shapes is not None and shapes.list.shape else \
         tensor_shape_pb2.TensorShapeProto(unknown_rank=True)
     attrs["shape"] = attr_value_pb2.AttrValue(shape=shape)
+    if arg.handle_data:  # a resource: what the variable holds
+        attrs["_handle_dtypes"] = attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
+            type=[h.dtype for h in arg.handle_data]))
+        attrs["_handle_shapes"] = attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
+            shape=[h.shape for h in arg.handle_data]))
     return attrs
 
 
