@@ -220,3 +220,84 @@ def test_inspect_lists_signatures(saved, capsys):
     info = json.loads(capsys.readouterr().out)
     by_key = {s["signature"]: s for s in info["signatures"]}
     assert by_key["train"]["training"] and info["function"].startswith("__inference_train_")
+
+
+def test_graph_def_whose_top_level_calls_the_step(saved, tmp_path):
+    """A GraphDef with a library (the SavedModel's MetaGraph graph): the one top-level
+    call that writes variables leads to the step; writing it back keeps the rest."""
+    from tensorflow.core.framework import graph_pb2
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((saved.get("mlp", "sgd") / "saved_model.pb").read_bytes())
+    source = tmp_path / "step.pb"
+    source.write_bytes(proto.meta_graphs[0].graph_def.SerializeToString())
+    graph = graphpass.load(source)
+    assert graph.meta["function"]["name"].startswith("__inference_train_")
+    assert len(graphpass.analyze(graph).steps[0].applies) == TRAINABLE["mlp"]
+    _rewrite(source, tmp_path / "out.pb", "--recompute", BLOCKS["mlp"])
+    written = graph_pb2.GraphDef()
+    written.ParseFromString((tmp_path / "out.pb").read_bytes())
+    original = proto.meta_graphs[0].graph_def
+    assert list(written.node) == list(original.node)
+    changed = [f.signature.name for f, g in zip(written.library.function,
+                                                original.library.function) if f != g]
+    assert changed == [graph.meta["function"]["name"]]
+
+
+@pytest.mark.parametrize("staleness,applied", [(0, True), (-1, False)])
+def test_stale_gradients_in_the_step_function(saved, tmp_path, staleness, applied):
+    """``iterations`` is the step counter and the apply (Keras's slot updates included)
+    moves into a functional If: staleness 0 in one process applies every step,
+    bit for bit like the original; -1 drops every step, so nothing moves."""
+    source = saved.get("mlp", "sgd")
+    _rewrite(source, tmp_path / "out", "--drop-stale", str(staleness))
+    graph = graphpass.load(tmp_path / "out")
+    assert any(graph.node(n).op == "If" for n in graph)
+    if applied:
+        _assert_trains_like(tmp_path / "out", "mlp", saved.reference(source, "mlp"))
+        return
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(str(source))
+    initial = {v.name: v.numpy() for v in loaded.signatures["train"].variables}
+    _, variables = keras3_models.train_steps(tmp_path / "out", "mlp")
+    for name, value in initial.items():
+        assert variables[name].tobytes() == value.tobytes(), name
+
+
+def test_loss_scaling_and_sparse_updates_are_found(tmp_path):
+    """LossScaleOptimizer applies inside an If (only finite gradients): the If is the
+    update; an Embedding's gradient update is found like any other."""
+    import tensorflow as tf
+
+    keras = tf.keras
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,), batch_size=8, dtype="int32")
+    hidden = keras.layers.Flatten()(keras.layers.Embedding(50, 8)(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+    optimizer.build(model.trainable_variables)
+
+    class Module(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.model, self.optimizer = model, optimizer
+
+        @tf.function(input_signature=[tf.TensorSpec([8, 4], tf.int32)])
+        def train(self, x):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(self.model(x) ** 2)
+                scaled = self.optimizer.scale_loss(loss)
+            variables = self.model.trainable_variables
+            gradients = tape.gradient(scaled, variables)
+            self.optimizer.apply_gradients(zip(gradients, variables))
+            return {"loss": loss}
+
+    module = Module()
+    tf.saved_model.save(module, str(tmp_path / "lso"), signatures={"train": module.train})
+    graph = graphpass.load(tmp_path / "lso")
+    (step,) = graphpass.analyze(graph).steps
+    assert {graph.node(a).op for a in step.applies} == {"If"}
+    assert {t.node for t in step.gradients} >= {
+        n for n in graph if graph.node(n).op == "UnsortedSegmentSum"}

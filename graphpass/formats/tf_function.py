@@ -140,15 +140,17 @@ def choose_signature(meta_graph, requested: str | None, where: str) -> str | Non
     return None
 
 
-def graph_def_step(graph_def) -> str | None:
-    """For a GraphDef whose top level only calls functions: the step function behind
-    the one top-level call that (transitively) writes variables."""
-    if any(writes_variables(n.op) for n in graph_def.node):
-        return None
+def graph_def_steps(graph_def) -> list[str]:
+    """For a GraphDef without apply ops at its top level: the step functions behind
+    its top-level calls that (transitively) write variables. A TF2 graph also calls
+    its checkpoint restore function, which writes too; the caller tells them apart."""
+    if any(n.op.startswith(("ResourceApply", "ResourceSparseApply", "Apply", "SparseApply"))
+           for n in graph_def.node):
+        return []
     functions = library_functions(graph_def)
-    entries = sorted({c for n in graph_def.node
-                      if (c := _called(n, functions)) and _holds_writes(c, functions)})
-    return step_function(functions, entries[0]) if len(entries) == 1 else None
+    entries = {c for n in graph_def.node
+               if (c := _called(n, functions)) and _holds_writes(c, functions)}
+    return sorted({step_function(functions, e) for e in entries})
 
 
 def _reaches(name: str, step: str, functions: dict, seen: set) -> bool:

@@ -88,8 +88,22 @@ def _step_function(source: Path, kind: str, message, meta: dict,
         if signature is not None:
             raise GraphpassError(f"{source}: --signature needs a SavedModel or MetaGraphDef; "
                                  "a GraphDef has no signatures")
-        return tf_function.graph_def_step(message)
+        return _graph_def_step(message, meta)
     return tf_function.choose_signature(_meta_graph(message, meta), signature, str(source))
+
+
+def _graph_def_step(graph_def, meta: dict) -> str | None:
+    """The one top-level call of a GraphDef whose function body holds optimizer
+    updates (a TF2 graph's others are checkpoint save and restore)."""
+    steps = []
+    for name in tf_function.graph_def_steps(graph_def):
+        try:
+            graph = _read_step_function(graph_def, name, meta)
+            if graph.dialect.optimizer_applies(graph):
+                steps.append(name)
+        except GraphpassError:
+            continue
+    return steps[0] if len(steps) == 1 else None
 
 
 def _read_step_function(graph_def, name: str, meta: dict) -> Graph:
