@@ -75,6 +75,11 @@ class Dialect(ABC):
         """``name``'s output is a variable's value (the variable, or a read of it)."""
         return self.is_variable(graph, name)
 
+    def update_math(self, graph: Graph, applies: list[str]) -> set[str]:
+        """Ops the apply ops compute their updates with, beyond the gradients (slot
+        updates written as plain ops); empty where each apply op holds its math."""
+        return set()
+
     def variable_dtype(self, graph: Graph, name: str) -> str | None:
         """The dtype of the values variable ``name`` holds."""
         return self.get_attr(graph, name, "dtype")

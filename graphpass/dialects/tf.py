@@ -110,6 +110,15 @@ class TFDialect(Dialect):
         # In a function body, a variable is a resource argument.
         return node.op == "Placeholder" and self.get_attr(graph, name, "dtype") == "resource"
 
+    def update_math(self, graph: Graph, applies: list[str]) -> set[str]:
+        """Keras optimizers' slot updates and learning-rate arithmetic (``Apply*`` ops
+        hold theirs)."""
+        if any(_APPLY_OP.match(graph.node(a).op) for a in applies):
+            return set()
+        from graphpass.dialects.tf_updates import update_math
+
+        return update_math(graph, applies)
+
     def variable_dtype(self, graph: Graph, name: str) -> str | None:
         """A resource argument holds the dtype its handle data says (recorded as
         ``_handle_dtypes`` when the function body was read)."""

@@ -188,12 +188,13 @@ def plain_updates(graph: Graph) -> dict[str, list[Tensor]]:
 
 
 def _gradients(graph: Graph, accesses: _Accesses, write: str, optimizer_math: set[str],
-               forward: set[str]) -> list[Tensor]:
+               forward: set[str], seen: set[str] | None = None) -> list[Tensor]:
     """Walk back from ``write`` through optimizer math (and from slot reads to the
-    slot writes before them) to the tensors computed without optimizer state."""
+    slot writes before them) to the tensors computed without optimizer state;
+    ``seen`` collects the math walked through."""
     dialect = graph.dialect
     found: list[Tensor] = []
-    seen: set[str] = set()
+    seen = set() if seen is None else seen
     stack = [write]
     while stack:
         name = stack.pop()
@@ -212,6 +213,22 @@ def _gradients(graph: Graph, accesses: _Accesses, write: str, optimizer_math: se
                     and dialect.is_float(graph, tensor):
                 found.append(tensor)
     return found
+
+
+def update_math(graph: Graph, writes: list[str]) -> set[str]:
+    """The optimizer math ``writes`` (found by :func:`plain_updates`) compute their
+    values with: slot reads and writes, learning-rate arithmetic, ... -- what must
+    run only if a step's update is applied."""
+    accesses = _Accesses(graph)
+    losses = _losses(graph, accesses)
+    forward = graph.ancestors({t.node for t in losses}, follow_control=False) | \
+        {t.node for t in losses}
+    state_reads = {r for r in accesses.reads if r not in forward}
+    optimizer_math = graph.descendants(state_reads, follow_control=False) | state_reads
+    seen: set[str] = set()
+    for write in writes:
+        _gradients(graph, accesses, write, optimizer_math, forward, seen)
+    return {n for n in seen if not graph.dialect.is_source(graph, n)} - set(writes)
 
 
 def _reads_only_forward(graph: Graph, write: str, optimizer_math: set[str],

@@ -294,10 +294,8 @@ def _apply_unit(graph: Graph, step: TrainStep, global_step: str) -> set[str]:
     increments = {inc for inc, var in dialect.step_increments(graph) if var == global_step}
     # Optimizer math before the apply ops: slot updates made of plain ops (Keras:
     # ``m = m * momentum - g * lr`` before ``w += m``) run only if the step is applied.
-    slots = {n for n in graph.ancestors(step.applies)
-             if graph.node(n).meta.get("region") == "optimizer"
-             and not dialect.is_source(graph, n)}
-    seeds = set(step.applies) | (increments & upstream) | slots
+    seeds = set(step.applies) | (increments & upstream) | \
+        dialect.update_math(graph, step.applies)
     between = (graph.descendants(seeds) | seeds) & upstream
     # A function's result is produced whether or not the step is applied.
     updates = {n for n in between if dialect.ends_train_step(graph, n)
