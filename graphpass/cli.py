@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
+from graphpass.options import OPTIONS, Option, rewrite_options
 
 #: Version of the ``--report`` JSON layout (documented in the README).
 REPORT_SCHEMA = 1
@@ -51,37 +52,34 @@ class Rewrite(Command):
         parser.add_argument("--config", help="TOML file with the same options (CLI wins)")
         parser.add_argument("--report", help="write a JSON report of what each pass did")
         parser.add_argument("--quiet", action="store_true", help="print nothing on success")
-        analysis = parser.add_argument_group("region analysis overrides")
-        analysis.add_argument("--loss", help="the loss tensor (node or node:port)")
-        analysis.add_argument("--train-op", action="append",
-                              help="a train op to rewrite (repeatable; default: all found)")
-        analysis.add_argument("--global-step", help="the global step variable node")
-        from graphpass.inspect.dump import add_dump_arguments
         from graphpass.passes import registered_passes
 
-        add_dump_arguments(parser)
-        for cls in registered_passes():
-            cls.add_arguments(parser.add_argument_group(f"pass {cls.name}: {_first_line(cls)}"))
+        headings = {"regions": "region analysis overrides", "dumps": "dumps"}
+        headings.update({cls.name: f"pass {cls.name}: {_first_line(cls)}"
+                         for cls in registered_passes()})
+        groups = {key: parser.add_argument_group(title) for key, title in headings.items()}
+        for option in OPTIONS:
+            _add_option(groups[option.group], option)
 
     def run(self, args):
         import graphpass
-        from graphpass.inspect.dump import instruments_from_settings
+        from graphpass.inspect.dump import rewrite_instruments
+        from graphpass.passes import PassContext, Pipeline, build_passes
 
-        settings = _settings(args)
-        source, target = Path(settings["input"]), Path(settings["output"])
-        _check_output(source, target, settings.get("in_place", False))
-        if settings.get("report"):
-            _check_output(source, Path(settings["report"]), False)
-        graph = graphpass.load(source, tag=settings.get("tag"),
-                               signature=settings.get("signature"))
+        options = rewrite_options(_settings(args))
+        source, target = Path(options.input), Path(options.output)
+        _check_output(source, target, options.in_place)
+        if options.report:
+            _check_output(source, Path(options.report), False)
+        graph = graphpass.load(source, tag=options.tag, signature=options.signature)
         nodes_before = len(graph)
-        if any(settings.get(k) for k in ("loss", "train_op", "global_step")):
+        ctx = PassContext.from_options(options.pipeline, rewrite_instruments(
+            options.dump_dir, full=options.dump_full, quiet=options.quiet))
+        if options.pipeline.regions:
             # Overrides are checked even when no requested pass needs regions.
-            from graphpass.passes import RegionOptions
-
-            RegionOptions.from_settings(settings).analyze(graph)
-        results = graphpass.run_passes(graph, settings, instruments_from_settings(settings))
-        graphpass.save(graph, target, output_format=settings.get("output_format"))
+            ctx.analyses.regions(graph)
+        results = Pipeline(build_passes(options.pipeline)).run(graph, ctx)
+        graphpass.save(graph, target, output_format=options.output_format)
         report = {
             "schema": REPORT_SCHEMA,
             "graphpass_version": graphpass.__version__,
@@ -92,9 +90,11 @@ class Rewrite(Command):
             "nodes_after": len(graph),
             "passes": [vars(r) for r in results],
         }
-        if settings.get("report"):
-            _write_json(Path(settings["report"]), report)
-        if not settings.get("quiet"):
+        if options.report:
+            from graphpass.formats.files import write_json
+
+            write_json(Path(options.report), report)
+        if not options.quiet:
             print(_summary(report))
         return 0
 
@@ -137,10 +137,9 @@ class Passes(Command):
 
         for cls in registered_passes():
             print(f"{cls.name}: {_first_line(cls)}")
-            parser = argparse.ArgumentParser(add_help=False)
-            cls.add_arguments(parser.add_argument_group())
-            for action in parser._actions:
-                print(f"  {', '.join(action.option_strings):28s} {action.help or ''}")
+            for option in OPTIONS:
+                if option.group == cls.name:
+                    print(f"  {option.flag:28s} {option.help}")
         return 0
 
 
@@ -259,6 +258,18 @@ def _first_line(cls) -> str:
     return (cls.__doc__ or "").strip().splitlines()[0]
 
 
+def _add_option(group: argparse._ArgumentGroup, option: Option) -> None:
+    """One declared option as an argparse argument."""
+    if option.kind is bool:
+        group.add_argument(option.flag, action="store_true", help=option.help)
+    elif option.kind is list:
+        group.add_argument(option.flag, action="append", metavar=option.metavar,
+                           help=option.help)
+    else:
+        group.add_argument(option.flag, choices=option.choices or None,
+                           metavar=option.metavar, help=option.help)
+
+
 def _settings(args: argparse.Namespace) -> dict:
     """CLI options over the ``--config`` file's; keys use underscores."""
     cli = {k: v for k, v in vars(args).items() if v not in (None, False, [])}
@@ -266,6 +277,8 @@ def _settings(args: argparse.Namespace) -> dict:
     if cli.get("config"):
         settings.update(_read_config(Path(cli["config"]), set(vars(args))))
     settings.update(cli)
+    settings.pop("command", None)
+    settings.pop("config", None)
     return settings
 
 
@@ -313,16 +326,9 @@ def _check_output(source: Path, target: Path, in_place: bool) -> None:
         raise GraphpassError(
             f"the output {target} is the input; choose another -o or pass --in-place"
         )
-    from graphpass.formats.detect import check_output_parent
+    from graphpass.formats.files import check_output_parent
 
     check_output_parent(target)
-
-
-def _write_json(path: Path, data: dict) -> None:
-    from graphpass.formats.detect import atomic_output
-
-    with atomic_output(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def _summary(report: dict) -> str:

@@ -11,18 +11,20 @@ outside the cluster and are reported.
 
 The choices that must be made *before* lowering (data-dependency remat, the
 functional ``If`` form of conditionals) are made by the rewrite passes from the
-same ``target`` setting. This pass never adds or removes nodes: it only sets
+same resolved target, in the ``PassContext``. This pass never adds or removes nodes: it only sets
 attributes and device strings, and only on nodes of the training step (forward,
 backward, optimizer); initializers, savers and summaries are untouched.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+from graphpass.analysis.manager import REGIONS, SHAPES
+from graphpass.dialects.capabilities import TargetLowering
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
-from graphpass.passes.base import Pass, RegionOptions
+from graphpass.options import LowerOptions
+from graphpass.passes.base import Pass
+from graphpass.passes.context import PassContext
 
 XLA_SCOPE = "graphpass_step"
 DEVICE_TYPES = {"cpu": "CPU", "gpu": "GPU", "tpu": "TPU"}
@@ -34,66 +36,26 @@ STEP_REGIONS = ("forward", "backward", "optimizer")
 CLUSTER_REGIONS = ("forward", "backward")
 
 
-@dataclass(frozen=True)
-class LowerOptions:
-    target: str = "tf"
-    device: str | None = None
-    xla_cluster: str = "step"
-    regions: RegionOptions = field(default_factory=RegionOptions)
-
-
-def resolve_target(settings: dict) -> str:
-    """``--target``, with ``--device tpu`` implying xla (and refusing ``--target tf``)."""
-    target = settings.get("target") or ("xla" if settings.get("device") == "tpu" else "tf")
-    if settings.get("device") == "tpu" and target != "xla":
-        raise GraphpassError("--device tpu needs --target xla (TPUs run only XLA-compiled "
-                             "steps); drop --target tf")
-    return target
-
-
 class LowerPass(Pass):
     """Lower the step for its target: XLA clustering attributes and device strings."""
 
     name = "lower"
 
-    @classmethod
-    def add_arguments(cls, group):
-        group.add_argument("--target", choices=["tf", "xla"],
-                           help="runtime the graph is for (default tf; tpu implies xla)")
-        group.add_argument("--device", choices=["cpu", "gpu", "tpu"],
-                           help="device type for the step's nodes without one")
-        group.add_argument("--xla-cluster", choices=["step", "none"],
-                           help="mark the training step for XLA (default step with "
-                                "--target xla) or leave clustering to the runtime")
+    options: LowerOptions
+    preserves = frozenset({REGIONS, SHAPES})  # attributes and devices only
+    requires = (TargetLowering,)
 
-    @classmethod
-    def from_settings(cls, settings):
-        target = resolve_target(settings)
-        if target == "tf" and not settings.get("device"):
-            if settings.get("xla_cluster") == "step":
-                raise GraphpassError("--xla-cluster step needs --target xla")
-            return None
-        return cls(LowerOptions(
-            target=target,
-            device=settings.get("device"),
-            xla_cluster=settings.get("xla_cluster") or ("step" if target == "xla" else "none"),
-            regions=RegionOptions.from_settings(settings),
-        ))
-
-    def run(self, graph: Graph) -> bool:
-        if graph.format != "tf":
-            raise GraphpassError(f"--target/--device lowering is for TF graphs; {graph.format} "
-                                 "graphs are written as they are")
-        regions = self.options.regions.analyze(graph)
+    def run(self, graph: Graph, ctx: PassContext) -> bool:
+        regions = ctx.analyses.regions(graph)
         step = [n for n in graph if regions.label(n) in STEP_REGIONS]
-        unsupported = xla_unsupported(graph, step) if self.options.target == "xla" else []
-        if unsupported and self.options.device == "tpu":
+        unsupported = graph.dialect.xla_unsupported(graph, step) if ctx.target == "xla" else []
+        if unsupported and ctx.device == "tpu":
             raise GraphpassError(_unsupported_message(graph, unsupported))
         changed = False
-        if self.options.device:
-            changed |= _place(graph, step, DEVICE_TYPES[self.options.device])
+        if ctx.device:
+            changed |= graph.dialect.place(graph, step, DEVICE_TYPES[ctx.device])
         clustered = []
-        if self.options.target == "xla" and self.options.xla_cluster == "step":
+        if ctx.target == "xla" and self.options.xla_cluster == "step":
             left_out = {n for n, _ in unsupported}
             clustered = [n for n in step if n not in left_out and _clusterable(graph, n)
                          and regions.label(n) in CLUSTER_REGIONS]
@@ -103,11 +65,11 @@ class LowerPass(Pass):
                 graph.dialect.set_attr(graph, name, "_XlaSeparateCompiledGradients", False)
             changed |= bool(clustered)
         self.report = {
-            "target": self.options.target,
-            "device": self.options.device,
+            "target": ctx.target,
+            "device": ctx.device,
             "clustered": len(clustered),
             "not_compilable": [{"node": n, "op": op} for n, op in unsupported],
-            "summary": _summary(self.options, clustered, unsupported),
+            "summary": _summary(ctx, clustered, unsupported),
         }
         return changed
 
@@ -118,65 +80,6 @@ def _clusterable(graph: Graph, name: str) -> bool:
     return not node.op.startswith("Placeholder") and node.op not in ("VariableV2", "Variable")
 
 
-def _place(graph: Graph, names: list[str], device_type: str) -> bool:
-    """Give ``names`` the device type, keeping every field they already have
-    (a ``/job:ps`` placement stays on the ps; an explicit CPU stays CPU)."""
-    from tensorflow.python.framework.device_spec import DeviceSpecV2
-
-    wanted = DeviceSpecV2(device_type=device_type, device_index=0)
-    changed = False
-    for name in names:
-        node = graph.node(name)
-        current = DeviceSpecV2.from_string(node.device)
-        if current.device_type:
-            continue
-        node.device = current.make_merged_spec(wanted).to_string()
-        changed = True
-    return changed
-
-
-def xla_unsupported(graph: Graph, names: list[str]) -> list[tuple[str, str]]:
-    """``(node, op)`` for each of ``names`` whose op has no XLA kernel.
-
-    TF lists XLA kernels under the ``XLA_CPU_JIT`` device once XLA is
-    initialised (TPU kernels are not in the CPU build; the CPU JIT's set is the
-    closest proxy). Fed and stored values never enter a cluster and are skipped.
-    """
-    compilable = _xla_ops()
-    dialect = graph.dialect
-    return [(n, graph.node(n).op) for n in names
-            if graph.node(n).op not in compilable and not dialect.is_source(graph, n)]
-
-
-_XLA_OPS: set[str] | None = None
-
-
-def _xla_ops() -> set[str]:
-    global _XLA_OPS
-    if _XLA_OPS is None:
-        _XLA_OPS = _registered_xla_ops()
-    return _XLA_OPS
-
-
-def _registered_xla_ops() -> set[str]:
-    import tensorflow as tf
-    from tensorflow.python.framework import kernels
-
-    _initialise_xla(tf)
-    listed = kernels.get_all_registered_kernels().kernel
-    return {k.op for k in listed if k.device_type == "XLA_CPU_JIT"}
-
-
-def _initialise_xla(tf) -> None:
-    """XLA registers its kernels when first used: compile one tiny cluster."""
-    tf1 = tf.compat.v1
-    graph = tf.Graph()
-    with graph.as_default(), tf.xla.experimental.jit_scope():
-        value = tf.constant(1.0) + 1.0
-    with tf1.Session(graph=graph) as session:
-        session.run(value)
-
-
 def _unsupported_message(graph: Graph, unsupported: list[tuple[str, str]]) -> str:
     listed = "; ".join(f"{op} at {name}" for name, op in unsupported[:10])
     more = f" (and {len(unsupported) - 10} more)" if len(unsupported) > 10 else ""
@@ -184,8 +87,8 @@ def _unsupported_message(graph: Graph, unsupported: list[tuple[str, str]]) -> st
             "move them out of the step, or use --xla-cluster none on a non-TPU device")
 
 
-def _summary(options: LowerOptions, clustered: list[str], unsupported: list) -> list[str]:
-    lines = [f"target {options.target}" + (f", device {options.device}" if options.device else "")]
+def _summary(ctx: PassContext, clustered: list[str], unsupported: list) -> list[str]:
+    lines = [f"target {ctx.target}" + (f", device {ctx.device}" if ctx.device else "")]
     if clustered:
         lines.append(f"{len(clustered)} step nodes marked for XLA (_XlaScope={XLA_SCOPE})")
     if unsupported:
