@@ -192,7 +192,7 @@ def test_verify_calls_the_signature(saved, tmp_path, capsys):
     _rewrite(source, tmp_path / "out", "--recompute", BLOCKS["mlp"])
     assert main(["verify", str(source), str(tmp_path / "out"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["ok"] and len(report["compared"]) == 17 and len(report["steps"]) == 3
+    assert report["ok"] and len(report["compared"]) == 18 and len(report["steps"]) == 3
     other = saved.get("mlp", "adam")  # same shapes, another optimizer: differs
     assert main(["verify", str(source), str(other), "--quiet"]) == 1
 
@@ -301,3 +301,21 @@ def test_loss_scaling_and_sparse_updates_are_found(tmp_path):
     assert {graph.node(a).op for a in step.applies} == {"If"}
     assert {t.node for t in step.gradients} >= {
         n for n in graph if graph.node(n).op == "UnsortedSegmentSum"}
+
+
+def test_tflite_converts_the_rewritten_step_as_the_original(saved, tmp_path):
+    """TFLite's on-device training recipe (``from_saved_model`` with the train and
+    set_weights signatures, resource variables on): the rewritten SavedModel converts
+    wherever the original does, and its train signature does in the interpreter what
+    the original's does: the same losses, or (this pip's interpreter has no Flex
+    delegate for the gradient ops) the same refusal."""
+    source = saved.get("mlp", "sgd", on_device=True)
+    _rewrite(source, tmp_path / "out", "--recompute", BLOCKS["mlp"])
+    weights = keras3_models.initial_weights(source)
+    outcomes = []
+    for directory in (source, tmp_path / "out"):
+        try:
+            outcomes.append(keras3_models.tflite_train(directory, "mlp", weights))
+        except RuntimeError as exc:  # raised by the interpreter, after conversion
+            outcomes.append(str(exc).split("Node number")[0])
+    assert outcomes[0] == outcomes[1]

@@ -186,17 +186,72 @@ def build_module(model_name: str, optimizer_name: str, *, size_name: str = "test
             self.optimizer.apply_gradients(zip(gradients, variables))
             return {"loss": loss}
 
-    return TrainModule()
+    module = TrainModule()
+    variables = _step_variables(module)
+    specs = [tf.TensorSpec(v.shape, v.dtype, name=_input_name(v)) for v in variables]
+
+    @tf.function(input_signature=specs)
+    def set_weights(*values):
+        """Assign every variable of the step (model and optimizer): how a TFLite
+        interpreter initialises them before training (the ``set_weights``
+        signature of on-device training; builtin ops only, no Flex delegate)."""
+        for v, value in zip(variables, values):
+            v.assign(value)
+        return {"done": tf.constant(True)}
+
+    module.set_weights = set_weights
+    return module
+
+
+def _input_name(variable) -> str:
+    return variable.path.replace("/", "_")
+
+
+def initial_weights(directory: str | os.PathLike, signature: str = "train") -> dict:
+    """``{set_weights input name: value}`` from a SavedModel's variables as saved."""
+    tf, _ = _keras()
+    loaded = tf.saved_model.load(str(directory))
+    return {v.name.split(":")[0].replace("/", "_"): v.numpy()
+            for v in loaded.signatures[signature].variables}
+
+
+def tflite_train(directory: str | os.PathLike, model_name: str, weights: dict, *,
+                 steps: int = 3, size_name: str = "test") -> list[float]:
+    """Convert the SavedModel's ``train`` and ``set_weights`` signatures with
+    resource variables enabled (TFLite's on-device training recipe), initialise
+    the variables through ``set_weights`` and train ``steps`` steps in the TFLite
+    interpreter; returns the losses."""
+    tf, _ = _keras()
+    converter = tf.lite.TFLiteConverter.from_saved_model(
+        str(directory), signature_keys=["train", "set_weights"])
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS,
+                                           tf.lite.OpsSet.SELECT_TF_OPS]
+    converter.experimental_enable_resource_variables = True
+    interpreter = tf.lite.Interpreter(model_content=converter.convert())
+    interpreter.get_signature_runner("set_weights")(**weights)
+    train = interpreter.get_signature_runner("train")
+    feed = inputs(model_name, size_name)
+    return [float(train(**feed)["loss"]) for _ in range(steps)]
+
+
+
+def _step_variables(module) -> list:
+    """The model's and the optimizer's variables (Keras 3 ``Variable``s), in a fixed order."""
+    return list(module.model.variables) + list(module.optimizer.variables)
 
 
 def export(directory: str | os.PathLike, model_name: str, optimizer_name: str, *,
            size_name: str = "test", jit_compile: bool = False, seed: int = 0,
-           **optimizer_options) -> Path:
-    """Build and save the SavedModel with its ``train`` signature; returns the directory."""
+           on_device: bool = False, **optimizer_options) -> Path:
+    """Build and save the SavedModel with its ``train`` signature; returns the directory.
+    ``on_device`` adds a ``set_weights`` signature (see :func:`tflite_train`)."""
     tf, _ = _keras()
     module = build_module(model_name, optimizer_name, size_name=size_name,
                           jit_compile=jit_compile, seed=seed, **optimizer_options)
-    tf.saved_model.save(module, str(directory), signatures={"train": module.train})
+    signatures = {"train": module.train}
+    if on_device:
+        signatures["set_weights"] = module.set_weights
+    tf.saved_model.save(module, str(directory), signatures=signatures)
     return Path(directory)
 
 
