@@ -360,7 +360,8 @@ def _describe_text(info: dict) -> str:
     ]
     if "signatures" in info:
         lines.append("signatures:    " + (", ".join(
-            s["signature"] + (f" (training step in {s['function']})" if s["training"] else "")
+            s["signature"] + (f" (updates variables: {s['function']})"
+                              if s["updates_variables"] else "")
             for s in info["signatures"]) or "-"))
     if "function" in info:
         lines.append(f"step function: {info['function']} (its body is the graph above)")

@@ -107,7 +107,7 @@ def signatures(meta_graph) -> list[dict]:
         entry = signature_entry(meta_graph, key, functions)
         step = step_function(functions, entry) if entry else None
         found.append({"signature": key, "function": step,
-                      "training": bool(step and _holds_writes(step, functions))})
+                      "updates_variables": bool(step and _holds_writes(step, functions))})
     return found
 
 
@@ -121,21 +121,21 @@ def choose_signature(meta_graph, requested: str | None, where: str) -> str | Non
         chosen = by_key.get(requested)
         if chosen is None:
             raise GraphpassError(f"{where}: no signature {requested!r}; it has: {names}")
-        if not chosen["training"]:
+        if not chosen["updates_variables"]:
             raise GraphpassError(
                 f"{where}: signature {requested!r} holds no training step (no variable "
-                f"updates); signatures with one: "
-                f"{', '.join(s['signature'] for s in listed if s['training']) or 'none'}")
+                f"updates); signatures with updates: "
+                f"{', '.join(s['signature'] for s in listed if s['updates_variables'])}")
         return chosen["function"]
-    training = [s for s in listed if s["training"]]
+    training = [s for s in listed if s["updates_variables"]]
     default = by_key.get(DEFAULT_SIGNATURE)
-    if default is not None and default["training"]:
+    if default is not None and default["updates_variables"]:
         return default["function"]
     if len(training) == 1:
         return training[0]["function"]
     if len(training) > 1:
         raise GraphpassError(
-            f"{where}: several signatures hold a training step "
+            f"{where}: several signatures update variables "
             f"({', '.join(s['signature'] for s in training)}); choose one with --signature")
     return None
 
