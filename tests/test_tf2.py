@@ -219,7 +219,8 @@ def test_inspect_lists_signatures(saved, capsys):
     assert main(["inspect", str(saved.get("mlp", "sgd")), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     by_key = {s["signature"]: s for s in info["signatures"]}
-    assert by_key["train"]["updates_variables"] and info["function"].startswith("__inference_train_")
+    assert by_key["train"]["updates_variables"]
+    assert info["function"].startswith("__inference_train_")
 
 
 def test_graph_def_whose_top_level_calls_the_step(saved, tmp_path):
