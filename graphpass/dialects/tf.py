@@ -512,17 +512,27 @@ def _output_arg(graph: Graph, tensor: Tensor):
     return located[0] if located else None
 
 
-def _locate_output(graph: Graph, tensor: Tensor):
-    node = graph.node(tensor.node)
+def output_arg_sizes(node) -> list[tuple[Any, int]] | None:
+    """``(OpDef output argument, number of tensors)`` for each output argument of a
+    node's registered op, or None for unknown ops."""
     definition = op_def(node.op)
-    start = 0
-    for arg in definition.output_arg if definition else ():
+    if definition is None:
+        return None
+    sizes = []
+    for arg in definition.output_arg:
         if arg.number_attr:
             count = node.attrs[arg.number_attr].i
         elif arg.type_list_attr:
             count = len(node.attrs[arg.type_list_attr].list.type)
         else:
             count = 1
+        sizes.append((arg, count))
+    return sizes
+
+
+def _locate_output(graph: Graph, tensor: Tensor):
+    start = 0
+    for arg, count in output_arg_sizes(graph.node(tensor.node)) or ():
         if tensor.port < start + count:
             return arg, tensor.port - start
         start += count

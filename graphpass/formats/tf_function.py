@@ -26,6 +26,7 @@ from graphpass.dialects.tf import (
     RESULT_OP,
     called_functions,
     op_def,
+    output_arg_sizes,
     shape_tuple,
     writes_variables,
 )
@@ -283,20 +284,11 @@ class _OutputNames:
         node = self.graph.node(name)
         if node.op in self.functions:
             return [(a.name, 1) for a in self.functions[node.op].signature.output_arg]
-        definition = op_def(node.op)
-        if definition is None:
+        sizes = output_arg_sizes(node)
+        if sizes is None:
             raise GraphpassError(f"node {name!r}: op {node.op!r} is neither registered nor "
                                  "a library function; cannot read its outputs")
-        sizes = []
-        for arg in definition.output_arg:
-            if arg.number_attr:
-                count = node.attrs[arg.number_attr].i
-            elif arg.type_list_attr:
-                count = len(node.attrs[arg.type_list_attr].list.type)
-            else:
-                count = 1
-            sizes.append((arg.name, count))
-        return sizes
+        return [(arg.name, count) for arg, count in sizes]
 
     def tensor(self, text: str) -> Tensor:
         parts = text.split(":")
