@@ -320,3 +320,44 @@ def test_tflite_converts_the_rewritten_step_as_the_original(saved, tmp_path):
         except RuntimeError as exc:  # raised by the interpreter, after conversion
             outcomes.append(str(exc).split("Node number")[0])
     assert outcomes[0] == outcomes[1]
+
+
+def test_step_returning_loss_and_metric_is_one_train_op(tmp_path, capsys):
+    """Every result of a train function waits for the whole step, so a step returning
+    ``{"accuracy", "loss"}`` is one train op; remat and stale dropping together train
+    it exactly like the original (verify through the signature)."""
+    import tensorflow as tf
+
+    keras = tf.keras
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16,), batch_size=32)
+    hidden = keras.layers.Dense(64, activation="relu", name="block1")(inputs)
+    hidden = keras.layers.Dense(64, activation="relu", name="block2")(hidden)
+    model = keras.Model(inputs, keras.layers.Dense(4, name="head")(hidden))
+    optimizer = keras.optimizers.Adam(0.01)
+    optimizer.build(model.trainable_variables)
+
+    class Module(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.model, self.optimizer = model, optimizer
+
+        @tf.function(input_signature=[tf.TensorSpec([32, 16], tf.float32),
+                                      tf.TensorSpec([32], tf.int32)])
+        def train(self, x, y):
+            with tf.GradientTape() as tape:
+                logits = self.model(x, training=True)
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
+            variables = self.model.trainable_variables
+            self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+            hits = tf.equal(tf.argmax(logits, -1, output_type=tf.int32), y)
+            return {"accuracy": tf.reduce_mean(tf.cast(hits, tf.float32)), "loss": loss}
+
+    module = Module()
+    tf.saved_model.save(module, str(tmp_path / "step"), signatures={"train": module.train})
+    regions = graphpass.analyze(graphpass.load(tmp_path / "step"))
+    assert len(regions.steps) == 1 and len(regions.steps[0].applies) == 6
+    _rewrite(tmp_path / "step", tmp_path / "out", "--recompute", "functional_1/block",
+             "--drop-stale", "0")
+    assert main(["verify", str(tmp_path / "step"), str(tmp_path / "out"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"]

@@ -188,8 +188,9 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
 
     def ends_train_step(self, graph: Graph, name: str) -> bool:
         op = graph.node(name).op
-        # _Retval: a function's result; the step ends when the function returns.
-        return op in ("NoOp", RESULT_OP) or \
+        if op == RESULT_OP:  # the step ends when the function returns: one train op
+            return name == _first_result(graph)
+        return op == "NoOp" or \
             op.startswith(("Assign", "ResourceScatter", "Scatter")) or bool(_APPLY_OP.match(op))
 
     def step_increments(self, graph: Graph) -> list[tuple[str, str]]:
@@ -510,6 +511,13 @@ def _output_arg(graph: Graph, tensor: Tensor):
     it, or None for unknown ops."""
     located = _locate_output(graph, tensor)
     return located[0] if located else None
+
+
+def _first_result(graph: Graph) -> str | None:
+    """The function's result with the lowest index: it stands for all of them (they
+    all wait for the step), so a step returning its loss and metrics is one train op."""
+    results = [n for n in graph.nodes() if n.op == RESULT_OP]
+    return min(results, key=lambda n: n.attrs["index"].i).name if results else None
 
 
 def output_arg_sizes(node) -> list[tuple[Any, int]] | None:
