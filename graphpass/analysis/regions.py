@@ -64,6 +64,12 @@ class Regions:
     def loss(self) -> Tensor:
         return self.steps[0].loss
 
+    @property
+    def fetches(self) -> list[str]:
+        """The nodes one training step runs: every train op, then every loss."""
+        fetches = [t for s in self.steps for t in s.train_ops or [s.train_op]]
+        return fetches + [s.loss.node for s in self.steps]
+
 
 def analyze(
     graph: Graph,

@@ -34,11 +34,13 @@ class Dialect(ABC):
         """True for loop back-edges, which topological orders ignore."""
         return False
 
-    def schedule(self, graph: Graph) -> list[str]:
-        """Every node, in the order the format's runtime executes them (the memory
-        estimate walks it): here topological, ties broken by graph order, so nodes a
-        pass appended run as late as their users allow."""
-        return graph.topological_order(ignore_edge=lambda s, d: self.is_back_edge(graph, s, d))
+    def schedule(self, graph: Graph, nodes: set[str] | None = None) -> list[str]:
+        """``nodes`` (default: every node), in the order the format's runtime executes
+        them when only those run (the memory estimate walks it): here topological,
+        ties broken by graph order, so nodes a pass appended run as late as their
+        users allow."""
+        order = graph.topological_order(ignore_edge=lambda s, d: self.is_back_edge(graph, s, d))
+        return order if nodes is None else [n for n in order if n in nodes]
 
     def num_outputs(self, graph: Graph, name: str) -> int | None:
         """Number of outputs of ``name`` when cheaply known, else None."""
@@ -66,6 +68,26 @@ class Dialect(ABC):
     def is_shape_only(self, graph: Graph, name: str) -> bool:
         """Reads only the shape of its input, never the values."""
         return False
+
+    # -- runtime memory (graphpass.analysis.memory) ---------------------------
+
+    def is_constant(self, graph: Graph, name: str) -> bool:
+        """``name``'s value is known before the step runs (a constant, or the shape of
+        a fully static tensor): the runtime may fold the ops it feeds."""
+        return False
+
+    def is_foldable(self, graph: Graph, name: str) -> bool:
+        """The runtime replaces ``name`` by a constant when all its inputs are."""
+        return False
+
+    def output_alias(self, graph: Graph, name: str, port: int) -> int | None:
+        """The input slot whose buffer output ``port`` shares (Identity, Reshape), or None."""
+        return None
+
+    def forwardable_inputs(self, graph: Graph, name: str) -> tuple[int, ...]:
+        """Input slots whose buffer ``name`` may reuse for its output 0 when it is
+        their last reader (elementwise kernels writing in place)."""
+        return ()
 
     def is_variable(self, graph: Graph, name: str) -> bool:
         """A trainable or optimizer state variable."""

@@ -91,10 +91,11 @@ class ONNXDialect(Dialect):
     def num_outputs(self, graph: Graph, name: str) -> int | None:
         return len(graph.node(name).outputs)
 
-    def schedule(self, graph: Graph) -> list[str]:
+    def schedule(self, graph: Graph, nodes: set[str] | None = None) -> list[str]:
         """onnxruntime's default order for the model the writer emits (a DFS from the
         leaves; see ``onnx_io.ort_schedule``), not a plain topological order."""
-        return ort_schedule(graph)
+        order = ort_schedule(graph)
+        return order if nodes is None else [n for n in order if n in nodes]
 
     def parse_tensor(self, graph: Graph, text: str) -> Tensor:
         """An ONNX tensor name first (what users see in Netron); else ``node[:port]``."""
