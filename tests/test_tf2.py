@@ -357,7 +357,7 @@ def test_step_returning_loss_and_metric_is_one_train_op(tmp_path, capsys):
     tf.saved_model.save(module, str(tmp_path / "step"), signatures={"train": module.train})
     regions = graphpass.analyze(graphpass.load(tmp_path / "step"))
     assert len(regions.steps) == 1 and len(regions.steps[0].applies) == 6
-    _rewrite(tmp_path / "step", tmp_path / "out", "--recompute", "functional_1/block",
+    _rewrite(tmp_path / "step", tmp_path / "out", "--recompute", "[^/]*/block",
              "--drop-stale", "0")
     assert main(["verify", str(tmp_path / "step"), str(tmp_path / "out"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"]
