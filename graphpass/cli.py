@@ -47,6 +47,8 @@ class Rewrite(Command):
         parser.add_argument("--output-format", choices=["pb", "pbtxt"],
                             help="TF output encoding (default: the input's)")
         parser.add_argument("--tag", help="SavedModel MetaGraph tag (default: train, then serve)")
+        parser.add_argument("--signature", help="TF2 signature whose function holds the training "
+                            "step (default: train, else the one signature that trains)")
         parser.add_argument("--config", help="TOML file with the same options (CLI wins)")
         parser.add_argument("--report", help="write a JSON report of what each pass did")
         parser.add_argument("--quiet", action="store_true", help="print nothing on success")
@@ -69,7 +71,7 @@ class Rewrite(Command):
         _check_output(source, target, options.in_place)
         if options.report:
             _check_output(source, Path(options.report), False)
-        graph = graphpass.load(source, tag=options.tag)
+        graph = graphpass.load(source, tag=options.tag, signature=options.signature)
         nodes_before = len(graph)
         ctx = PassContext.from_options(options.pipeline, rewrite_instruments(
             options.dump_dir, full=options.dump_full, quiet=options.quiet,
@@ -107,6 +109,7 @@ class Inspect(Command):
         parser.add_argument("input")
         parser.add_argument("--json", action="store_true", help="print JSON")
         parser.add_argument("--tag", help="SavedModel MetaGraph tag")
+        parser.add_argument("--signature", help="TF2 signature holding the training step")
         parser.add_argument("--loss")
         parser.add_argument("--train-op", action="append")
         parser.add_argument("--global-step")
@@ -137,7 +140,7 @@ class Inspect(Command):
         _check_batch_size(args.batch_size)
         if args.memory_plot:
             _check_output(Path(args.input), Path(args.memory_plot), False)
-        graph = graphpass.load(args.input, tag=args.tag)
+        graph = graphpass.load(args.input, tag=args.tag, signature=args.signature)
         info = describe(graph, loss=args.loss, train_ops=args.train_op,
                         global_step=args.global_step, xla=args.xla, saved=args.saved,
                         batch_size=args.batch_size)
@@ -228,6 +231,8 @@ class Verify(Command):
         parser.add_argument("--init", help="the init op (default: the MetaGraph's "
                             "variable initialisers, else the node named init)")
         parser.add_argument("--tag", help="SavedModel MetaGraph tag")
+        parser.add_argument("--signature", help="TF2 SavedModels: the signature to call "
+                            "(default: train, else the one signature that trains)")
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
         parser.add_argument("--quiet", action="store_true",
                             help="no table or progress; only the verdict on a mismatch")
@@ -247,7 +252,7 @@ class Verify(Command):
             steps=args.steps, xla=args.xla, feeds=_read_feeds(args.feed), loss=args.loss,
             train_ops=tuple(args.train_op or ()), init=args.init, rtol=args.rtol,
             atol=args.atol, seed=args.seed, tag=args.tag, quiet=args.quiet,
-            batch_size=args.batch_size)
+            signature=args.signature, batch_size=args.batch_size)
         report = verify_files(args.original, args.rewritten, options)
         if args.json:
             print(json.dumps(report.to_json(), indent=2, sort_keys=True))
@@ -411,6 +416,13 @@ def _describe_text(info: dict) -> str:
         f"variables:     {len(info['variables'])}: {_listed(info['variables'])}",
         "ops:           " + ", ".join(f"{op} {n}" for op, n in info["ops"].items()),
     ]
+    if "signatures" in info:
+        lines.append("signatures:    " + (", ".join(
+            s["signature"] + (f" (updates variables: {s['function']})"
+                              if s["updates_variables"] else "")
+            for s in info["signatures"]) or "-"))
+    if "function" in info:
+        lines.append(f"step function: {info['function']} (its body is the graph above)")
     regions = info.get("regions")
     if regions is None:
         lines.append(f"training:      not a training graph ({info['regions_error']})")
@@ -421,7 +433,9 @@ def _describe_text(info: dict) -> str:
             f"train ops:     {', '.join(regions['train_ops'])}",
             f"updates:       {len(regions['updates'])}: {_listed(regions['updates'])}",
             f"gradients:     {len(regions['gradients'])}: {_listed(regions['gradients'])}",
-            f"global_step:   {regions['global_step'] or '-'}",
+            f"global_step:   {regions['global_step'] or '-'}"
+            + (f" (variable {regions['global_step_variable']})"
+               if regions.get("global_step_variable") else ""),
         ]
     if "saved" in info:
         lines += _saved_text(info["saved"])

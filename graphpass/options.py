@@ -160,13 +160,15 @@ class RewriteOptions:
     in_place: bool = False
     output_format: str | None = None
     tag: str | None = None
+    signature: str | None = None
     report: str | None = None
     quiet: bool = False
     dump_dir: str | None = None
     dump_full: bool = False
 
 
-_FILE_KEYS = ("input", "output", "in_place", "output_format", "tag", "report", "quiet")
+_FILE_KEYS = ("input", "output", "in_place", "output_format", "tag", "signature", "report",
+              "quiet")
 
 
 def rewrite_options(values: Mapping) -> RewriteOptions:

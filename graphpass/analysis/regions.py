@@ -192,10 +192,12 @@ def _find_loss(graph: Graph, gradients: list[Tensor], train_op: str, applies: li
 
 
 def _only_fetched(graph: Graph, name: str) -> bool:
-    """A computed float value that nothing computes with (only its shape is read)."""
+    """A computed float value that nothing computes with (only its shape is read, or
+    it is returned as a function result)."""
     dialect = graph.dialect
     return dialect.is_float(graph, Tensor(name, 0)) and not dialect.is_source(graph, name) \
-        and all(dialect.is_shape_only(graph, user) or not dialect.is_float(graph, Tensor(user, 0))
+        and all(dialect.is_shape_only(graph, user) or dialect.is_fetch(graph, user)
+                or not dialect.is_float(graph, Tensor(user, 0))
                 for user in graph.data_users(name))
 
 

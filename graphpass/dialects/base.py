@@ -120,6 +120,29 @@ class Dialect(ABC):
         """``name``'s output is a variable's value (the variable, or a read of it)."""
         return self.is_variable(graph, name)
 
+    def update_math(self, graph: Graph, applies: list[str]) -> set[str]:
+        """Ops the apply ops compute their updates with, beyond the gradients (slot
+        updates written as plain ops); empty where each apply op holds its math."""
+        return set()
+
+    def variable_dtype(self, graph: Graph, name: str) -> str | None:
+        """The dtype of the values variable ``name`` holds."""
+        return self.get_attr(graph, name, "dtype")
+
+    def in_function_body(self, graph: Graph) -> bool:
+        """The graph is a function's body: passes cannot add variables to it (a
+        function's variables are arguments its callers pass) and express
+        conditionals as functional ``If``."""
+        return False
+
+    def default_dependency(self, graph: Graph) -> str:
+        """The dependency mode remat uses when none is asked for."""
+        return self.dependency_modes[0]
+
+    def is_fetch(self, graph: Graph, name: str) -> bool:
+        """``name`` only hands a value out of the graph (a function's result)."""
+        return False
+
     def graph_inputs(self, graph: Graph) -> list[str]:
         """What the graph is fed (TF placeholders, ONNX graph inputs)."""
         return []

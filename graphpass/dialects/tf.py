@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from graphpass.dialects.base import Dialect
 from graphpass.dialects.capabilities import ConditionalBuilder, TargetLowering
+from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 
 # Values that are fed or stored, not computed.
@@ -78,6 +79,35 @@ CHEAP_OPS = frozenset({
     "StopGradient", "Greater", "GreaterEqual", "Less", "LessEqual", "Equal",
     "NotEqual", "LogicalAnd", "LogicalOr", "LogicalNot",
 })
+#: Ops that write a resource variable (their input 0 is the variable).
+VARIABLE_WRITE_OPS = frozenset({
+    "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
+    "ResourceScatterAdd", "ResourceScatterSub", "ResourceScatterUpdate",
+    "ResourceScatterMul", "ResourceScatterDiv", "ResourceScatterMin",
+    "ResourceScatterMax", "ResourceScatterNdAdd", "ResourceScatterNdSub",
+    "ResourceScatterNdUpdate", "ResourceStridedSliceAssign",
+})
+#: A function's result, as TF represents it inside a graph.
+RESULT_OP = "_Retval"
+
+
+def called_functions(op: str, attrs, functions) -> list[str]:
+    """Library functions a node runs: its op (a function used as an op) and every
+    function-valued attr (``f`` of a call, ``then_branch``/``else_branch`` of an
+    ``If``, ``branches`` of a ``Case``, ``body``/``cond`` of a ``While``)."""
+    found = [op] if op in functions else []
+    for value in attrs.values():
+        kind = value.WhichOneof("value")
+        if kind == "func":
+            found.append(value.func.name)
+        elif kind == "list":
+            found.extend(f.name for f in value.list.func)
+    return [f for f in found if f in functions]
+
+
+def writes_variables(op: str) -> bool:
+    """``op`` writes a resource variable itself (not through a function it calls)."""
+    return op in VARIABLE_WRITE_OPS or op.startswith(("ResourceApply", "ResourceSparseApply"))
 
 
 @cache
@@ -134,7 +164,47 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
             graph.node(inputs[0].node).op in REF_VARIABLE_OPS
 
     def is_variable(self, graph: Graph, name: str) -> bool:
-        return graph.node(name).op in REF_VARIABLE_OPS | {"VarHandleOp"}
+        node = graph.node(name)
+        if node.op in REF_VARIABLE_OPS | {"VarHandleOp"}:
+            return True
+        # In a function body, a variable is a resource argument.
+        return node.op == "Placeholder" and self.get_attr(graph, name, "dtype") == "resource"
+
+    def update_math(self, graph: Graph, applies: list[str]) -> set[str]:
+        """Keras optimizers' slot updates and learning-rate arithmetic (``Apply*`` ops
+        hold theirs)."""
+        if any(_APPLY_OP.match(graph.node(a).op) for a in applies):
+            return set()
+        from graphpass.dialects.tf_updates import update_math
+
+        return update_math(graph, applies)
+
+    def variable_dtype(self, graph: Graph, name: str) -> str | None:
+        """A resource argument holds the dtype its handle data says (recorded as
+        ``_handle_dtypes`` when the function body was read)."""
+        node = graph.node(name)
+        if node.op == "Placeholder" and "_handle_dtypes" in node.attrs:
+            types = node.attrs["_handle_dtypes"].list.type
+            return _dtype_name(types[0]) if types else None
+        return self.get_attr(graph, name, "dtype")
+
+    def in_function_body(self, graph: Graph) -> bool:
+        return graph.meta.get("function") is not None
+
+    def default_dependency(self, graph: Graph) -> str:
+        """Data for a function body that XLA must compile (``jit_compile=True``:
+        XLA ignores control edges), else control."""
+        function = graph.meta.get("function")
+        return "data" if function and function.get("xla_must_compile") else "control"
+
+    def is_fetch(self, graph: Graph, name: str) -> bool:
+        """A function result (``_Retval``), or an ``Identity`` only results read."""
+        node = graph.node(name)
+        if node.op == "_Retval":
+            return True
+        users = graph.data_users(name)
+        return node.op == "Identity" and bool(users) and \
+            all(self.is_fetch(graph, u) for u in users)
 
     def conv_operands(self, graph: Graph, name: str) -> tuple[Tensor, Tensor, int]:
         """Forward: (output, filter input). Input gradient: (out_backprop, filter).
@@ -217,12 +287,25 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
                 slots = self.input_arg_slots(graph, node.name, "grad") or \
                     self.input_arg_slots(graph, node.name, "delta")
                 applies[node.name] = [inputs[s] for s in slots if s < len(inputs)]
-        return applies
+        if applies:
+            return applies
+        from graphpass.dialects.tf_updates import plain_updates
+
+        updates = plain_updates(graph)
+        listed = graph.meta.get("signatures")
+        if not updates and listed and "function" not in graph.meta:
+            raise GraphpassError(
+                "no signature of this SavedModel holds a training step (signatures: "
+                f"{', '.join(s['signature'] for s in listed)}); export the train function "
+                "as one (signatures={'train': module.train}) or name it with --signature")
+        return updates
 
     def ends_train_step(self, graph: Graph, name: str) -> bool:
         op = graph.node(name).op
-        return op == "NoOp" or op.startswith(("Assign", "ResourceScatter", "Scatter")) or \
-            bool(_APPLY_OP.match(op))
+        if op == RESULT_OP:  # the step ends when the function returns: one train op
+            return name == _first_result(graph)
+        return op == "NoOp" or \
+            op.startswith(("Assign", "ResourceScatter", "Scatter")) or bool(_APPLY_OP.match(op))
 
     def step_increments(self, graph: Graph) -> list[tuple[str, str]]:
         """``(increment op, integer variable)`` pairs: candidates for global_step."""
@@ -235,7 +318,9 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
             if variable and self.is_variable(graph, variable) and \
                     self.get_attr(graph, variable, "dtype") in INTEGER_DTYPES:
                 found.append((node.name, variable))
-        return found
+        from graphpass.dialects.tf_updates import step_increments
+
+        return found + [pair for pair in step_increments(graph) if pair not in found]
 
     # -- tensors -----------------------------------------------------------
 
@@ -434,14 +519,15 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
         return depths
 
     def is_resource_variable(self, graph: Graph, name: str) -> bool:
-        return graph.node(name).op == "VarHandleOp"
+        return graph.node(name).op == "VarHandleOp" or self.is_variable(graph, name) and \
+            graph.node(name).op == "Placeholder"
 
     def read_variable(self, graph: Graph, name: str, variable: str,
                       control_inputs: list[str] = (), device: str | None = None) -> Tensor:
         """The variable's current value: ``ReadVariableOp`` of a resource, ``Identity``
         of a ref variable (which may alias the buffer: add 0 to keep a snapshot)."""
         node = graph.node(variable)
-        dtype = _DType(self.get_attr(graph, variable, "dtype"))
+        dtype = _DType(self.variable_dtype(graph, variable))
         device = node.device if device is None else device
         if self.is_resource_variable(graph, variable):
             return self._op(graph, name, "ReadVariableOp", [Tensor(variable, 0)], control_inputs,
@@ -552,17 +638,34 @@ def _output_arg(graph: Graph, tensor: Tensor):
     return located[0] if located else None
 
 
-def _locate_output(graph: Graph, tensor: Tensor):
-    node = graph.node(tensor.node)
+def _first_result(graph: Graph) -> str | None:
+    """The function's result with the lowest index: it stands for all of them (they
+    all wait for the step), so a step returning its loss and metrics is one train op."""
+    results = [n for n in graph.nodes() if n.op == RESULT_OP]
+    return min(results, key=lambda n: n.attrs["index"].i).name if results else None
+
+
+def output_arg_sizes(node) -> list[tuple[Any, int]] | None:
+    """``(OpDef output argument, number of tensors)`` for each output argument of a
+    node's registered op, or None for unknown ops."""
     definition = op_def(node.op)
-    start = 0
-    for arg in definition.output_arg if definition else ():
+    if definition is None:
+        return None
+    sizes = []
+    for arg in definition.output_arg:
         if arg.number_attr:
             count = node.attrs[arg.number_attr].i
         elif arg.type_list_attr:
             count = len(node.attrs[arg.type_list_attr].list.type)
         else:
             count = 1
+        sizes.append((arg, count))
+    return sizes
+
+
+def _locate_output(graph: Graph, tensor: Tensor):
+    start = 0
+    for arg, count in output_arg_sizes(graph.node(tensor.node)) or ():
         if tensor.port < start + count:
             return arg, tensor.port - start
         start += count
@@ -646,16 +749,35 @@ def _infer_shapes(graph: Graph, batch_size: int | None = None) -> None:
             op = ops.Operation._from_c_op(c_op=c_op, g=tf_graph)
             shapes[op.name] = [None if unknown_rank else tuple(dims)
                                for dims, unknown_rank in (t._shape for t in op.outputs)]
-    except tf.errors.OpError:
+    except (ValueError, TypeError, tf.errors.OpError):
         pass  # custom ops or broken inputs: shapes stay unknown
     finally:
         c_api.TF_DeleteBuffer(buffer)
         c_api.TF_DeleteImportGraphDefOptions(options)
     for node in graph.nodes():
+        inferred = _with_recorded_shapes(node, shapes.get(node.name, []))
         if batch_size is None:
-            node.meta["shapes"] = shapes.get(node.name, [])
+            node.meta["shapes"] = inferred
         else:
-            node.meta.setdefault("batch_shapes", {})[batch_size] = shapes.get(node.name, [])
+            node.meta.setdefault("batch_shapes", {})[batch_size] = inferred
+
+
+def shape_tuple(proto) -> tuple | None:
+    """A TensorShapeProto as a tuple (None for unknown dims), None for unknown rank."""
+    if proto.unknown_rank:
+        return None
+    return tuple(d.size if d.size >= 0 else None for d in proto.dim)
+
+
+def _with_recorded_shapes(node, inferred: list) -> list:
+    """Inferred shapes, or where inference cannot tell (a variable read inside a
+    function body, whose resource argument carries no shape here) the shapes the
+    exporter recorded in ``_output_shapes``."""
+    recorded = node.attrs.get("_output_shapes")
+    if recorded is None or len(recorded.list.shape) != len(inferred):
+        return inferred
+    return [shape if shape is not None and None not in shape else shape_tuple(proto) or shape
+            for shape, proto in zip(inferred, recorded.list.shape)]
 
 
 class _DType(str):

@@ -39,8 +39,10 @@ _TEXT_FIRST_FIELDS = {
 }
 
 
-def load(path: str | os.PathLike, *, tag: str | None = None) -> Graph:
-    """Read a TF GraphDef / MetaGraphDef / SavedModel or an ONNX model into a Graph."""
+def load(path: str | os.PathLike, *, tag: str | None = None,
+         signature: str | None = None) -> Graph:
+    """Read a TF GraphDef / MetaGraphDef / SavedModel or an ONNX model into a Graph;
+    ``signature`` picks the TF2 signature whose function holds the training step."""
     path = Path(path)
     kind, is_text = detect(path)
     if kind == ONNX:
@@ -49,7 +51,7 @@ def load(path: str | os.PathLike, *, tag: str | None = None) -> Graph:
         return onnx_io.read_onnx(path)
     from graphpass.formats import tf_io
 
-    return tf_io.read_tf(path, kind, is_text, tag=tag)
+    return tf_io.read_tf(path, kind, is_text, tag=tag, signature=signature)
 
 
 def save(graph: Graph, path: str | os.PathLike, *, output_format: str | None = None) -> None:

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
+from graphpass.formats import tf_function
 from graphpass.formats.files import GRAPHDEF, METAGRAPH, SAVEDMODEL, atomic_output
 from graphpass.ir.graph import Graph, parse_tensor_name
 
@@ -22,8 +23,14 @@ _EXTRA_FIELDS = ("experimental_debug_info", "experimental_type")
 _KIND_NAMES = {GRAPHDEF: "GraphDef", METAGRAPH: "MetaGraphDef", SAVEDMODEL: "SavedModel"}
 
 
-def read_tf(path: Path, kind: str, is_text: bool, *, tag: str | None = None) -> Graph:
-    """Parse a TF model file (or SavedModel directory) into a Graph."""
+def read_tf(path: Path, kind: str, is_text: bool, *, tag: str | None = None,
+            signature: str | None = None) -> Graph:
+    """Parse a TF model file (or SavedModel directory) into a Graph.
+
+    When the training step is a function (a TF2 ``train`` signature, or a GraphDef
+    whose top level only calls it), the graph is that function's body; see
+    :mod:`graphpass.formats.tf_function`. ``signature`` names the signature to follow.
+    """
     from tensorflow.core.framework import graph_pb2
     from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
@@ -46,7 +53,73 @@ def read_tf(path: Path, kind: str, is_text: bool, *, tag: str | None = None) -> 
         meta.update(savedmodel=message, metagraph_index=index, source_dir=source.parent
                     if source.is_file() else source)
         graph_def = message.meta_graphs[index].graph_def
+    if kind != GRAPHDEF:
+        meta["signatures"] = tf_function.signatures(_meta_graph(message, meta))
+    step = _step_function(source, kind, message, meta, signature)
+    if step is not None:
+        return _read_step_function(graph_def, step, meta)
     return graph_from_graph_def(graph_def, meta)
+
+
+def read_saved_model_proto(path: Path, tag: str | None = None):
+    """The MetaGraphDef of a SavedModel that ``--tag`` (default train, then serve) picks."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    from graphpass.formats.detect import detect
+
+    kind, is_text = detect(path)
+    if kind != SAVEDMODEL:
+        raise GraphpassError(f"{path}: not a SavedModel")
+    if path.is_dir():
+        path = path / ("saved_model.pbtxt" if is_text else "saved_model.pb")
+    message = _parse(path, saved_model_pb2.SavedModel(), is_text, "SavedModel")
+    return message.meta_graphs[_choose_meta_graph(path, message, tag)]
+
+
+def _meta_graph(message, meta: dict):
+    return message.meta_graphs[meta["metagraph_index"]] if "metagraph_index" in meta \
+        else message
+
+
+def _step_function(source: Path, kind: str, message, meta: dict,
+                   signature: str | None) -> str | None:
+    """The library function holding the training step, or None for a top-level step."""
+    if kind == GRAPHDEF:
+        if signature is not None:
+            raise GraphpassError(f"{source}: --signature needs a SavedModel or MetaGraphDef; "
+                                 "a GraphDef has no signatures")
+        return _graph_def_step(message, meta)
+    return tf_function.choose_signature(_meta_graph(message, meta), signature, str(source))
+
+
+def _graph_def_step(graph_def, meta: dict) -> str | None:
+    """The one top-level call of a GraphDef whose function body holds optimizer
+    updates (a TF2 graph's others are checkpoint save and restore)."""
+    steps = []
+    for name in tf_function.graph_def_steps(graph_def):
+        try:
+            graph = _read_step_function(graph_def, name, meta)
+            if graph.dialect.optimizer_applies(graph):
+                steps.append(name)
+        except GraphpassError:
+            continue
+    return steps[0] if len(steps) == 1 else None
+
+
+def _read_step_function(graph_def, name: str, meta: dict) -> Graph:
+    functions = tf_function.library_functions(graph_def)
+    meta = dict(meta, outer_graph_def=graph_def, library=graph_def.library,
+                versions=graph_def.versions if graph_def.HasField("versions") else None,
+                graph_version=graph_def.version)
+    with _gc_paused():
+        graph = tf_function.graph_from_function(functions[name], functions, meta)
+    graph.meta["function"]["variables"] = tf_function.argument_sources(graph_def, name)
+    return graph
+
+
+def node_extras(node_def) -> dict:
+    """NodeDef fields the IR does not model, carried as they are."""
+    return {f: getattr(node_def, f) for f in _EXTRA_FIELDS if node_def.HasField(f)}
 
 
 def graph_from_graph_def(graph_def, meta: dict | None = None) -> Graph:
@@ -87,7 +160,7 @@ def _graph_from_graph_def(graph_def, meta: dict | None) -> Graph:
         node = graph.add_node(
             node_def.name, node_def.op, attrs=dict(node_def.attr), device=node_def.device
         )
-        extras = {f: getattr(node_def, f) for f in _EXTRA_FIELDS if node_def.HasField(f)}
+        extras = node_extras(node_def)
         if extras:
             node.meta["tf_extras"] = extras
     for node_def in nodes:
@@ -139,7 +212,10 @@ def write_tf(graph: Graph, path: Path, *, output_format: str | None = None) -> N
             f"--output-format must be pb or pbtxt for TF graphs, not {output_format}")
     container = graph.meta.get("container", GRAPHDEF)
     text = graph.meta.get("text", False) if output_format is None else output_format == "pbtxt"
-    graph_def = graph_def_from_graph(graph)
+    if graph.meta.get("function") is not None:
+        graph_def = tf_function.outer_graph_def(graph)
+    else:
+        graph_def = graph_def_from_graph(graph)
     if container == GRAPHDEF:
         message = graph_def
     elif container == METAGRAPH:

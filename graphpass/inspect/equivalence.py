@@ -64,6 +64,7 @@ class VerifyOptions:
     seed: int = 0
     tag: str | None = None
     quiet: bool = False
+    signature: str | None = None
     batch_size: int | None = None
 
 
@@ -113,7 +114,7 @@ class VerifyReport:
 def verify_files(original: str | Path, rewritten: str | Path,
                  options: VerifyOptions) -> VerifyReport:
     """Run both models ``options.steps`` steps and compare them (TF or ONNX by content)."""
-    from graphpass.formats.detect import ONNX, detect
+    from graphpass.formats.detect import ONNX, SAVEDMODEL, detect
 
     if options.xla:
         enable_cpu_autojit()  # before anything imports TF (detect may)
@@ -126,6 +127,15 @@ def verify_files(original: str | Path, rewritten: str | Path,
         if options.xla:
             raise GraphpassError("--xla applies to TF graphs; ONNX models run in onnxruntime")
         return verify_onnx(Path(original), Path(rewritten), options)
+    if kind_a == kind_b == SAVEDMODEL:
+        from graphpass.inspect.verify_saved_model import (
+            training_signature,
+            verify_saved_models,
+        )
+
+        key = training_signature(Path(original), options.signature, options.tag)
+        if key is not None:
+            return verify_saved_models(Path(original), Path(rewritten), key, options)
     import graphpass
 
     return verify_tf(graphpass.load(original, tag=options.tag),

@@ -131,7 +131,8 @@ class RematPass(Pass):
         """Dependency mode, regions and fetches, once: the planner's trial rewrites
         of copies of the graph reuse them (node names are the same there)."""
         modes = graph.dialect.dependency_modes
-        dependency = self.options.dependency or ctx.dependency or modes[0]
+        dependency = self.options.dependency or ctx.dependency or \
+            graph.dialect.default_dependency(graph)
         if dependency not in modes:
             raise GraphpassError(
                 f"--dependency {dependency} is not possible for {graph.format} graphs "
