@@ -7,7 +7,7 @@ The data path: ``load`` -> :class:`Graph` -> analyses -> passes -> lowering ->
 from __future__ import annotations
 
 from graphpass.errors import GraphpassError
-from graphpass.ir.formats import load, save
+from graphpass.formats.detect import load, save
 from graphpass.ir.graph import Graph, Node, Tensor
 
 __version__ = "0.1.0"
@@ -22,8 +22,9 @@ def run_passes(graph: Graph, settings: dict, instruments: list | None = None) ->
 
 
 def analyze(graph: Graph, **overrides):
-    """Region analysis (loss, gradients, optimizer, global_step); see ``graphpass.ir.regions``."""
-    from graphpass.ir.regions import analyze as _analyze
+    """Region analysis (loss, gradients, optimizer, global_step); see
+    ``graphpass.analysis.regions``."""
+    from graphpass.analysis.regions import analyze as _analyze
 
     return _analyze(graph, **overrides)
 

@@ -54,7 +54,7 @@ class Rewrite(Command):
         analysis.add_argument("--train-op", action="append",
                               help="a train op to rewrite (repeatable; default: all found)")
         analysis.add_argument("--global-step", help="the global step variable node")
-        from graphpass.dump import add_dump_arguments
+        from graphpass.inspect.dump import add_dump_arguments
         from graphpass.passes import registered_passes
 
         add_dump_arguments(parser)
@@ -63,7 +63,7 @@ class Rewrite(Command):
 
     def run(self, args):
         import graphpass
-        from graphpass.dump import instruments_from_settings
+        from graphpass.inspect.dump import instruments_from_settings
 
         settings = _settings(args)
         source, target = Path(settings["input"]), Path(settings["output"])
@@ -114,7 +114,7 @@ class Inspect(Command):
 
     def run(self, args):
         import graphpass
-        from graphpass.inspection import describe
+        from graphpass.inspect.describe import describe
 
         graph = graphpass.load(args.input, tag=args.tag)
         info = describe(graph, loss=args.loss, train_ops=args.train_op,
@@ -158,7 +158,7 @@ class Diff(Command):
 
     def run(self, args):
         import graphpass
-        from graphpass.diff import format_diff, graph_diff
+        from graphpass.inspect.diff import format_diff, graph_diff
 
         a = graphpass.load(args.a, tag=args.tag)
         b = graphpass.load(args.b, tag=args.tag)
@@ -204,7 +204,7 @@ class Verify(Command):
                             help="no table or progress; only the verdict on a mismatch")
 
     def run(self, args):
-        from graphpass.equivalence import VerifyOptions, format_report, verify_files
+        from graphpass.inspect.equivalence import VerifyOptions, format_report, verify_files
 
         if args.steps < 1:
             raise GraphpassError(f"--steps must be at least 1, not {args.steps}")
@@ -306,13 +306,13 @@ def _check_output(source: Path, target: Path, in_place: bool) -> None:
         raise GraphpassError(
             f"the output {target} is the input; choose another -o or pass --in-place"
         )
-    from graphpass.ir.formats import check_output_parent
+    from graphpass.formats.detect import check_output_parent
 
     check_output_parent(target)
 
 
 def _write_json(path: Path, data: dict) -> None:
-    from graphpass.ir.formats import atomic_output
+    from graphpass.formats.detect import atomic_output
 
     with atomic_output(path) as tmp:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")

@@ -309,7 +309,7 @@ def test_bad_override_fails_and_keeps_existing_output(mlp, tmp_path, capsys, opt
 
 
 def test_failure_while_writing_keeps_existing_output(mlp, tmp_path, capsys, monkeypatch):
-    from graphpass.ir import tf_io
+    from graphpass.formats import tf_io
 
     _, source = mlp
     target = tmp_path / "out.pb"

@@ -23,13 +23,13 @@ import pytest
 
 import graphpass
 from graphpass.cli import main
-from graphpass.diff import TOP_SCOPE, graph_diff, scope_of
-from graphpass.dot import STYLES
-from graphpass.dump import DumpInstrument
+from graphpass.formats.tf_io import graph_def_from_graph
+from graphpass.inspect.diff import TOP_SCOPE, graph_diff, scope_of
+from graphpass.inspect.dot import STYLES
+from graphpass.inspect.dump import DumpInstrument
+from graphpass.inspect.progress import PassProgress, Progress
 from graphpass.ir.graph import Tensor
-from graphpass.ir.tf_io import graph_def_from_graph
 from graphpass.passes.base import Pass, Pipeline
-from graphpass.progress import PassProgress, Progress
 from tools import tf_models
 
 PROBE = "graphpass/probe/block1_relu"
@@ -248,7 +248,7 @@ def test_dump_full_draws_every_node(model, tmp_path):
 
 
 def test_dot_view_draws_removed_nodes_dashed(model, tmp_path):
-    from graphpass.dot import neighbourhood_dot
+    from graphpass.inspect.dot import neighbourhood_dot
 
     without = graphpass.load(_write(model, tmp_path))
     with_probe = without.copy()
@@ -501,7 +501,7 @@ def test_progress_is_silent_off_a_terminal_and_when_quiet():
 def test_dumped_pbtxt_is_the_written_graph_def(model, tmp_path):
     """The pbtxt a dump writes parses back to the GraphDef the writer would emit."""
     graph = graphpass.load(_write(model, tmp_path))
-    from graphpass.dump import write_graph_text
+    from graphpass.inspect.dump import write_graph_text
 
     path = write_graph_text(graph, tmp_path / "g")
     from google.protobuf import text_format

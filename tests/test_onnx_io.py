@@ -16,11 +16,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphpass
+from graphpass.analysis.regions import BACKWARD, FORWARD, OPTIMIZER
 from graphpass.cli import main
 from graphpass.errors import GraphpassError
+from graphpass.formats.onnx_io import INITIALIZER, INPUT, graph_from_model, model_from_graph
 from graphpass.ir.graph import Tensor
-from graphpass.ir.onnx_io import INITIALIZER, INPUT, graph_from_model, model_from_graph
-from graphpass.ir.regions import BACKWARD, FORWARD, OPTIMIZER
 from graphpass.ir.verify import verify
 from tools import onnx_models
 from tools.onnx_models import run

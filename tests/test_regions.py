@@ -9,11 +9,11 @@ import pytest
 from tf_helpers import write_message
 
 import graphpass
+from graphpass.analysis.regions import BACKWARD, FORWARD, OPTIMIZER, OTHER, analyze
 from graphpass.cli import main
 from graphpass.errors import GraphpassError
+from graphpass.formats.tf_io import graph_from_graph_def
 from graphpass.ir.graph import Tensor
-from graphpass.ir.regions import BACKWARD, FORWARD, OPTIMIZER, OTHER, analyze
-from graphpass.ir.tf_io import graph_from_graph_def
 
 # key -> (tools.tf_models builder, kwargs, train ops, losses, apply op type, variables per step)
 CASES = {

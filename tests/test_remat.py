@@ -10,8 +10,8 @@ import pytest
 import graphpass
 from graphpass.cli import main
 from graphpass.errors import GraphpassError
-from graphpass.ir.tf_io import graph_def_from_graph, graph_from_graph_def
-from graphpass.passes.remat import SCOPE
+from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
+from graphpass.passes.remat.rewrite import SCOPE
 from tools import tf_models
 
 

@@ -10,8 +10,8 @@ import pytest
 import graphpass
 from graphpass.cli import main
 from graphpass.errors import GraphpassError
-from graphpass.ir.tf_io import graph_def_from_graph, graph_from_graph_def
-from graphpass.passes.remat_plan import candidate_scopes, parse_bytes
+from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
+from graphpass.passes.remat.plan import candidate_scopes, parse_bytes
 from tools import tf_models
 
 BLOCKS = [f"block{i}/" for i in range(1, 9)]

@@ -10,7 +10,7 @@ import pytest
 import graphpass
 from graphpass.cli import main
 from graphpass.errors import GraphpassError
-from graphpass.ir.tf_io import graph_def_from_graph, graph_from_graph_def
+from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
 from graphpass.passes import build_passes
 from graphpass.passes.stale import GATE_ATTR, StalePass
 from tools import stale_cluster, tf_models

@@ -115,7 +115,7 @@ def synthetic_graph_def(nodes: int, width: int = 64):
 def measure(sizes: list[int], repeat: int) -> list[dict]:
     """Best-of-``repeat`` seconds for load+save and for describe, per size."""
     import graphpass
-    from graphpass.inspection import describe
+    from graphpass.inspect.describe import describe
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -9,7 +9,7 @@ each run in its own process:
 * original         -- the generated training step, untouched
 * original, leaves -- the same nodes with the leaves (loss, updates) in the order
                       graphpass's writer gives a rewritten graph (see
-                      ``graphpass.ir.onnx_io``): how much of the saving is
+                      ``graphpass.formats.onnx_io``): how much of the saving is
                       onnxruntime's schedule alone
 * graphpass data   -- ``graphpass rewrite --recompute 'block[1-7]/'`` (data mode,
                       the only one ONNX has)
@@ -95,7 +95,7 @@ def _leaves_reordered(model):
     """``model`` with its nodes in the order graphpass's writer emits a rewritten graph."""
     import onnx
 
-    from graphpass.ir.onnx_io import emission_order, graph_from_model, ort_leaf_order
+    from graphpass.formats.onnx_io import emission_order, graph_from_model, ort_leaf_order
 
     graph = graph_from_model(model)
     protos = {(n.name, tuple(n.output)): n for n in model.graph.node}

@@ -9,7 +9,7 @@ never disagree.
 
 Format-specific values (TF ``AttrValue`` protos, ONNX ``AttributeProto``) are
 kept untouched in ``Node.attrs``; the IR never interprets them. Reading and
-building them is the dialect's job (``graphpass.ir.dialect``).
+building them is the dialect's job (``graphpass.dialects.base``).
 
 Passes use the methods here and never call networkx mutators themselves.
 """
@@ -103,7 +103,7 @@ class Graph:
     def dialect(self):
         """The format's dialect (how to build small ops, which ops are stateful)."""
         if self._dialect is None:
-            from graphpass.ir.dialect import dialect_for
+            from graphpass.dialects.base import dialect_for
 
             self._dialect = dialect_for(self.format)
         return self._dialect

@@ -15,7 +15,7 @@ from graphpass.passes.base import Pass, Pipeline, RegionOptions
 def registered_passes() -> list[type[Pass]]:
     """Every pass, in the order the pipeline runs them."""
     from graphpass.passes.lower import LowerPass
-    from graphpass.passes.remat import RematPass
+    from graphpass.passes.remat.rewrite import RematPass
     from graphpass.passes.stale import StalePass
 
     return [RematPass, LowerPass, StalePass]

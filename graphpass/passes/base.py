@@ -37,7 +37,7 @@ class RegionOptions:
         )
 
     def analyze(self, graph: Graph):
-        from graphpass.ir.regions import analyze
+        from graphpass.analysis.regions import analyze
 
         return analyze(graph, loss=self.loss, train_ops=list(self.train_ops) or None,
                        global_step=self.global_step)

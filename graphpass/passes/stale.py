@@ -43,13 +43,13 @@ import argparse
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from graphpass.analysis.regions import Regions, TrainStep, gradient_computation
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
-from graphpass.ir.regions import Regions, TrainStep, gradient_computation
 from graphpass.passes.base import Pass, RegionOptions
 
 if TYPE_CHECKING:
-    from graphpass.ir.tf_dialect import ResourceVariable
+    from graphpass.dialects.tf import ResourceVariable
 
 SCOPE = "graphpass/drop_stale"
 DEFAULT_COUNTER = "graphpass/stale_counter"

@@ -27,12 +27,12 @@ import shutil
 import sys
 from pathlib import Path
 
-from graphpass.diff import GraphDiff, graph_diff
-from graphpass.dot import neighbourhood_dot, render_svg
 from graphpass.errors import GraphpassError
+from graphpass.inspect.diff import GraphDiff, graph_diff
+from graphpass.inspect.dot import neighbourhood_dot, render_svg
+from graphpass.inspect.progress import PassProgress, Progress
 from graphpass.ir.graph import Graph
 from graphpass.passes.base import Instrument, Pass
-from graphpass.progress import PassProgress, Progress
 
 _OWN_FILE = re.compile(r"^\d{2,}-.*\.(pbtxt|onnx\.txt|dot|svg|diff\.json)$")
 TENSORBOARD_DIR = "tensorboard"
@@ -127,7 +127,7 @@ def _graph_def(graph: Graph):
     """The TF GraphDef of ``graph``, or None for other formats."""
     if graph.format != "tf":
         return None
-    from graphpass.ir.tf_io import graph_def_from_graph
+    from graphpass.formats.tf_io import graph_def_from_graph
 
     return graph_def_from_graph(graph)
 
@@ -151,7 +151,7 @@ def _write_onnx_text(graph: Graph, path: Path) -> Path:
     import onnx
     import onnx.printer
 
-    from graphpass.ir import onnx_io
+    from graphpass.formats import onnx_io
 
     model_path = path.with_name(path.name + ".tmp.onnx")
     try:

@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from graphpass.errors import GraphpassError
+from graphpass.inspect.progress import Progress
 from graphpass.ir.graph import Graph
-from graphpass.progress import Progress
 
 _VARIABLE_OPS = ("VariableV2", "Variable", "VarHandleOp")
 _INIT_COLLECTIONS = ("variables", "local_variables", "trainable_variables",
@@ -107,7 +107,7 @@ class VerifyReport:
 def verify_files(original: str | Path, rewritten: str | Path,
                  options: VerifyOptions) -> VerifyReport:
     """Run both models ``options.steps`` steps and compare them (TF or ONNX by content)."""
-    from graphpass.ir.formats import ONNX, detect
+    from graphpass.formats.detect import ONNX, detect
 
     if options.xla:
         enable_cpu_autojit()  # before anything imports TF (detect may)
@@ -194,7 +194,7 @@ def session_config(xla: bool):
 
 def _train_fetches(graph: Graph, options: VerifyOptions) -> tuple[list[str], list[str]]:
     """Loss tensors and train ops of the original, by region analysis or the overrides."""
-    from graphpass.ir.regions import analyze
+    from graphpass.analysis.regions import analyze
 
     regions = analyze(graph, loss=options.loss, train_ops=list(options.train_ops) or None)
     losses = list(dict.fromkeys(str(step.loss) for step in regions.steps))
@@ -218,7 +218,7 @@ class _TFRunner:
                  label: str) -> None:
         import tensorflow as tf
 
-        from graphpass.ir.tf_io import graph_def_from_graph
+        from graphpass.formats.tf_io import graph_def_from_graph
 
         self.tf, self.graph, self.label = tf, graph, label
         self.losses, self.train_ops = losses, train_ops

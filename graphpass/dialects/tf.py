@@ -8,7 +8,7 @@ import re
 from functools import cache
 from typing import Any, NamedTuple
 
-from graphpass.ir.dialect import Dialect
+from graphpass.dialects.base import Dialect
 from graphpass.ir.graph import Graph, Tensor
 
 # Values that are fed or stored, not computed.
@@ -378,8 +378,8 @@ class TFDialect(Dialect):
                       branches: tuple[list[str], list[str]], results: tuple[float, float],
                       device: str = "") -> Tensor:
         """Move two sets of nodes into the then/else functions of one functional ``If``
-        (see :func:`graphpass.ir.tf_library.functional_if`); returns its output."""
-        from graphpass.ir import tf_library
+        (see :func:`graphpass.formats.tf_library.functional_if`); returns its output."""
+        from graphpass.formats import tf_library
 
         return tf_library.functional_if(self, graph, name, pred, branches, results, device)
 
@@ -388,13 +388,13 @@ class TFDialect(Dialect):
     def register_global_variable(self, graph: Graph, variable: ResourceVariable) -> bool:
         """List a pass-made variable in the MetaGraphDef's global variables collection
         (non-trainable); False for a bare GraphDef. Savers are left alone."""
-        from graphpass.ir import tf_library
+        from graphpass.formats import tf_library
 
         return tf_library.register_global_variable(graph, variable)
 
     def add_to_collection(self, graph: Graph, key: str, tensor: Tensor) -> bool:
         """Add a tensor to a MetaGraphDef node-list collection (``summaries``)."""
-        from graphpass.ir import tf_library
+        from graphpass.formats import tf_library
 
         return tf_library.add_to_collection(graph, key, tensor)
 
@@ -484,7 +484,7 @@ def _broadcast_shape(a: tuple | None, b: tuple | None) -> tuple | None:
 def _infer_shapes(graph: Graph) -> None:
     import tensorflow as tf
 
-    from graphpass.ir.tf_io import graph_def_from_graph
+    from graphpass.formats.tf_io import graph_def_from_graph
 
     tf_graph = tf.Graph()
     try:

@@ -17,7 +17,7 @@ def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | No
     ``regions_error`` says why); an override that does not fit the graph is
     the caller's error and raises.
     """
-    from graphpass.ir.regions import analyze
+    from graphpass.analysis.regions import analyze
 
     dialect = graph.dialect
     control_edges = sum(1 for *_, d in graph.nx.edges(data=True) if d["control"])

@@ -1,5 +1,5 @@
 """The ONNX dialect: op knowledge for ONNX graphs (as read by
-``graphpass.ir.onnx_io``), and the builders for the small ops passes insert.
+``graphpass.formats.onnx_io``), and the builders for the small ops passes insert.
 
 * Types and shapes come from ``onnx.shape_inference``, run once over the whole
   model and recorded per node in ``node.meta["dtypes"]`` / ``node.meta["shapes"]``
@@ -25,16 +25,16 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
+from graphpass.dialects.base import Dialect
 from graphpass.errors import GraphpassError
-from graphpass.ir.dialect import Dialect
-from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
-from graphpass.ir.onnx_io import (
+from graphpass.formats.onnx_io import (
     INITIALIZER,
     INPUT,
     SOURCE_OPS,
     model_from_graph,
     ort_schedule,
 )
+from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 # get_attr/set_attr keys with this prefix are node annotations (metadata_props).

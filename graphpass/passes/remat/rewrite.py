@@ -33,11 +33,11 @@ import difflib
 import re
 from dataclasses import dataclass, field
 
+from graphpass.analysis.memory import estimated_peak_bytes, tensor_bytes
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
-from graphpass.ir.memory import estimated_peak_bytes, tensor_bytes
 from graphpass.passes.base import Pass, RegionOptions
-from graphpass.passes.remat_plan import AUTO, AutoPlan, candidate_scopes, choose_scopes, parse_bytes
+from graphpass.passes.remat.plan import AUTO, AutoPlan, candidate_scopes, choose_scopes, parse_bytes
 
 GENERATED_SCOPE = "graphpass/"
 SCOPE = "graphpass/remat/"

@@ -83,7 +83,7 @@ class Dialect(ABC):
         """What the graph produces (ONNX graph outputs; TF: nodes nobody reads)."""
         return [n for n in graph if not graph.users(n)]
 
-    # -- training structure (used by graphpass.ir.regions) ------------------
+    # -- training structure (used by graphpass.analysis.regions) ------------------
 
     @abstractmethod
     def optimizer_applies(self, graph: Graph) -> dict[str, list[Tensor]]:
@@ -113,7 +113,7 @@ class Dialect(ABC):
         dtype's smallest normal number, as ``recompute_grad(use_data_dep=True)``."""
         import numpy as np
 
-        from graphpass.ir.memory import np_dtype
+        from graphpass.analysis.memory import np_dtype
 
         return float(np.finfo(np_dtype(dtype)).tiny)
 
@@ -161,8 +161,8 @@ class Dialect(ABC):
 
 
 _DIALECTS: dict[str, str] = {
-    "tf": "graphpass.ir.tf_dialect:TFDialect",
-    "onnx": "graphpass.ir.onnx_dialect:ONNXDialect",
+    "tf": "graphpass.dialects.tf:TFDialect",
+    "onnx": "graphpass.dialects.onnx:ONNXDialect",
 }
 
 

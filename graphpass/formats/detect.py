@@ -49,10 +49,10 @@ def load(path: str | os.PathLike, *, tag: str | None = None) -> Graph:
     path = Path(path)
     kind, is_text = detect(path)
     if kind == ONNX:
-        from graphpass.ir import onnx_io
+        from graphpass.formats import onnx_io
 
         return onnx_io.read_onnx(path)
-    from graphpass.ir import tf_io
+    from graphpass.formats import tf_io
 
     return tf_io.read_tf(path, kind, is_text, tag=tag)
 
@@ -65,11 +65,11 @@ def save(graph: Graph, path: str | os.PathLike, *, output_format: str | None = N
             raise GraphpassError(
                 f"--output-format {output_format} is for TF graphs; ONNX is written as .onnx"
             )
-        from graphpass.ir import onnx_io
+        from graphpass.formats import onnx_io
 
         onnx_io.write_onnx(graph, path)
         return
-    from graphpass.ir import tf_io
+    from graphpass.formats import tf_io
 
     tf_io.write_tf(graph, path, output_format=output_format)
 

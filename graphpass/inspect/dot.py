@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from graphpass.diff import GraphDiff
+from graphpass.inspect.diff import GraphDiff
 from graphpass.ir.graph import Graph
 
 #: Context nodes drawn at most; beyond this a hub's neighbours are elided (and said so).

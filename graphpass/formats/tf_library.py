@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import re
 
-from graphpass.ir.graph import Graph, Tensor
-from graphpass.ir.tf_dialect import (
+from graphpass.dialects.tf import (
     ResourceVariable,
     TFDialect,
     _attr,
@@ -21,6 +20,7 @@ from graphpass.ir.tf_dialect import (
     _Raw,
     _TypeList,
 )
+from graphpass.ir.graph import Graph, Tensor
 
 
 def functional_if(dialect: TFDialect, graph: Graph, name: str, pred: Tensor,

@@ -1,0 +1,1 @@
+"""Analyses of a Graph: training regions, tensor sizes and the memory estimate."""

@@ -1,0 +1,1 @@
+"""Format detection, atomic output, and the TF and ONNX readers/writers."""

@@ -1,0 +1,1 @@
+"""Looking at graphs: dumps, Graphviz, diff, equivalence runs, describe, progress."""
