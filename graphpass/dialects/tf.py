@@ -32,6 +32,55 @@ def op_def(op: str):
     return op_def_registry.get(op)
 
 
+def output_count(op: str, attrs: dict) -> int | None:
+    """How many outputs a node of ``op`` with ``attrs`` has, by its OpDef; None when
+    the op is not registered or an attr the count needs is missing or of the wrong kind."""
+    definition = op_def(op)
+    if definition is None:
+        return None
+    count = 0
+    for arg in definition.output_arg:
+        if arg.number_attr:
+            value = attrs.get(arg.number_attr)
+            if value is None or value.WhichOneof("value") != "i":
+                return None
+            count += value.i
+        elif arg.type_list_attr:
+            value = attrs.get(arg.type_list_attr)
+            if value is None or value.WhichOneof("value") != "list":
+                return None
+            count += len(value.list.type)
+        else:
+            count += 1
+    return count
+
+
+def attr_problem(op: str, key: str, value) -> str | None:
+    """What is wrong with attr ``key`` of an ``op`` node, for what TF's importer and the
+    dialect assume of a graph (not a function body); None when it is usable."""
+    kind = value.WhichOneof("value")
+    if kind == "placeholder":
+        return (f"is a function placeholder (${value.placeholder}), which only a function "
+                "body may hold")
+    bad = [t for t in (value.list.type if kind == "list" else [value.type] if kind == "type"
+                       else []) if not _is_dtype(t)]
+    if bad:
+        return f"holds DataType {bad[0]}, which is not a TensorFlow dtype"
+    definition = op_def(op)
+    wanted = next((a.type for a in definition.attr if a.name == key), None) \
+        if definition else None
+    if wanted == "type" and kind != "type" or wanted == "list(type)" and kind != "list":
+        return f"should hold a {wanted} but holds {kind or 'nothing'}"
+    return None
+
+
+@cache
+def _is_dtype(enum: int) -> bool:
+    from tensorflow.core.framework import types_pb2
+
+    return enum != types_pb2.DT_INVALID and enum in types_pb2.DataType.values()
+
+
 @cache
 def _dtype_name(enum: int) -> str:
     from tensorflow.python.framework import dtypes
@@ -55,7 +104,12 @@ class TFDialect(Dialect):
         return graph.node(src).op in LOOP_BACK_OPS
 
     def num_outputs(self, graph: Graph, name: str) -> int | None:
-        shapes = graph.node(name).attrs.get("_output_shapes")
+        """From the OpDef and the node's count attrs, else ``_output_shapes``."""
+        node = graph.node(name)
+        counted = output_count(node.op, node.attrs)
+        if counted is not None:
+            return counted
+        shapes = node.attrs.get("_output_shapes")
         return len(shapes.list.shape) if shapes is not None else None
 
     # -- op kinds ----------------------------------------------------------

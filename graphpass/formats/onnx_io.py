@@ -98,7 +98,33 @@ def read_onnx(path: Path) -> Graph:
         ) from None
     except OSError as exc:
         raise GraphpassError(f"{path}: cannot read ({exc.strerror})") from None
+    bad = _non_utf8_string(model, "model")
+    if bad:
+        raise GraphpassError(f"{path}: {bad[0]} is not valid UTF-8 ({bad[1]!r}); ONNX strings "
+                             "must be UTF-8: re-export the model")
     return graph_from_model(model, source_dir=path.parent)
+
+
+def _non_utf8_string(message, where: str) -> tuple[str, bytes] | None:
+    """The first string field holding bytes that are not UTF-8 (protobuf hands such a
+    proto2 ``string`` back as ``bytes``), as ``(field path, value)``."""
+    from google.protobuf.descriptor import FieldDescriptor
+
+    for field, value in message.ListFields():
+        values = value if field.is_repeated else [value]
+        if field.type == FieldDescriptor.TYPE_STRING:
+            for index, item in enumerate(values):
+                if isinstance(item, bytes):
+                    return f"{where}.{field.name}" + (f"[{index}]" if field.is_repeated
+                                                      else ""), item
+        elif field.type == FieldDescriptor.TYPE_MESSAGE and not field.message_type.GetOptions()\
+                .map_entry:
+            for index, item in enumerate(values):
+                bad = _non_utf8_string(item, f"{where}.{field.name}[{index}]"
+                                       if field.is_repeated else f"{where}.{field.name}")
+                if bad:
+                    return bad
+    return None
 
 
 def graph_from_model(model, source_dir: Path | str = ".") -> Graph:

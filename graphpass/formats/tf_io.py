@@ -17,6 +17,7 @@ from pathlib import Path
 from graphpass.errors import GraphpassError
 from graphpass.formats.detect import GRAPHDEF, METAGRAPH, SAVEDMODEL, atomic_output
 from graphpass.ir.graph import Graph, parse_tensor_name
+from graphpass.ir.verify import port_problem
 
 _EXTRA_FIELDS = ("experimental_debug_info", "experimental_type")
 _KIND_NAMES = {GRAPHDEF: "GraphDef", METAGRAPH: "MetaGraphDef", SAVEDMODEL: "SavedModel"}
@@ -84,6 +85,7 @@ def _graph_from_graph_def(graph_def, meta: dict | None) -> Graph:
             )
         if node_def.name in graph:
             raise GraphpassError(f"node name {node_def.name!r} appears twice; names must be unique")
+        _check_attrs(node_def)
         node = graph.add_node(
             node_def.name, node_def.op, attrs=dict(node_def.attr), device=node_def.device
         )
@@ -92,7 +94,22 @@ def _graph_from_graph_def(graph_def, meta: dict | None) -> Graph:
             node.meta["tf_extras"] = extras
     for node_def in nodes:
         _connect(graph, node_def)
+    problem = port_problem(graph)  # before anything hands the graph to TF (port >= 2^31 crashes it)
+    if problem:
+        raise GraphpassError(f"{problem}; the GraphDef is malformed: re-export it")
     return graph
+
+
+def _check_attrs(node_def) -> None:
+    """Refuse attrs that TF's importer or the dialect cannot take (a bad dtype, a
+    function placeholder outside a function body)."""
+    from graphpass.dialects.tf import attr_problem
+
+    for key in sorted(node_def.attr):
+        problem = attr_problem(node_def.op, key, node_def.attr[key])
+        if problem:
+            raise GraphpassError(f"node {node_def.name!r}: attr {key!r} {problem}; the "
+                                 "GraphDef is malformed: re-export it")
 
 
 def _connect(graph: Graph, node_def) -> None:
