@@ -8,7 +8,7 @@ import pytest
 
 from tools import fuzz
 
-CASES_PER_FORMAT = 150
+CASES_PER_FORMAT = 200
 
 
 @pytest.fixture(scope="module")

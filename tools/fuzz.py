@@ -31,6 +31,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -481,14 +482,25 @@ def worker() -> int:
     return 0
 
 
-def run_cases(cases: list[Case], timeout_s: float = 30.0,
+def run_cases(cases: list[Case], timeout_s: float = 30.0, workers: int = 2,
               progress: Callable[[int], None] | None = None) -> Summary:
-    """Run cases through worker subprocesses; crashes and hangs become outcomes."""
+    """Run cases through ``workers`` worker subprocesses at a time; crashes and hangs
+    become outcomes. Outcomes come back in case order."""
+    shares = [cases[i::workers] for i in range(workers)]
+    with ThreadPoolExecutor(workers) as pool:
+        parts = list(pool.map(lambda share: _run_share(share, timeout_s, progress), shares))
+    order = {case.ident: index for index, case in enumerate(cases)}
+    outcomes = sorted((o for part in parts for o in part.outcomes),
+                      key=lambda o: order[o.ident])
+    return Summary(outcomes)
+
+
+def _run_share(cases: list[Case], timeout_s: float,
+               progress: Callable[[int], None] | None) -> Summary:
     summary = Summary()
     pending = list(cases)
     while pending:
-        done = _run_worker(pending, summary, timeout_s)
-        pending = pending[done:]
+        pending = pending[_run_worker(pending, summary, timeout_s):]
         if progress:
             progress(len(cases) - len(pending))
     return summary
@@ -549,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--format", action="append", choices=FORMATS)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes at a time")
     parser.add_argument("--keep", help="keep the cases (and outputs) in this directory")
     args = parser.parse_args(argv)
     if args.worker:
@@ -560,7 +573,8 @@ def main(argv: list[str] | None = None) -> int:
     seeds = seed_models()
     cases = [case for fmt in args.format or FORMATS
              for case in make_cases(fmt, args.cases, args.seed, work, seeds)]
-    summary = run_cases(cases, args.timeout, lambda n: print(f"  {n} cases", file=sys.stderr))
+    summary = run_cases(cases, args.timeout, args.workers,
+                        lambda n: print(f"  {n} cases", file=sys.stderr))
     mutations = {case.ident: "; ".join(case.mutations) for case in cases}
     for (fmt, command, status), n in sorted(summary.counts().items(), key=str):
         print(f"{fmt:10s} {command:8s} {status!s:10s} {n}")

@@ -62,16 +62,24 @@ def attr_problem(op: str, key: str, value) -> str | None:
     if kind == "placeholder":
         return (f"is a function placeholder (${value.placeholder}), which only a function "
                 "body may hold")
-    bad = [t for t in (value.list.type if kind == "list" else [value.type] if kind == "type"
-                       else []) if not _is_dtype(t)]
-    if bad:
-        return f"holds DataType {bad[0]}, which is not a TensorFlow dtype"
-    definition = op_def(op)
-    wanted = next((a.type for a in definition.attr if a.name == key), None) \
-        if definition else None
+    if kind == "type" and not _is_dtype(value.type):
+        return f"holds DataType {value.type}, which is not a TensorFlow dtype"
+    if kind == "list":
+        bad = [t for t in value.list.type if not _is_dtype(t)]
+        if bad:
+            return f"holds DataType {bad[0]}, which is not a TensorFlow dtype"
+    wanted = _dtype_attrs(op).get(key)
     if wanted == "type" and kind != "type" or wanted == "list(type)" and kind != "list":
         return f"should hold a {wanted} but holds {kind or 'nothing'}"
     return None
+
+
+@cache
+def _dtype_attrs(op: str) -> dict[str, str]:
+    """The OpDef's ``type`` and ``list(type)`` attrs of ``op``: name -> attr type."""
+    definition = op_def(op)
+    return {a.name: a.type for a in definition.attr if a.type in ("type", "list(type)")} \
+        if definition else {}
 
 
 @cache

@@ -105,11 +105,12 @@ def _check_attrs(node_def) -> None:
     function placeholder outside a function body)."""
     from graphpass.dialects.tf import attr_problem
 
-    for key in sorted(node_def.attr):
-        problem = attr_problem(node_def.op, key, node_def.attr[key])
-        if problem:
-            raise GraphpassError(f"node {node_def.name!r}: attr {key!r} {problem}; the "
-                                 "GraphDef is malformed: re-export it")
+    problems = sorted((key, problem) for key, value in node_def.attr.items()
+                      if (problem := attr_problem(node_def.op, key, value)))
+    if problems:
+        key, problem = problems[0]
+        raise GraphpassError(f"node {node_def.name!r}: attr {key!r} {problem}; the "
+                             "GraphDef is malformed: re-export it")
 
 
 def _connect(graph: Graph, node_def) -> None:
