@@ -12,13 +12,16 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
 
 #: Version of the ``--report`` JSON layout (documented in the README).
 REPORT_SCHEMA = 1
+#: Exit status when stdout's reader closed the pipe: 128 + SIGPIPE, as a shell reports it.
+EXIT_BROKEN_PIPE = 141
 
 
 class Command:
@@ -69,7 +72,7 @@ class Rewrite(Command):
         source, target = Path(settings["input"]), Path(settings["output"])
         _check_output(source, target, settings.get("in_place", False))
         if settings.get("report"):
-            _check_output(source, Path(settings["report"]), False)
+            _check_output(source, Path(settings["report"]), False, file=True)
         graph = graphpass.load(source, tag=settings.get("tag"))
         nodes_before = len(graph)
         if any(settings.get(k) for k in ("loss", "train_op", "global_step")):
@@ -78,7 +81,6 @@ class Rewrite(Command):
 
             RegionOptions.from_settings(settings).analyze(graph)
         results = graphpass.run_passes(graph, settings, instruments_from_settings(settings))
-        graphpass.save(graph, target, output_format=settings.get("output_format"))
         report = {
             "schema": REPORT_SCHEMA,
             "graphpass_version": graphpass.__version__,
@@ -89,8 +91,10 @@ class Rewrite(Command):
             "nodes_after": len(graph),
             "passes": [vars(r) for r in results],
         }
-        if settings.get("report"):
-            _write_json(Path(settings["report"]), report)
+        # The report is complete before the graph is written and renamed in place after
+        # it: a failed graph write leaves neither, and nothing fails after the graph.
+        with _staged_json(settings.get("report"), report):
+            graphpass.save(graph, target, output_format=settings.get("output_format"))
         if not settings.get("quiet"):
             print(_summary(report))
         return 0
@@ -246,6 +250,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("graphpass: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`graphpass passes | head -1`): stop quietly, as a tool
+        # killed by SIGPIPE would, and keep Python's exit-time flush from failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 def _first_line(cls) -> str:
@@ -267,10 +276,13 @@ def _read_config(path: Path, known: set[str]) -> dict:
         import tomllib
     except ImportError:  # Python < 3.11
         import tomli as tomllib
+    from graphpass.formats.detect import check_regular_file
+
+    check_regular_file(path, "--config ")
     try:
         data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise GraphpassError(f"--config {path}: no such file") from None
+    except OSError as exc:
+        raise GraphpassError(f"--config {path}: cannot read ({exc.strerror})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise GraphpassError(f"--config {path}: not valid TOML ({exc})") from None
     settings = {k.replace("-", "_"): v for k, v in data.items()}
@@ -287,11 +299,14 @@ def _read_feeds(specs: list[str]) -> dict:
     """``NAME=FILE.npy`` options as ``{NAME: array}``."""
     import numpy as np
 
+    from graphpass.formats.detect import check_regular_file
+
     feeds = {}
     for spec in specs:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise GraphpassError(f"--feed {spec!r}: expected NAME=FILE.npy")
+        check_regular_file(Path(path), f"--feed {name}=")
         try:
             feeds[name] = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
@@ -300,22 +315,34 @@ def _read_feeds(specs: list[str]) -> dict:
     return feeds
 
 
-def _check_output(source: Path, target: Path, in_place: bool) -> None:
+def _check_output(source: Path, target: Path, in_place: bool, file: bool = False) -> None:
+    """Checks before anything is read or written: not the input, a writable place
+    (and for ``file``, not a directory)."""
     if target.exists() and source.exists() and target.resolve() == source.resolve() \
             and not in_place:
         raise GraphpassError(
             f"the output {target} is the input; choose another -o or pass --in-place"
         )
-    from graphpass.formats.detect import check_output_parent
+    from graphpass.formats.output import check_output_parent, check_output_path
 
-    check_output_parent(target)
+    if file:
+        check_output_path(target)
+    else:
+        check_output_parent(target)
 
 
-def _write_json(path: Path, data: dict) -> None:
-    from graphpass.formats.detect import atomic_output
+@contextmanager
+def _staged_json(path: str | None, data: dict) -> Iterator[None]:
+    """Write ``data`` to a temporary file beside ``path`` now, rename it when the
+    block succeeds; no-op without a path."""
+    if not path:
+        yield
+        return
+    from graphpass.formats.output import atomic_output
 
-    with atomic_output(path) as tmp:
+    with atomic_output(Path(path)) as tmp:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+        yield
 
 
 def _summary(report: dict) -> str:

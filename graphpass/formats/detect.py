@@ -4,18 +4,13 @@ the readers and writers of each format.
 Detection reads the content, not the extension: binary protobufs are told
 apart by the field numbers and wire types at their top level, text protos by
 their first field name. Writes are atomic: a temporary file (or directory)
-beside the target, renamed over it only once complete, so a failure never
-leaves a partial or clobbered output.
+beside the target, renamed over it only once complete (``graphpass.formats.output``).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
@@ -80,6 +75,7 @@ def detect(path: Path) -> tuple[str, bool]:
         raise GraphpassError(f"{path}: no such file or directory")
     if path.is_dir():
         return _detect_saved_model_dir(path)
+    check_regular_file(path)
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -96,6 +92,16 @@ def detect(path: Path) -> tuple[str, bool]:
             f"{path}: unknown format: a text file that is not a TF text proto (it starts with "
             f"{first!r}); expected a GraphDef, MetaGraphDef, SavedModel or ONNX model")
     return _detect_binary(path, data), False
+
+
+def check_regular_file(path: Path, what: str = "") -> None:
+    """A user error unless ``path`` is a regular file (reading a FIFO would block
+    forever, a device would never end)."""
+    if not path.exists():
+        raise GraphpassError(f"{what}{path}: no such file")
+    if not path.is_file():
+        raise GraphpassError(f"{what}{path}: not a regular file (a FIFO, socket or device); "
+                             "pass a file")
 
 
 def _is_plain_text(data: bytes) -> bool:
@@ -212,52 +218,3 @@ def _corrupt(path: Path, why: str) -> GraphpassError:
         f"{path}: unknown format or a corrupt/truncated protobuf ({why}); expected a TF "
         "GraphDef, MetaGraphDef, SavedModel or ONNX model: re-export it or check the copy"
     )
-
-
-@contextmanager
-def atomic_output(path: Path, *, directory: bool = False) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; move it over ``path`` on success only."""
-    parent = path.parent if str(path.parent) else Path(".")
-    check_output_parent(path)
-    try:
-        if directory:
-            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=parent))
-        else:
-            fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-            os.close(fd)
-            tmp = Path(name)
-    except OSError as exc:
-        raise GraphpassError(f"{path}: cannot write there ({exc.strerror})") from None
-    try:
-        yield tmp
-        _replace(tmp, path, directory)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True) if directory else tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError):  # e.g. -o names a directory, or the disk is full
-            raise GraphpassError(f"{path}: cannot write there ({exc.strerror or exc})") from None
-        raise
-
-
-def check_output_parent(path: Path) -> None:
-    """A user error unless the directory that will hold ``path`` exists."""
-    parent = path.parent if str(path.parent) else Path(".")
-    if parent.is_dir():
-        return
-    if parent.exists():
-        raise GraphpassError(f"{path}: cannot write there ({parent} is a file, not a directory)")
-    raise GraphpassError(f"{path}: the output directory {parent} does not exist")
-
-
-def _replace(tmp: Path, path: Path, directory: bool) -> None:
-    if not directory:
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-        return
-    if path.is_dir():
-        old = path.with_name(f".{path.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, path)
