@@ -6,19 +6,27 @@ The data path: ``load`` -> :class:`Graph` -> analyses -> passes -> lowering ->
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from graphpass.errors import GraphpassError
 from graphpass.formats.detect import load, save
 from graphpass.ir.graph import Graph, Node, Tensor
+from graphpass.options import PipelineOptions, pipeline_options
 
 __version__ = "0.1.0"
 
 
-def run_passes(graph: Graph, settings: dict, instruments: list | None = None) -> list:
-    """Run the passes ``settings`` ask for (keys as the CLI's long options, with
-    underscores) on ``graph`` in place; returns one ``PassResult`` per pass."""
-    from graphpass.passes import Pipeline, build_passes
+def run_passes(graph: Graph, options: Mapping | PipelineOptions,
+               instruments: Sequence = ()) -> list:
+    """Run the passes ``options`` ask for on ``graph`` in place; returns one
+    ``PassResult`` per pass. ``options`` is a :class:`PipelineOptions` or a mapping
+    keyed like the CLI's long options, with underscores (validated the same way)."""
+    from graphpass.passes import PassContext, Pipeline, build_passes
 
-    return Pipeline(build_passes(settings), instruments or []).run(graph)
+    if not isinstance(options, PipelineOptions):
+        options = pipeline_options(options)
+    ctx = PassContext.from_options(options, instruments)
+    return Pipeline(build_passes(options)).run(graph, ctx)
 
 
 def analyze(graph: Graph, **overrides):

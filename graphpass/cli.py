@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
+from graphpass.options import OPTIONS, REWRITE_OPTIONS, Option, config_values, rewrite_options
 
 #: Version of the ``--report`` JSON layout (documented in the README).
 REPORT_SCHEMA = 1
@@ -44,43 +45,36 @@ class Rewrite(Command):
         parser.add_argument("input", help="GraphDef (.pb/.pbtxt), MetaGraphDef (.meta), "
                             "SavedModel directory, or ONNX model")
         parser.add_argument("-o", "--output", required=True, help="where to write the result")
-        parser.add_argument("--in-place", action="store_true",
-                            help="allow the output to be the input file")
-        parser.add_argument("--output-format", choices=["pb", "pbtxt"],
-                            help="TF output encoding (default: the input's)")
-        parser.add_argument("--tag", help="SavedModel MetaGraph tag (default: train, then serve)")
         parser.add_argument("--config", help="TOML file with the same options (CLI wins)")
-        parser.add_argument("--report", help="write a JSON report of what each pass did")
-        parser.add_argument("--quiet", action="store_true", help="print nothing on success")
-        analysis = parser.add_argument_group("region analysis overrides")
-        analysis.add_argument("--loss", help="the loss tensor (node or node:port)")
-        analysis.add_argument("--train-op", action="append",
-                              help="a train op to rewrite (repeatable; default: all found)")
-        analysis.add_argument("--global-step", help="the global step variable node")
-        from graphpass.inspect.dump import add_dump_arguments
+        for option in REWRITE_OPTIONS:
+            _add_option(parser, option)
         from graphpass.passes import registered_passes
 
-        add_dump_arguments(parser)
-        for cls in registered_passes():
-            cls.add_arguments(parser.add_argument_group(f"pass {cls.name}: {_first_line(cls)}"))
+        headings = {"regions": "region analysis overrides", "dumps": "dumps"}
+        headings.update({cls.name: f"pass {cls.name}: {_first_line(cls)}"
+                         for cls in registered_passes()})
+        groups = {key: parser.add_argument_group(title) for key, title in headings.items()}
+        for option in OPTIONS:
+            _add_option(groups[option.group], option)
 
     def run(self, args):
         import graphpass
-        from graphpass.inspect.dump import instruments_from_settings
+        from graphpass.inspect.dump import rewrite_instruments
+        from graphpass.passes import PassContext, Pipeline, build_passes
 
-        settings = _settings(args)
-        source, target = Path(settings["input"]), Path(settings["output"])
-        _check_output(source, target, settings.get("in_place", False))
-        if settings.get("report"):
-            _check_output(source, Path(settings["report"]), False, file=True)
-        graph = graphpass.load(source, tag=settings.get("tag"))
+        options = rewrite_options(_settings(args))
+        source, target = Path(options.input), Path(options.output)
+        _check_output(source, target, options.in_place)
+        if options.report:
+            _check_output(source, Path(options.report), False, file=True)
+        graph = graphpass.load(source, tag=options.tag)
         nodes_before = len(graph)
-        if any(settings.get(k) for k in ("loss", "train_op", "global_step")):
+        ctx = PassContext.from_options(options.pipeline, rewrite_instruments(
+            options.dump_dir, full=options.dump_full, quiet=options.quiet))
+        if options.pipeline.regions:
             # Overrides are checked even when no requested pass needs regions.
-            from graphpass.passes import RegionOptions
-
-            RegionOptions.from_settings(settings).analyze(graph)
-        results = graphpass.run_passes(graph, settings, instruments_from_settings(settings))
+            ctx.analyses.regions(graph)
+        results = Pipeline(build_passes(options.pipeline)).run(graph, ctx)
         report = {
             "schema": REPORT_SCHEMA,
             "graphpass_version": graphpass.__version__,
@@ -93,9 +87,9 @@ class Rewrite(Command):
         }
         # The report is complete before the graph is written and renamed in place after
         # it: a failed graph write leaves neither, and nothing fails after the graph.
-        with _staged_json(settings.get("report"), report):
-            graphpass.save(graph, target, output_format=settings.get("output_format"))
-        if not settings.get("quiet"):
+        with _staged_json(options.report, report):
+            graphpass.save(graph, target, output_format=options.output_format)
+        if not options.quiet:
             print(_summary(report))
         return 0
 
@@ -137,10 +131,9 @@ class Passes(Command):
 
         for cls in registered_passes():
             print(f"{cls.name}: {_first_line(cls)}")
-            parser = argparse.ArgumentParser(add_help=False)
-            cls.add_arguments(parser.add_argument_group())
-            for action in parser._actions:
-                print(f"  {', '.join(action.option_strings):28s} {action.help or ''}")
+            for option in OPTIONS:
+                if option.group == cls.name:
+                    print(f"  {option.flag:28s} {option.help}")
         return 0
 
 
@@ -261,17 +254,31 @@ def _first_line(cls) -> str:
     return (cls.__doc__ or "").strip().splitlines()[0]
 
 
+def _add_option(group: argparse._ArgumentGroup, option: Option) -> None:
+    """One declared option as an argparse argument."""
+    if option.kind is bool:
+        group.add_argument(option.flag, action="store_true", help=option.help)
+    elif option.kind is list:
+        group.add_argument(option.flag, action="append", metavar=option.metavar,
+                           help=option.help)
+    else:
+        group.add_argument(option.flag, choices=option.choices or None,
+                           metavar=option.metavar, help=option.help)
+
+
 def _settings(args: argparse.Namespace) -> dict:
     """CLI options over the ``--config`` file's; keys use underscores."""
     cli = {k: v for k, v in vars(args).items() if v not in (None, False, [])}
     settings = {}
     if cli.get("config"):
-        settings.update(_read_config(Path(cli["config"]), set(vars(args))))
+        settings.update(_read_config(Path(cli["config"])))
     settings.update(cli)
+    settings.pop("command", None)
+    settings.pop("config", None)
     return settings
 
 
-def _read_config(path: Path, known: set[str]) -> dict:
+def _read_config(path: Path) -> dict:
     try:
         import tomllib
     except ImportError:  # Python < 3.11
@@ -285,14 +292,7 @@ def _read_config(path: Path, known: set[str]) -> dict:
         raise GraphpassError(f"--config {path}: cannot read ({exc.strerror})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise GraphpassError(f"--config {path}: not valid TOML ({exc})") from None
-    settings = {k.replace("-", "_"): v for k, v in data.items()}
-    unknown = sorted(set(settings) - known - {"input", "output"})
-    if unknown:
-        raise GraphpassError(
-            f"--config {path}: unknown option(s) {', '.join(unknown)}; "
-            f"valid: {', '.join(sorted(known - {'command', 'config'}))}"
-        )
-    return settings
+    return config_values(data, f"--config {path}")
 
 
 def _read_feeds(specs: list[str]) -> dict:

@@ -330,3 +330,55 @@ def test_drop_stale_for_xla_on_a_v1_while_loop(models, tmp_path, capsys):
     assert np.array_equal(losses, ref_losses)
     for name, value in ref_values.items():
         assert np.array_equal(values[name], value), name
+
+
+# -- config files: the command line's schema -----------------------------------------
+
+
+@pytest.mark.parametrize("line,mentions", [
+    ("recompute = 5", "recompute = 5: expects a string or a list of strings"),
+    ("recompute = [1, 2]", "recompute = [1, 2]: expects a string or a list of strings"),
+    ("report = 1", "report = 1: expects a string"),
+    ('device = "quantum"', "device = 'quantum': choose one of cpu, gpu, tpu"),
+    ("stale_counter = 5", "stale_counter = 5: expects a string"),
+    ('target = "gpu9000"', "target = 'gpu9000': choose one of tf, xla"),
+    ('xla-cluster = "maybe"', "xla-cluster = 'maybe': choose one of step, none"),
+    ('in_place = "no"', "in_place = 'no': expects true or false"),
+    ("drop_stale = 1.5", "drop_stale = 1.5: expects an integer or a string"),
+    ("drop_stale = true", "drop_stale = True: expects an integer or a string"),
+    ('output_format = "json"', "output_format = 'json': choose one of pb, pbtxt"),
+    ("recompute_hints = 1", "recompute_hints = 1: expects true or false"),
+    ("no_such_option = 1", "unknown option no_such_option; valid: "),
+])
+def test_config_values_are_validated(small, tmp_path, capsys, line, mentions):
+    model = write_message(tmp_path / "model.pb", small.graph_def)
+    config = tmp_path / "c.toml"
+    config.write_text(line + "\n")
+    before = model.read_bytes()
+    error = _user_error(capsys, ["rewrite", str(model), "-o", str(model), "--config",
+                                 str(config)], tmp_path, mentions)
+    assert error.startswith(f"graphpass: error: --config {config}: ")
+    assert model.read_bytes() == before  # in_place = "no" used to overwrite the input
+
+
+def test_config_single_pattern_string_is_one_pattern(small, tmp_path, capsys):
+    """``recompute = "block1/"`` is the pattern block1/, not b, l, o, c, k, 1, /."""
+    model = write_message(tmp_path / "model.pb", small.graph_def)
+    config = tmp_path / "c.toml"
+    config.write_text('recompute = "block1/"\ndrop-stale = 2\n')
+    assert main(["rewrite", str(model), "-o", str(tmp_path / "a.pb"), "--config", str(config),
+                 "--quiet"]) == 0
+    assert main(["rewrite", str(model), "-o", str(tmp_path / "b.pb"), "--recompute", "block1/",
+                 "--drop-stale", "2", "--quiet"]) == 0
+    assert (tmp_path / "a.pb").read_bytes() == (tmp_path / "b.pb").read_bytes()
+    assert (tmp_path / "a.pb").read_bytes() != model.read_bytes()
+
+
+def test_device_tpu_builds_the_xla_conditional(small, tmp_path):
+    """--device tpu implies --target xla: drop-stale builds an If, not Switch/Merge."""
+    model = write_message(tmp_path / "model.pb", small.graph_def)
+    out = tmp_path / "out.pb"
+    assert main(["rewrite", str(model), "-o", str(out), "--quiet", "--drop-stale", "1",
+                 "--device", "tpu", "--xla-cluster", "none"]) == 0
+    ops = {n.op for n in graphpass.load(out).nodes() if n.name.startswith("graphpass/")}
+    assert "If" in ops and not ops & {"Switch", "Merge"}

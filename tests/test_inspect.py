@@ -30,6 +30,7 @@ from graphpass.inspect.dump import DumpInstrument
 from graphpass.inspect.progress import PassProgress, Progress
 from graphpass.ir.graph import Tensor
 from graphpass.passes.base import Pass, Pipeline
+from graphpass.passes.context import PassContext
 from tools import tf_models
 
 PROBE = "graphpass/probe/block1_relu"
@@ -42,7 +43,7 @@ class Probe(Pass):
 
     name = "probe"
 
-    def run(self, graph):
+    def run(self, graph, ctx):
         copy = graph.dialect.identity(graph, PROBE, Tensor("block1/Relu"), control_inputs=["x"])
         graph.set_input("block1/Tanh", 0, copy)
         graph.add_control_input("block2/MatMul", copy.node)
@@ -54,7 +55,7 @@ class Nothing(Pass):
 
     name = "nothing"
 
-    def run(self, graph):
+    def run(self, graph, ctx):
         return False
 
 
@@ -74,7 +75,7 @@ def files(model, tmp_path_factory):
     original.write_bytes(model.meta_graph.SerializeToString())
     assert main(["rewrite", str(original), "-o", str(root / "roundtrip.meta"), "--quiet"]) == 0
     probed = graphpass.load(original)
-    Pipeline([Probe(None)]).run(probed)
+    Pipeline([Probe()]).run(probed)
     graphpass.save(probed, root / "probed.meta")
     broken = graphpass.load(original)
     _set_float_const(broken, "train/learning_rate", 0.2)
@@ -97,7 +98,7 @@ def dumped(model, tmp_path_factory):
     dump_dir = tmp_path_factory.mktemp("dump")
     graph = graphpass.load(_write(model, tmp_path_factory.mktemp("in")))
     instrument = DumpInstrument(dump_dir, quiet=True)
-    Pipeline([Probe(None), Nothing(None)], [instrument]).run(graph)
+    Pipeline([Probe(), Nothing()]).run(graph, PassContext(instruments=(instrument,)))
     return dump_dir, instrument
 
 
@@ -119,7 +120,7 @@ def test_graph_diff_of_a_copy_is_empty(model, tmp_path):
 def test_graph_diff_names_every_kind_of_change(model, tmp_path):
     before = graphpass.load(_write(model, tmp_path))
     after = before.copy()
-    Probe(None).run(after)
+    Probe().run(after, PassContext())
     diff = graph_diff(before, after)
     assert diff.added_nodes == [PROBE]
     assert [(e.dst, e.slot, e.before, e.src) for e in diff.rewired_edges] == \
@@ -140,7 +141,7 @@ def test_graph_diff_names_every_kind_of_change(model, tmp_path):
 def test_graph_diff_groups_by_pass_scope(model, tmp_path):
     before = graphpass.load(_write(model, tmp_path))
     after = before.copy()
-    Probe(None).run(after)
+    Probe().run(after, PassContext())
     scopes = graph_diff(before, after).scope_counts()
     assert scopes == {
         "block1": {"rewired_edges": 1},
@@ -241,7 +242,8 @@ def test_dump_of_the_input_and_of_an_unchanged_pass_highlight_nothing(dumped):
 
 def test_dump_full_draws_every_node(model, tmp_path):
     graph = graphpass.load(_write(model, tmp_path))
-    Pipeline([Probe(None)], [DumpInstrument(tmp_path / "d", full=True, quiet=True)]).run(graph)
+    Pipeline([Probe()]).run(graph, PassContext(instruments=(
+        DumpInstrument(tmp_path / "d", full=True, quiet=True),)))
     nodes = _svg_items(tmp_path / "d" / "01-probe.svg", "node")
     assert set(graph) <= set(nodes)
     assert _fill(nodes[PROBE]) == _colour("added", "fillcolor")
@@ -252,7 +254,7 @@ def test_dot_view_draws_removed_nodes_dashed(model, tmp_path):
 
     without = graphpass.load(_write(model, tmp_path))
     with_probe = without.copy()
-    Probe(None).run(with_probe)
+    Probe().run(with_probe, PassContext())
     text = neighbourhood_dot(without, graph_diff(with_probe, without), before=with_probe,
                              title="undo")
     [line] = [t for t in text.splitlines() if t.strip().startswith(f'"{PROBE}" [')]
@@ -280,7 +282,7 @@ def test_without_dot_the_dot_files_are_written_and_one_line_says_why(model, tmp_
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     graph = graphpass.load(_write(model, tmp_path))
     instrument = DumpInstrument(tmp_path / "d")
-    Pipeline([Probe(None), Nothing(None)], [instrument]).run(graph)
+    Pipeline([Probe(), Nothing()]).run(graph, PassContext(instruments=(instrument,)))
     assert sorted(p.name for p in (tmp_path / "d").glob("*.dot")) == \
         ["00-input.dot", "01-probe.dot", "02-nothing.dot"]
     assert not list((tmp_path / "d").glob("*.svg"))
@@ -514,8 +516,8 @@ def test_dumped_pbtxt_is_the_written_graph_def(model, tmp_path):
 def test_pass_progress_names_the_running_pass_and_erases_itself(model, tmp_path):
     stream = _Terminal()
     graph = graphpass.load(_write(model, tmp_path))
-    Pipeline([Probe(None), Nothing(None)],
-             [PassProgress(stream=stream)]).run(graph)
+    Pipeline([Probe(), Nothing()]).run(graph, PassContext(
+        instruments=(PassProgress(stream=stream),)))
     text = stream.getvalue()
     assert f"rewrite pass 1/2 probe ({len(graph) - 1} nodes)" in text
     assert f"rewrite pass 2/2 nothing ({len(graph)} nodes)" in text

@@ -11,7 +11,8 @@ import graphpass
 from graphpass.cli import main
 from graphpass.errors import GraphpassError
 from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
-from graphpass.passes.remat.plan import candidate_scopes, parse_bytes
+from graphpass.passes.remat.plan import candidate_scopes
+from graphpass.units import parse_bytes
 from tools import tf_models
 
 BLOCKS = [f"block{i}/" for i in range(1, 9)]

@@ -11,15 +11,17 @@ import graphpass
 from graphpass.cli import main
 from graphpass.errors import GraphpassError
 from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
+from graphpass.options import pipeline_options
 from graphpass.passes import build_passes
-from graphpass.passes.stale import GATE_ATTR, StalePass
+from graphpass.passes.stale import GATE_ATTR
 from tools import stale_cluster, tf_models
 
 STEPS = 3
 COUNTER = "graphpass/stale_counter"
 PS = "/job:ps/task:0"
 
-# TF 1.15's test matrix (DESIGN.md): workers, staleness -> global_step, stale_counter, v0, v1
+# TF 1.15's test matrix (DropStaleGradientOptimizer's tests, 1 ps + N workers):
+# workers, staleness -> global_step, stale_counter, v0, v1
 MATRIX = [
     (1, 0, 1, 0, 1, 2),
     (1, -1, 0, 1, 0, 1),
@@ -170,7 +172,8 @@ def test_structure_switch_merge():
     increment on its false side; the train op keeps its name after the Merge."""
     model = tf_models.block_mlp(blocks=2, optimizer="adam")
     original = graph_from_graph_def(model.graph_def)
-    step = graphpass.analyze(original).steps[0]
+    regions = graphpass.analyze(original)
+    step = regions.steps[0]
     graph, _, report = rewrite(model.graph_def, drop_stale="1")
     snapshot, switch, merge = _step_nodes(graph, report)
     assert graph.node(snapshot).op == "AddV2"
@@ -182,7 +185,7 @@ def test_structure_switch_merge():
     drop = next(u for u in graph.users(switch)
                 if any(t.port == 0 for t in graph.inputs(u) if t.node == switch))
     beta_updates = [n.name for n in original.nodes() if n.op == "AssignVariableOp"
-                    and n.meta["region"] == "optimizer"]
+                    and regions.label(n.name) == "optimizer"]
     assert len(beta_updates) == 2
     for name in step.applies + beta_updates + ["train/accepted"]:
         assert accept in graph.ancestors([name]), name
@@ -254,15 +257,23 @@ def test_ordering_is_inherited():
     assert not {"GradientDescent", "GradientDescent/update"} & set(other.control_inputs("train"))
 
 
+def test_device_tpu_implies_the_if_form():
+    """The stale pass takes the target the context resolved: --device tpu is xla."""
+    model = tf_models.block_mlp(blocks=2, optimizer="sgd")
+    graph, _, report = rewrite(model.graph_def, drop_stale="0", device="tpu")
+    assert report["target"] == "xla" and [s["form"] for s in report["steps"]] == ["If"]
+    assert any(graph.node(n).op == "If" for n in graph)
+
+
 def test_second_run_is_refused_and_options():
     model = tf_models.block_mlp(blocks=2, optimizer="sgd")
     graph, _, _ = rewrite(model.graph_def, drop_stale="0")
     with pytest.raises(GraphpassError, match="already drops stale gradients"):
         graphpass.run_passes(graph, {"drop_stale": "0"})
-    assert StalePass.from_settings({}) is None
-    assert build_passes({"drop_stale": 0})[0].options.staleness == 0  # from a config file
-    with pytest.raises(GraphpassError, match="--target"):
-        StalePass.from_settings({"drop_stale": "1", "target": "onnx"})
+    assert pipeline_options({}).stale is None
+    assert build_passes(pipeline_options({"drop_stale": 0}))[0].options.staleness == 0
+    with pytest.raises(GraphpassError, match="--target"):  # from a config file
+        pipeline_options({"drop_stale": "1", "target": "onnx"})
     ref_model = tf_models.block_mlp(blocks=2, optimizer="momentum", use_resource=False)
     with pytest.raises(GraphpassError, match="--target xla needs resource variables"):
         rewrite(ref_model.graph_def, drop_stale="0", target="xla")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphpass.analysis.shapes import infer_shapes
 from graphpass.ir.graph import Graph, Tensor
 
 
@@ -42,6 +43,7 @@ def tensor_bytes(graph: Graph, tensor: Tensor) -> int | None:
 def estimated_peak_bytes(graph: Graph, fetches: list[str]) -> int:
     """Peak bytes of live step tensors when running ``fetches``: only what they need
     runs (as the TF runtime prunes), in the graph's deterministic schedule."""
+    infer_shapes(graph)
     dialect = graph.dialect
     needed = graph.ancestors(fetches) | set(fetches)
     order = [n for n in dialect.schedule(graph) if n in needed]

@@ -228,20 +228,11 @@ class TFDialect(Dialect):
             slot += count
         return []
 
-    def shape(self, graph: Graph, tensor: Tensor) -> tuple | None:
-        """Static shape (None for unknown dims), or None if the rank is unknown.
-
-        Shapes come from TF's own shape inference: the graph is imported once
-        into a ``tf.Graph`` and every output's shape recorded on its node
-        (``node.meta["shapes"]``); nodes added later trigger a fresh inference,
-        unless their builder recorded the shape (copies and the small ops of
-        this dialect do, so a pass that adds them does not re-infer the graph).
-        """
-        node = graph.node(tensor.node)
-        if "shapes" not in node.meta:
-            _infer_shapes(graph)
-        shapes = node.meta.get("shapes") or []
-        return shapes[tensor.port] if tensor.port < len(shapes) else None
+    def infer_shapes(self, graph: Graph) -> None:
+        """TF's own shape inference: the graph is imported into a ``tf.Graph`` and
+        every output's shape recorded on its node. Copies and the small ops of this
+        dialect record their shapes when built, so adding them needs no new inference."""
+        _infer_shapes(graph)
 
     def get_attr(self, graph: Graph, name: str, key: str, default: Any = None) -> Any:
         value = graph.node(name).attrs.get(key)

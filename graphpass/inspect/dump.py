@@ -20,7 +20,6 @@ line says why there is no ``.svg``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
@@ -207,26 +206,12 @@ def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
-# -- CLI hooks (the CLI owns the parser; this module owns the options' meaning) --
-
-def add_dump_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--dump-dir DIR`` and ``--dump-full`` for ``graphpass rewrite``."""
-    group = parser.add_argument_group("dumps")
-    group.add_argument("--dump-dir", metavar="DIR",
-                       help="write the graph (text, Graphviz .dot/.svg of what each pass "
-                       "changed, TensorBoard events) at the input and after every pass")
-    group.add_argument("--dump-full", action="store_true",
-                       help="draw the whole graph in the .dot/.svg dumps, not just the "
-                       "rewritten neighbourhood (slow for big graphs)")
-
-
-def instruments_from_settings(settings: dict) -> list[Instrument]:
+def rewrite_instruments(dump_dir: str | None, *, full: bool = False,
+                        quiet: bool = False) -> list[Instrument]:
     """The instruments ``graphpass rewrite`` runs with: dumps when ``dump_dir`` is set,
     and a progress line on a terminal (silent otherwise, and with ``quiet``)."""
-    quiet = bool(settings.get("quiet"))
     instruments: list[Instrument] = []
-    if settings.get("dump_dir"):
-        instruments.append(DumpInstrument(settings["dump_dir"],
-                                          full=bool(settings.get("dump_full")), quiet=quiet))
+    if dump_dir:
+        instruments.append(DumpInstrument(dump_dir, full=full, quiet=quiet))
     instruments.append(PassProgress(quiet=quiet))
     return instruments

@@ -1,15 +1,19 @@
-"""The pass registry, in pipeline order.
+"""The passes: the contract, context and pipeline (``base``, ``context``), and the
+registry, in pipeline order. Each pass is ``run(graph, ctx) -> changed`` with its own
+frozen options (``graphpass.options``) and the shared ``PassContext``.
 
 Rematerialization first (it needs the plain forward/backward structure), then
 target lowering (it labels the step by region analysis, which must still see the
 apply ops), then stale-gradient dropping, which for XLA moves the apply ops into
-an ``If`` branch function and makes its own nodes' placement (colocated with
-``global_step``) and conditional form from the same ``target`` setting.
+an ``If`` branch function; its conditional form follows the context's resolved
+target, the same one lowering uses.
 """
 
 from __future__ import annotations
 
-from graphpass.passes.base import Pass, Pipeline, RegionOptions
+from graphpass.options import PipelineOptions
+from graphpass.passes.base import Pass, Pipeline
+from graphpass.passes.context import PassContext
 
 
 def registered_passes() -> list[type[Pass]]:
@@ -21,14 +25,10 @@ def registered_passes() -> list[type[Pass]]:
     return [RematPass, LowerPass, StalePass]
 
 
-def build_passes(settings: dict) -> list[Pass]:
-    """The passes that ``settings`` (CLI options merged with a config file) ask for."""
-    passes = []
-    for cls in registered_passes():
-        configured = cls.from_settings(settings)
-        if configured is not None:
-            passes.append(configured)
-    return passes
+def build_passes(options: PipelineOptions) -> list[Pass]:
+    """The passes ``options`` ask for (a pass's options field is named like the pass)."""
+    return [cls(getattr(options, cls.name)) for cls in registered_passes()
+            if getattr(options, cls.name) is not None]
 
 
-__all__ = ["Pass", "Pipeline", "RegionOptions", "build_passes", "registered_passes"]
+__all__ = ["Pass", "PassContext", "Pipeline", "build_passes", "registered_passes"]

@@ -11,18 +11,19 @@ outside the cluster and are reported.
 
 The choices that must be made *before* lowering (data-dependency remat, the
 functional ``If`` form of conditionals) are made by the rewrite passes from the
-same ``target`` setting. This pass never adds or removes nodes: it only sets
+same resolved target, in the ``PassContext``. This pass never adds or removes nodes: it only sets
 attributes and device strings, and only on nodes of the training step (forward,
 backward, optimizer); initializers, savers and summaries are untouched.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+from graphpass.analysis.manager import REGIONS, SHAPES
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
-from graphpass.passes.base import Pass, RegionOptions
+from graphpass.options import LowerOptions
+from graphpass.passes.base import Pass
+from graphpass.passes.context import PassContext
 
 XLA_SCOPE = "graphpass_step"
 DEVICE_TYPES = {"cpu": "CPU", "gpu": "GPU", "tpu": "TPU"}
@@ -34,66 +35,28 @@ STEP_REGIONS = ("forward", "backward", "optimizer")
 CLUSTER_REGIONS = ("forward", "backward")
 
 
-@dataclass(frozen=True)
-class LowerOptions:
-    target: str = "tf"
-    device: str | None = None
-    xla_cluster: str = "step"
-    regions: RegionOptions = field(default_factory=RegionOptions)
-
-
-def resolve_target(settings: dict) -> str:
-    """``--target``, with ``--device tpu`` implying xla (and refusing ``--target tf``)."""
-    target = settings.get("target") or ("xla" if settings.get("device") == "tpu" else "tf")
-    if settings.get("device") == "tpu" and target != "xla":
-        raise GraphpassError("--device tpu needs --target xla (TPUs run only XLA-compiled "
-                             "steps); drop --target tf")
-    return target
-
-
 class LowerPass(Pass):
     """Lower the step for its target: XLA clustering attributes and device strings."""
 
     name = "lower"
 
-    @classmethod
-    def add_arguments(cls, group):
-        group.add_argument("--target", choices=["tf", "xla"],
-                           help="runtime the graph is for (default tf; tpu implies xla)")
-        group.add_argument("--device", choices=["cpu", "gpu", "tpu"],
-                           help="device type for the step's nodes without one")
-        group.add_argument("--xla-cluster", choices=["step", "none"],
-                           help="mark the training step for XLA (default step with "
-                                "--target xla) or leave clustering to the runtime")
+    options: LowerOptions
+    preserves = frozenset({REGIONS, SHAPES})  # attributes and devices only
 
-    @classmethod
-    def from_settings(cls, settings):
-        target = resolve_target(settings)
-        if target == "tf" and not settings.get("device"):
-            if settings.get("xla_cluster") == "step":
-                raise GraphpassError("--xla-cluster step needs --target xla")
-            return None
-        return cls(LowerOptions(
-            target=target,
-            device=settings.get("device"),
-            xla_cluster=settings.get("xla_cluster") or ("step" if target == "xla" else "none"),
-            regions=RegionOptions.from_settings(settings),
-        ))
-
-    def run(self, graph: Graph) -> bool:
+    def run(self, graph: Graph, ctx: PassContext) -> bool:
         if graph.format != "tf":
             raise GraphpassError(f"--target/--device lowering is for TF graphs; {graph.format} "
                                  "graphs are written as they are")
-        regions = self.options.regions.analyze(graph)
+        regions = ctx.analyses.regions(graph)
         step = [n for n in graph if regions.label(n) in STEP_REGIONS]
-        unsupported = xla_unsupported(graph, step) if self.options.target == "xla" else []
-        if unsupported and self.options.device == "tpu":
+        unsupported = xla_unsupported(graph, step) if ctx.target == "xla" else []
+        if unsupported and ctx.device == "tpu":
             raise GraphpassError(_unsupported_message(graph, unsupported))
         changed = False
-        if self.options.device:
-            changed |= _place(graph, step, DEVICE_TYPES[self.options.device])
+        if ctx.device:
+            changed |= _place(graph, step, DEVICE_TYPES[ctx.device])
         clustered = []
-        if self.options.target == "xla" and self.options.xla_cluster == "step":
+        if ctx.target == "xla" and self.options.xla_cluster == "step":
             left_out = {n for n, _ in unsupported}
             clustered = [n for n in step if n not in left_out and _clusterable(graph, n)
                          and regions.label(n) in CLUSTER_REGIONS]
@@ -103,11 +66,11 @@ class LowerPass(Pass):
                 graph.dialect.set_attr(graph, name, "_XlaSeparateCompiledGradients", False)
             changed |= bool(clustered)
         self.report = {
-            "target": self.options.target,
-            "device": self.options.device,
+            "target": ctx.target,
+            "device": ctx.device,
             "clustered": len(clustered),
             "not_compilable": [{"node": n, "op": op} for n, op in unsupported],
-            "summary": _summary(self.options, clustered, unsupported),
+            "summary": _summary(ctx, clustered, unsupported),
         }
         return changed
 
@@ -184,8 +147,8 @@ def _unsupported_message(graph: Graph, unsupported: list[tuple[str, str]]) -> st
             "move them out of the step, or use --xla-cluster none on a non-TPU device")
 
 
-def _summary(options: LowerOptions, clustered: list[str], unsupported: list) -> list[str]:
-    lines = [f"target {options.target}" + (f", device {options.device}" if options.device else "")]
+def _summary(ctx: PassContext, clustered: list[str], unsupported: list) -> list[str]:
+    lines = [f"target {ctx.target}" + (f", device {ctx.device}" if ctx.device else "")]
     if clustered:
         lines.append(f"{len(clustered)} step nodes marked for XLA (_XlaScope={XLA_SCOPE})")
     if unsupported:

@@ -39,14 +39,15 @@ refused: dropping twice would nest the checks.
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from graphpass.analysis.regions import Regions, TrainStep, gradient_computation
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
-from graphpass.passes.base import Pass, RegionOptions
+from graphpass.options import StaleOptions
+from graphpass.passes.base import Pass
+from graphpass.passes.context import PassContext
 
 if TYPE_CHECKING:
     from graphpass.dialects.tf import ResourceVariable
@@ -55,21 +56,7 @@ SCOPE = "graphpass/drop_stale"
 DEFAULT_COUNTER = "graphpass/stale_counter"
 GATE_ATTR = "_graphpass_stale_gate"
 SUMMARY_TAG = "Gradient_staleness_percentage"
-TARGETS = ("tf", "xla")
 _RESTORE_OPS = frozenset({"RestoreV2", "Restore", "RestoreSlice"})
-
-
-@dataclass(frozen=True)
-class StaleOptions:
-    """``staleness``: steps global_step may advance while gradients are computed
-    (negative drops every step); ``counter``: the drop counter's variable name;
-    ``target``: ``tf`` (Switch/Merge) or ``xla`` (functional If)."""
-
-    staleness: int
-    counter: str | None = None
-    summary: bool = False
-    target: str = "tf"
-    regions: RegionOptions = field(default_factory=RegionOptions)
 
 
 @dataclass
@@ -89,55 +76,28 @@ class StalePass(Pass):
 
     name = "stale"
 
-    @classmethod
-    def add_arguments(cls, group: argparse._ArgumentGroup) -> None:
-        group.add_argument("--drop-stale", metavar="STALENESS",
-                           help="apply a step's gradients only if global_step advanced at most "
-                                "STALENESS steps while they were computed (an integer; negative "
-                                "drops every step); the conditional is Switch/Merge for "
-                                "--target tf, a functional If for --target xla")
-        group.add_argument("--stale-counter", metavar="NAME",
-                           help=f"the float variable counting dropped steps "
-                                f"(default {DEFAULT_COUNTER})")
-        group.add_argument("--staleness-summary", action="store_true",
-                           help="add a scalar summary stale_counter / (global_step + 1)")
+    options: StaleOptions
 
-    @classmethod
-    def from_settings(cls, settings: dict) -> StalePass | None:
-        raw = settings.get("drop_stale")
-        if raw is None:
-            return None
-        target = settings.get("target", "tf")
-        if target not in TARGETS:
-            raise GraphpassError(f"--target {target!r}: the stale pass lowers to tf "
-                                 "(Switch/Merge) or xla (functional If)")
-        return cls(StaleOptions(
-            staleness=_parse_staleness(raw),
-            counter=settings.get("stale_counter"),
-            summary=bool(settings.get("staleness_summary")),
-            target=target,
-            regions=RegionOptions.from_settings(settings),
-        ))
-
-    def run(self, graph: Graph) -> bool:
+    def run(self, graph: Graph, ctx: PassContext) -> bool:
         opts = self.options
         _check_not_rewritten(graph)
         if graph.format != "tf":
             raise GraphpassError(f"the stale pass rewrites TF training graphs; this graph is "
                                  f"{graph.format}")
-        regions = opts.regions.analyze(graph)
+        regions = ctx.analyses.regions(graph)
         global_step = _global_step(graph, regions)
         plans = [_plan(graph, step, global_step) for step in regions.steps]
-        _check_plans(graph, plans, opts.target)
+        _check_plans(graph, plans, ctx.target)
         counter = _make_counter(graph, opts.counter, global_step)
         init_ops = _initialise(graph, counter)
         steps = [
-            self._rewrite_step(graph, plan, global_step, counter.handle) for plan in plans
+            self._rewrite_step(graph, plan, global_step, counter.handle, ctx.target == "xla")
+            for plan in plans
         ]
         summary = _add_summary(graph, counter, global_step) if opts.summary else None
         self.report = {
             "staleness": opts.staleness,
-            "target": opts.target,
+            "target": ctx.target,
             "global_step": global_step,
             "counter": counter.handle,
             "counter_read": f"{counter.read.node}:{counter.read.port}",
@@ -149,8 +109,7 @@ class StalePass(Pass):
         return True
 
     def _rewrite_step(self, graph: Graph, plan: _StepPlan, global_step: str,
-                      counter: str) -> dict:
-        xla = self.options.target == "xla"
+                      counter: str, xla: bool) -> dict:
         scope = graph.unique_name(f"{SCOPE}/{plan.train_op}")
         device = graph.node(global_step).device
         local_step = _snapshot(graph, scope, global_step, plan)
@@ -213,20 +172,6 @@ class _TrainOp:
 
 
 # -- options -------------------------------------------------------------------
-
-
-def _parse_staleness(raw: object) -> int:
-    """An integer from the CLI (a string) or a config file (an int); anything else,
-    bools and 1.5 included, is a user error rather than a silent truncation."""
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        return raw
-    if isinstance(raw, str):
-        try:
-            return int(raw.strip())
-        except ValueError:
-            pass
-    raise GraphpassError(f"--drop-stale expects an integer staleness (global steps), "
-                         f"got {raw!r}")
 
 
 def _check_not_rewritten(graph: Graph) -> None:

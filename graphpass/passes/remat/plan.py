@@ -20,17 +20,11 @@ exactly as if the chosen scopes had been given as ``--recompute`` patterns.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from graphpass.errors import GraphpassError
-
-#: The ``--recompute`` value that asks for the planner.
-AUTO = "auto"
-
-_UNITS = {"": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
+from graphpass.units import format_bytes
 
 
 @dataclass
@@ -67,29 +61,14 @@ class AutoPlan:
 
     def summary(self) -> str:
         """One line: the greedy steps and the final estimate against the budget."""
-        steps = "".join(f", +{s} {_size(e)}" for s, e in self.steps)
-        verdict = "" if self.budget_bytes is None else f" (budget {_size(self.budget_bytes)})"
+        steps = "".join(f", +{s} {format_bytes(e)}" for s, e in self.steps)
+        verdict = ("" if self.budget_bytes is None
+                   else f" (budget {format_bytes(self.budget_bytes)})")
         unusable = f"; {len(self.unusable)} not recomputable alone: " \
             f"{', '.join(self.unusable)}" if self.unusable else ""
         return (f"auto: {len(self.chosen)} of {len(self.candidates)} candidate segments "
-                f"chosen; estimate {_size(self.estimate_before)}{steps} -> "
-                f"{_size(self.estimate)}{verdict}{unusable}")
-
-
-def parse_bytes(value: int | str) -> int:
-    """A byte count: an integer, or a number with a binary unit (``300MiB``, ``1.5GiB``)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        amount, unit = value, ""
-    else:
-        found = _SIZE.fullmatch(str(value))
-        if not found or found.group(2) not in _UNITS:
-            raise GraphpassError(
-                f"--memory-budget-bytes {value!r}: expected a byte count such as 314572800 "
-                f"or a number with a unit ({', '.join(u for u in _UNITS if u)}), e.g. 300MiB")
-        amount, unit = float(found.group(1)), found.group(2)
-    if amount < 0:
-        raise GraphpassError(f"--memory-budget-bytes {value!r}: must not be negative")
-    return int(amount * _UNITS[unit])
+                f"chosen; estimate {format_bytes(self.estimate_before)}{steps} -> "
+                f"{format_bytes(self.estimate)}{verdict}{unusable}")
 
 
 def candidate_scopes(names: list[str]) -> list[str]:
@@ -154,15 +133,8 @@ def _within(estimate: int, budget_bytes: int | None) -> bool:
 
 def _over_budget_message(result: AutoPlan) -> str:
     best = min([result.estimate_before] + [e for _, e in result.steps])
-    return (f"--memory-budget-bytes {result.budget_bytes} ({_size(result.budget_bytes)}) "
+    return (f"--memory-budget-bytes {result.budget_bytes} ({format_bytes(result.budget_bytes)}) "
             f"cannot be met: the best estimated peak reached is {best} bytes "
-            f"({_size(best)}), recomputing {len(result.steps)} of "
+            f"({format_bytes(best)}), recomputing {len(result.steps)} of "
             f"{len(result.candidates)} candidate segments "
-            f"(estimate before: {_size(result.estimate_before)}); raise the budget")
-
-
-def _size(value: int) -> str:
-    """Bytes for people: MiB, or KiB below one MiB (small test graphs)."""
-    if value < 2**20:
-        return f"{value / 2**10:.1f} KiB"
-    return f"{value / 2**20:.2f} MiB"
+            f"(estimate before: {format_bytes(result.estimate_before)}); raise the budget")

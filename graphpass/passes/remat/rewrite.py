@@ -16,7 +16,7 @@ segment's checkpoint), and anything graphpass generated (names under
 ``graphpass/``), which is what makes a second run a no-op.
 
 Marks: ``--recompute`` patterns, ``_recompute_hint`` attributes, or ``--recompute
-auto``, where the planner (``remat_plan``) chooses name scopes for a memory budget
+auto``, where the planner (``plan``) chooses name scopes for a memory budget
 and they are rewritten exactly as those patterns would be.
 
 Ordering: ``control`` mode gives the copies control inputs on the trigger
@@ -31,28 +31,19 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from graphpass.analysis.memory import estimated_peak_bytes, tensor_bytes
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
-from graphpass.passes.base import Pass, RegionOptions
-from graphpass.passes.remat.plan import AUTO, AutoPlan, candidate_scopes, choose_scopes, parse_bytes
+from graphpass.options import RematOptions
+from graphpass.passes.base import Pass
+from graphpass.passes.context import PassContext
+from graphpass.passes.remat.plan import AutoPlan, candidate_scopes, choose_scopes
 
 GENERATED_SCOPE = "graphpass/"
 SCOPE = "graphpass/remat/"
 HINT_ATTR = "_recompute_hint"
-
-
-@dataclass(frozen=True)
-class RematOptions:
-    patterns: tuple[str, ...] = ()
-    use_hints: bool = False
-    auto: bool = False  # the planner chooses the segments (remat_plan)
-    memory_budget_bytes: int | None = None  # the planner's target; None: least memory
-    dependency: str | None = None  # None: control for the TF runtime, data otherwise
-    tupleize_grads: bool = False
-    regions: RegionOptions = field(default_factory=RegionOptions)
 
 
 @dataclass
@@ -91,49 +82,11 @@ class RematPass(Pass):
     """Recompute marked forward segments in the backward pass (graph-level recompute_grad)."""
 
     name = "remat"
+    options: RematOptions
 
-    @classmethod
-    def add_arguments(cls, group):
-        group.add_argument("--recompute", action="append", metavar="PATTERN",
-                           help="regex matched at the start of node names; each distinct "
-                                "matched text is one segment (repeatable); 'auto': the "
-                                "planner chooses name scopes (alone, not with patterns)")
-        group.add_argument("--memory-budget-bytes", metavar="N",
-                           help="with --recompute auto: recompute as little as keeps the "
-                                "step's estimated peak at most N bytes (or e.g. 300MiB); "
-                                "without it, auto recomputes every scope that saves memory")
-        group.add_argument("--recompute-hints", action="store_true",
-                           help="mark by the Grappler-compatible _recompute_hint node attribute "
-                                "(ONNX: a NodeProto metadata_props entry)")
-        group.add_argument("--dependency", choices=["control", "data"],
-                           help="how copies are ordered (default: control for --target tf, "
-                                "data for xla and ONNX)")
-        group.add_argument("--tupleize-grads", action="store_true",
-                           help="release a segment's gradients only when all are computed")
-
-    @classmethod
-    def from_settings(cls, settings):
-        patterns = tuple(settings.get("recompute") or ())
-        use_hints = bool(settings.get("recompute_hints"))
-        budget = settings.get("memory_budget_bytes")
-        auto = _check_auto(patterns, use_hints, budget)
-        if not patterns and not use_hints:
-            return None
-        if not auto:
-            _check_patterns(patterns)
-        return cls(RematOptions(
-            patterns=() if auto else patterns,
-            use_hints=use_hints,
-            auto=auto,
-            memory_budget_bytes=None if budget is None else parse_bytes(budget),
-            dependency=settings.get("dependency") or _default_dependency(settings),
-            tupleize_grads=bool(settings.get("tupleize_grads")),
-            regions=RegionOptions.from_settings(settings),
-        ))
-
-    def run(self, graph: Graph) -> bool:
-        step = self._analyze(graph)
-        peak_before = estimated_peak_bytes(graph, step.fetches)
+    def run(self, graph: Graph, ctx: PassContext) -> bool:
+        step = self._analyze(graph, ctx)
+        peak_before = ctx.analyses.peak_bytes(graph, step.fetches)
         auto = None
         if self.options.auto:
             auto = self._auto_plan(graph, step)
@@ -146,17 +99,17 @@ class RematPass(Pass):
         self.report = _report(entries, skipped, step.dependency, peak_before, peak_after, auto)
         return changed
 
-    def _analyze(self, graph: Graph) -> _Step:
+    def _analyze(self, graph: Graph, ctx: PassContext) -> _Step:
         """Dependency mode, regions and fetches, once: the planner's trial rewrites
         of copies of the graph reuse them (node names are the same there)."""
         modes = graph.dialect.dependency_modes
-        dependency = self.options.dependency or modes[0]
+        dependency = self.options.dependency or ctx.dependency or modes[0]
         if dependency not in modes:
             raise GraphpassError(
                 f"--dependency {dependency} is not possible for {graph.format} graphs "
                 f"(they support: {', '.join(modes)})"
             )
-        regions = self.options.regions.analyze(graph)
+        regions = ctx.analyses.regions(graph)
         fetches = [t for s in regions.steps for t in s.train_ops or [s.train_op]]
         fetches += [s.loss.node for s in regions.steps]
         return _Step(forward=set(regions.nodes("forward")),
@@ -251,35 +204,6 @@ class RematPass(Pass):
                      released=[str(t) for t in released],
                      released_bytes=sum(tensor_bytes(graph, t) or 0 for t in released))
         return entry
-
-
-def _check_auto(patterns: tuple[str, ...], use_hints: bool, budget) -> bool:
-    """Whether the planner is asked for; refuses mixing it with explicit marks
-    (whose segments it would have to plan around) and a budget without it."""
-    auto = AUTO in patterns
-    if auto and (len(patterns) > 1 or use_hints):
-        raise GraphpassError(
-            "--recompute auto chooses the segments itself and cannot be combined with "
-            "other --recompute patterns or --recompute-hints; drop either")
-    if budget is not None and not auto:
-        raise GraphpassError("--memory-budget-bytes is the automatic planner's target; "
-                             "add --recompute auto (or drop the budget)")
-    return auto
-
-
-def _check_patterns(patterns: tuple[str, ...]) -> None:
-    for pattern in patterns:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise GraphpassError(f"--recompute {pattern!r} is not a valid regex: {exc}") from None
-
-
-def _default_dependency(settings: dict) -> str | None:
-    """Data for XLA (it ignores control edges); otherwise decided by the format."""
-    from graphpass.passes.lower import resolve_target
-
-    return "data" if resolve_target(settings) == "xla" else None
 
 
 def _match(graph: Graph, pattern: str) -> dict[str, list[str]]:

@@ -1,0 +1,42 @@
+"""What every pass runs with, built once per pipeline run.
+
+The options decide *what* to rewrite; the context carries the decisions every
+pass must agree on (TVM's ``PassContext``): the resolved target (``--device
+tpu`` implies xla), the device, the dependency mode remat uses unless told
+otherwise, the instruments around the passes, and the analysis manager that
+computes regions, shapes and the memory estimate on demand (under the region
+overrides) and forgets them when a pass changes the graph. A pass
+never resolves these itself, so two passes cannot disagree about them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from graphpass.analysis.manager import AnalysisManager
+from graphpass.options import PipelineOptions
+
+if TYPE_CHECKING:
+    from graphpass.passes.base import Instrument
+
+
+@dataclass(frozen=True)
+class PassContext:
+    """``target``: ``tf`` or ``xla``; ``dependency``: remat's default ordering
+    (``data`` for xla, which ignores control edges; None: the dialect's first mode)."""
+
+    target: str = "tf"
+    device: str | None = None
+    dependency: str | None = None
+    instruments: tuple[Instrument, ...] = ()
+    analyses: AnalysisManager = field(default_factory=AnalysisManager)
+
+    @classmethod
+    def from_options(cls, options: PipelineOptions,
+                     instruments: Sequence[Instrument] = ()) -> PassContext:
+        return cls(target=options.target, device=options.device,
+                   dependency="data" if options.target == "xla" else None,
+                   instruments=tuple(instruments),
+                   analyses=AnalysisManager(options.regions))
