@@ -4,6 +4,7 @@ point of their replacement."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -382,3 +383,27 @@ def test_device_tpu_builds_the_xla_conditional(small, tmp_path):
                  "--device", "tpu", "--xla-cluster", "none"]) == 0
     ops = {n.op for n in graphpass.load(out).nodes() if n.name.startswith("graphpass/")}
     assert "If" in ops and not ops & {"Switch", "Merge"}
+
+
+# -- machine-independent memory figures ------------------------------------------------
+
+
+def test_verify_peak_is_measured_with_onednn_on_and_off(models, tmp_path):
+    """TF keeps CPU allocator statistics only with oneDNN on (off by default on CPUs
+    without avx512_vnni); verify reads the step's RunMetadata allocation records
+    instead, so both settings give the same figures, and remat's saving shows."""
+    model = models.model("harden_mlp_wide", "block_mlp", batch=256, width=128, blocks=4,
+                         optimizer="sgd")
+    original = write_message(tmp_path / "model.pb", model.graph_def)
+    rewritten = tmp_path / "remat.pb"
+    assert main(["rewrite", str(original), "-o", str(rewritten), "--recompute", "block[1-3]/",
+                 "--quiet"]) == 0
+    peaks = {}
+    for onednn in ("0", "1"):
+        done = _graphpass("verify", str(original), str(rewritten), "--json",
+                          env={"TF_ENABLE_ONEDNN_OPTS": onednn})
+        assert done.returncode == 0, done.stderr
+        peaks[onednn] = json.loads(done.stdout)["median_peak_bytes"]
+    assert peaks["0"] == peaks["1"]
+    before, after = peaks["0"]
+    assert 0 < after < 0.8 * before
