@@ -21,6 +21,8 @@ LOOP_BACK_OPS = frozenset({"NextIteration", "RefNextIteration"})
 SHAPE_ONLY_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "OnesLike", "ZerosLike"})
 STEP_INCREMENT_OPS = frozenset({"AssignAdd", "AssignAddVariableOp"})
 INTEGER_DTYPES = frozenset({"int32", "int64"})
+#: Grappler keeps nodes with this attr (true) as they are (its "preserve set").
+DO_NOT_REWRITE_ATTR = "_grappler_do_not_remove"
 _APPLY_OP = re.compile(r"^(Resource)?(Sparse)?Apply[A-Z]")
 
 
@@ -145,6 +147,9 @@ class TFDialect(Dialect):
         inputs = graph.inputs(name) if node.op == "Identity" else []
         return bool(inputs) and graph.node(inputs[0].node).op in REF_VARIABLE_OPS
 
+    def is_constant(self, graph: Graph, name: str) -> bool:
+        return graph.node(name).op in ("Const", "HostConst")
+
     def graph_inputs(self, graph: Graph) -> list[str]:
         return [n.name for n in graph.nodes() if n.op.startswith("Placeholder")]
 
@@ -260,6 +265,11 @@ class TFDialect(Dialect):
         if "shapes" in node.meta:  # same op, same inputs' shapes: same outputs' shapes
             copy.meta["shapes"] = node.meta["shapes"]
         return new_name
+
+    def keep_as_written(self, graph: Graph, name: str) -> None:
+        """``_grappler_do_not_remove`` puts the node in Grappler's preserve set, which
+        the remapper's fusions (and the other optimizers) never rewrite or remove."""
+        graph.node(name).attrs[DO_NOT_REWRITE_ATTR] = _attr(True)
 
     def _op(self, graph, name, op, inputs, control_inputs=(), device="", output_shapes=None,
             **attrs) -> Tensor:
