@@ -323,7 +323,7 @@ def _check_output(source: Path, target: Path, in_place: bool, file: bool = False
         raise GraphpassError(
             f"the output {target} is the input; choose another -o or pass --in-place"
         )
-    from graphpass.formats.output import check_output_parent, check_output_path
+    from graphpass.formats.files import check_output_parent, check_output_path
 
     if file:
         check_output_path(target)
@@ -338,10 +338,9 @@ def _staged_json(path: str | None, data: dict) -> Iterator[None]:
     if not path:
         yield
         return
-    from graphpass.formats.output import atomic_output
+    from graphpass.formats.files import staged_json
 
-    with atomic_output(Path(path)) as tmp:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    with staged_json(Path(path), data):
         yield
 
 

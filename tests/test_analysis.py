@@ -48,3 +48,15 @@ def test_pipeline_shares_regions_across_passes():
     results = Pipeline(build_passes(options)).run(graph, ctx)
     assert [r.changed for r in results] == [True, True]
     assert ctx.analyses.computed[REGIONS] == 2
+
+
+def test_tf_only_pass_is_refused_for_onnx_before_anything_runs(tmp_path, capsys):
+    from graphpass.cli import main
+
+    target = tmp_path / "out.onnx"
+    source = Path(__file__).resolve().parent / "data" / "onnx_mlp.onnx"
+    assert main(["rewrite", str(source), "-o", str(target), "--recompute", "block1/",
+                 "--drop-stale", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "stale pass needs ConditionalBuilder" in err
+    assert not target.exists()

@@ -9,6 +9,7 @@ from functools import cache
 from typing import Any, NamedTuple
 
 from graphpass.dialects.base import Dialect
+from graphpass.dialects.capabilities import ConditionalBuilder, TargetLowering
 from graphpass.ir.graph import Graph, Tensor
 
 # Values that are fed or stored, not computed.
@@ -104,7 +105,7 @@ def _dtype_enum(name: str) -> int:
     return dtypes.as_dtype(name).as_datatype_enum
 
 
-class TFDialect(Dialect):
+class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
     name = "tf"
     dependency_modes = ("control", "data")
 
@@ -445,6 +446,20 @@ class TFDialect(Dialect):
         from graphpass.formats import tf_library
 
         return tf_library.functional_if(self, graph, name, pred, branches, results, device)
+
+    # -- target lowering -------------------------------------------------------
+
+    def place(self, graph: Graph, names: list[str], device_type: str) -> bool:
+        """Give ``names`` the device type where they have none (``tf_xla.place``)."""
+        from graphpass.dialects import tf_xla
+
+        return tf_xla.place(graph, names, device_type)
+
+    def xla_unsupported(self, graph: Graph, names: list[str]) -> list[tuple[str, str]]:
+        """``(node, op)`` of ``names`` without an XLA kernel (``tf_xla.xla_unsupported``)."""
+        from graphpass.dialects import tf_xla
+
+        return tf_xla.xla_unsupported(graph, names)
 
     # -- MetaGraphDef collections ---------------------------------------------
 

@@ -4,7 +4,8 @@ the readers and writers of each format.
 Detection reads the content, not the extension: binary protobufs are told
 apart by the field numbers and wire types at their top level, text protos by
 their first field name. Writes are atomic: a temporary file (or directory)
-beside the target, renamed over it only once complete (``graphpass.formats.output``).
+beside the target, renamed over it only once complete, so a failure never
+leaves a partial or clobbered output (``files.atomic_output``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ from collections import Counter
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
+from graphpass.formats.files import GRAPHDEF, METAGRAPH, ONNX, SAVEDMODEL
 from graphpass.ir.graph import Graph
-
-GRAPHDEF, METAGRAPH, SAVEDMODEL, ONNX = "graphdef", "metagraph", "savedmodel", "onnx"
 
 # Top-level (field number, wire type) pairs that only one container uses.
 # Wire types: 0 varint, 2 length-delimited.

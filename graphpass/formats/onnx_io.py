@@ -65,7 +65,7 @@ import shutil
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
-from graphpass.formats.output import atomic_output, check_output_path
+from graphpass.formats.files import atomic_output, check_output_path
 from graphpass.ir.graph import Graph, Tensor
 
 INPUT = "graphpass.Input"

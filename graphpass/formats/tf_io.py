@@ -15,8 +15,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
-from graphpass.formats.detect import GRAPHDEF, METAGRAPH, SAVEDMODEL
-from graphpass.formats.output import atomic_output, check_output_path
+from graphpass.formats.files import (
+    GRAPHDEF,
+    METAGRAPH,
+    SAVEDMODEL,
+    atomic_output,
+    check_output_path,
+)
 from graphpass.ir.graph import Graph, parse_tensor_name
 from graphpass.ir.verify import port_problem
 

@@ -13,13 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from graphpass.analysis.manager import AnalysisManager
 from graphpass.options import PipelineOptions
-
-if TYPE_CHECKING:
-    from graphpass.passes.base import Instrument
+from graphpass.passes.instrument import Instrument
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,21 @@
-"""Atomic outputs, and the checks that come before any output is written.
+"""The container kinds, and atomic output: every file graphpass writes (graphs,
+reports, dumps) goes to a temporary file (or directory) beside the target and is
+renamed over it only once complete, so a failure never leaves a partial or
+clobbered output; the checks before any output is written live here too.
 
-Every output is written to a temporary file (or directory) beside its target
-and renamed over it only once complete, so a failure never leaves a partial or
-clobbered output. A directory output (SavedModel) replaces an existing one by
-an atomic *exchange* of the two directories (Linux ``renameat2``
-``RENAME_EXCHANGE``), so that at every instant the target path holds the old or
-the new directory, never neither, even if the process is killed.
-
-Temporary names carry the writer's process id (``.NAME.graphpass-PID-XXXX``);
-a later write of the same target removes those of processes that are gone
-(killed mid-write), and a failing write removes its own.
+A directory output (SavedModel) replaces an existing one by an atomic
+*exchange* of the two directories (Linux ``renameat2`` ``RENAME_EXCHANGE``), so
+that at every instant the target path holds the old or the new directory,
+never neither, even if the process is killed. Temporary names carry the
+writer's process id (``.NAME.graphpass-PID-XXXX``); a later write of the same
+target removes those of processes that are gone (killed mid-write), and a
+failing write removes its own.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -24,6 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
+
+GRAPHDEF, METAGRAPH, SAVEDMODEL, ONNX = "graphdef", "metagraph", "savedmodel", "onnx"
 
 _TEMP_TAG = "graphpass-"
 #: Linux ``renameat2`` flag: swap two paths atomically.
@@ -148,3 +151,19 @@ def _kill_point(name: str) -> None:
     check that an output survives a kill at this point of its replacement."""
     if os.environ.get("GRAPHPASS_TEST_KILL_AT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+@contextmanager
+def staged_json(path: Path, data: dict) -> Iterator[None]:
+    """``data`` as sorted, indented JSON in a temporary file beside ``path`` now,
+    renamed over ``path`` when the block succeeds (so it lands after what the block
+    writes, and not at all if that fails)."""
+    with atomic_output(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+        yield
+
+
+def write_json(path: Path, data: dict) -> None:
+    """``data`` as sorted, indented JSON, written atomically."""
+    with staged_json(path, data):
+        pass
