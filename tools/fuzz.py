@@ -125,16 +125,11 @@ def _bad_port(rng, graph_def) -> str:
     return f"port {node.name} <- {text}"
 
 
-def _type_attrs(graph_def):
-    return [(n, k) for n in graph_def.node for k, v in n.attr.items()
-            if v.WhichOneof("value") == "type"]
-
-
 def _bad_type_attr(rng, graph_def) -> str:
-    candidates = _type_attrs(graph_def)
-    if not candidates:
+    picked = _attr_of_kind(rng, graph_def, "type")
+    if picked is None:
         return _bad_port(rng, graph_def)
-    node, key = rng.choice(candidates)
+    node, key = picked
     value = rng.choice([0, 24, 99, 101, 120, 200, 1000, -1, 2**31 - 1])
     node.attr[key].type = value
     return f"type {node.name}.{key} = {value}"
@@ -154,12 +149,18 @@ def _empty_attr(rng, graph_def) -> str:
     return f"empty attr {node.name}.{key}"
 
 
-def _bad_shape_attr(rng, graph_def) -> str:
+def _attr_of_kind(rng, graph_def, kind: str):
+    """A random ``(node, attr key)`` whose value is of ``kind``, or None."""
     candidates = [(n, k) for n in graph_def.node for k, v in n.attr.items()
-                  if v.WhichOneof("value") == "shape"]
-    if not candidates:
+                  if v.WhichOneof("value") == kind]
+    return rng.choice(candidates) if candidates else None
+
+
+def _bad_shape_attr(rng, graph_def) -> str:
+    picked = _attr_of_kind(rng, graph_def, "shape")
+    if picked is None:
         return _empty_attr(rng, graph_def)
-    node, key = rng.choice(candidates)
+    node, key = picked
     shape = node.attr[key].shape
     shape.ClearField("dim")
     for _ in range(rng.randrange(4)):
@@ -169,11 +170,10 @@ def _bad_shape_attr(rng, graph_def) -> str:
 
 
 def _bad_tensor_attr(rng, graph_def) -> str:
-    candidates = [(n, k) for n in graph_def.node for k, v in n.attr.items()
-                  if v.WhichOneof("value") == "tensor"]
-    if not candidates:
+    picked = _attr_of_kind(rng, graph_def, "tensor")
+    if picked is None:
         return _empty_attr(rng, graph_def)
-    node, key = rng.choice(candidates)
+    node, key = picked
     tensor = node.attr[key].tensor
     choice = rng.randrange(3)
     if choice == 0:
