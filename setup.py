@@ -13,6 +13,7 @@ setup(
         "onnxruntime>=1.18",
         "networkx>=3.0",
         "numpy>=1.26",
+        "matplotlib>=3.7",
         "tomli>=2.0; python_version<'3.11'",
     ],
     extras_require={"test": ["pytest>=8", "ruff"]},

@@ -1,4 +1,4 @@
-"""The ``graphpass`` command line.
+"""The graphpass command line.
 
 Each subcommand is a small class whose docstring is its help. ``main(argv)``
 returns the exit status (0 ok, 1 "different" or a failed check, 2 a user
@@ -70,7 +70,8 @@ class Rewrite(Command):
         graph = graphpass.load(source, tag=options.tag)
         nodes_before = len(graph)
         ctx = PassContext.from_options(options.pipeline, rewrite_instruments(
-            options.dump_dir, full=options.dump_full, quiet=options.quiet))
+            options.dump_dir, full=options.dump_full, quiet=options.quiet,
+            regions=options.pipeline.regions))
         if options.pipeline.regions:
             # Overrides are checked even when no requested pass needs regions.
             ctx.analyses.regions(graph)
@@ -109,15 +110,33 @@ class Inspect(Command):
         parser.add_argument("--xla", action="store_true",
                             help="check every op of the training step for an XLA kernel "
                                  "(exit 1 if some have none)")
+        parser.add_argument("--memory-plot", metavar="FILE.svg",
+                            help="draw the estimated live bytes along the training step "
+                            "(with --rewritten, both graphs on one chart)")
+        parser.add_argument("--rewritten", metavar="FILE",
+                            help="with --memory-plot: the rewritten graph to draw beside IN")
+        parser.add_argument("--batch-size", type=int, metavar="N",
+                            help="with --memory-plot: the batch of inputs with a dynamic "
+                            "batch dimension (else their tensors count as 0 bytes)")
 
     def run(self, args):
         import graphpass
         from graphpass.inspect.describe import describe
 
+        if (args.rewritten or args.batch_size) and not args.memory_plot:
+            raise GraphpassError("--rewritten and --batch-size go with --memory-plot FILE.svg")
+        _check_batch_size(args.batch_size)
+        if args.memory_plot:
+            _check_output(Path(args.input), Path(args.memory_plot), False)
         graph = graphpass.load(args.input, tag=args.tag)
         info = describe(graph, loss=args.loss, train_ops=args.train_op,
                         global_step=args.global_step, xla=args.xla)
         print(json.dumps(info, indent=2, sort_keys=True) if args.json else _describe_text(info))
+        if args.memory_plot:
+            graphs = [("original" if args.rewritten else Path(args.input).name, graph, None)]
+            if args.rewritten:
+                graphs.append(("rewritten", graphpass.load(args.rewritten, tag=args.tag), None))
+            _memory_plot(graphs, args, args.input)
         return 1 if info.get("xla_unsupported") else 0
 
 
@@ -187,6 +206,9 @@ class Verify(Command):
                             help="input values (repeatable); default: seeded random values "
                             "of each placeholder's static shape")
         parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+        parser.add_argument("--batch-size", type=int, metavar="N",
+                            help="batch size of inputs with a dynamic batch dimension "
+                            "(default: the batch of the step's other inputs)")
         parser.add_argument("--rtol", type=float, default=0.0,
                             help="relative tolerance (default 0: exact)")
         parser.add_argument("--atol", type=float, default=0.0,
@@ -194,26 +216,41 @@ class Verify(Command):
         parser.add_argument("--loss", help="the loss tensor (default: region analysis)")
         parser.add_argument("--train-op", action="append", help="train op (repeatable)")
         parser.add_argument("--init", help="the init op (default: the MetaGraph's "
-                            "variable initialisers, else `init`)")
+                            "variable initialisers, else the node named init)")
         parser.add_argument("--tag", help="SavedModel MetaGraph tag")
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
         parser.add_argument("--quiet", action="store_true",
                             help="no table or progress; only the verdict on a mismatch")
+        parser.add_argument("--memory-plot", metavar="FILE.svg",
+                            help="draw both graphs' estimated live bytes along the step, "
+                            "with the peaks this run measured")
 
     def run(self, args):
         from graphpass.inspect.equivalence import VerifyOptions, format_report, verify_files
 
         if args.steps < 1:
             raise GraphpassError(f"--steps must be at least 1, not {args.steps}")
+        _check_batch_size(args.batch_size)
+        if args.memory_plot:
+            _check_output(Path(args.original), Path(args.memory_plot), False)
         options = VerifyOptions(
             steps=args.steps, xla=args.xla, feeds=_read_feeds(args.feed), loss=args.loss,
             train_ops=tuple(args.train_op or ()), init=args.init, rtol=args.rtol,
-            atol=args.atol, seed=args.seed, tag=args.tag, quiet=args.quiet)
+            atol=args.atol, seed=args.seed, tag=args.tag, quiet=args.quiet,
+            batch_size=args.batch_size)
         report = verify_files(args.original, args.rewritten, options)
         if args.json:
             print(json.dumps(report.to_json(), indent=2, sort_keys=True))
         elif not args.quiet or not report.ok:
             print(format_report(report, args.original, args.rewritten, options))
+        if args.memory_plot:
+            import graphpass
+
+            measured = report.median_peaks()
+            _memory_plot([(label, graphpass.load(path, tag=args.tag), peak) for label, path, peak
+                          in (("original", args.original, measured[0]),
+                              ("rewritten", args.rewritten, measured[1]))],
+                         args, f"{args.original} vs {args.rewritten}")
         return 0 if report.ok else 1
 
 
@@ -344,6 +381,21 @@ def _staged_json(path: str | None, data: dict) -> Iterator[None]:
         yield
 
 
+def _check_batch_size(batch_size: int | None) -> None:
+    if batch_size is not None and batch_size < 1:
+        raise GraphpassError(f"--batch-size must be at least 1, not {batch_size}")
+
+
+def _memory_plot(graphs: list, args: argparse.Namespace, title: str) -> None:
+    """``--memory-plot``: the step's live bytes of ``graphs``, written to the SVG file."""
+    from graphpass.inspect.memory_plot import write_step_plot
+    from graphpass.options import RegionOptions
+
+    regions = RegionOptions(loss=args.loss, train_ops=tuple(args.train_op or ()))
+    write_step_plot(graphs, Path(args.memory_plot), title, regions,
+                    args.batch_size)
+
+
 def _summary(report: dict) -> str:
     lines = [f"graphpass: {report['input']} -> {report['output']} ({report['format']}, "
              f"{report['nodes_before']} -> {report['nodes_after']} nodes)"]
@@ -379,6 +431,8 @@ def _describe_text(info: dict) -> str:
             "regions:       " + ", ".join(f"{k} {v}" for k, v in regions["counts"].items()),
             f"loss:          {', '.join(regions['losses'])}",
             f"train ops:     {', '.join(regions['train_ops'])}",
+            f"updates:       {len(regions['updates'])}: {_listed(regions['updates'])}",
+            f"gradients:     {len(regions['gradients'])}: {_listed(regions['gradients'])}",
             f"global_step:   {regions['global_step'] or '-'}",
         ]
     if "xla_unsupported" in info:

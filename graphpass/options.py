@@ -78,7 +78,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--staleness-summary", "stale", "add a scalar summary stale_counter / "
            "(global_step + 1)", bool),
     Option("--dump-dir", "dumps", "write the graph (text, Graphviz .dot/.svg of what each "
-           "pass changed, TensorBoard events) at the input and after every pass",
+           "pass changed, TensorBoard events) at the input and after every pass, and "
+           "memory.svg (estimated live bytes along the step, input vs final)",
            metavar="DIR"),
     Option("--dump-full", "dumps", "draw the whole graph in the .dot/.svg dumps, not just "
            "the rewritten neighbourhood (slow for big graphs)", bool),

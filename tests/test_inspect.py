@@ -313,7 +313,7 @@ def test_without_dot_the_dot_files_are_written_and_one_line_says_why(model, tmp_
     Pipeline([Probe(), Nothing()]).run(graph, PassContext(instruments=(instrument,)))
     assert sorted(p.name for p in (tmp_path / "d").glob("*.dot")) == \
         ["00-input.dot", "01-probe.dot", "02-nothing.dot"]
-    assert not list((tmp_path / "d").glob("*.svg"))
+    assert not list((tmp_path / "d").glob("[0-9]*.svg"))  # memory.svg is matplotlib's
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "dot" in lines[0] and "graphviz" in lines[0]
     assert json.loads((tmp_path / "d" / "index.json").read_text())["notes"] == \

@@ -1,20 +1,37 @@
-"""Static tensor sizes and a liveness-based peak-memory estimate.
+"""Static tensor sizes and a simulation of the runtime's memory over one step.
 
-The estimate walks the dialect's schedule (``Dialect.schedule``: for TF a
-topological order with ties broken by graph order, so nodes a pass appended
-run as late as their users allow, which is how a per-segment recomputation
-behaves; for ONNX onnxruntime's own order) and keeps a tensor live from its
-producer until its last reader. Stored and fed values (variables, constants,
-placeholders) are left out: they are not allocated by the step. Unknown
-sizes count as zero, so the estimate is a lower bound on what it can see.
+The estimate replays the step as the runtime runs it: in the dialect's schedule
+(``Dialect.schedule``: for TF the executor's own order with one inter-op
+thread; for ONNX onnxruntime's order), over only the nodes the fetches need,
+and counts what the runtime really allocates:
+
+* values known before the step are not allocated by it: what is fed or stored
+  (placeholders, variables and reads of them) and constants, including what
+  the runtime folds into constants (ops whose inputs are all constant, up to
+  ``MAX_FOLDED_BYTES``, as TF's and Grappler's constant folding do);
+* an output that aliases an input (Identity, Reshape, ...) shares its buffer;
+* an elementwise op that is the last reader of an input of its output's size
+  writes into that input's buffer (TF's buffer forwarding), unless another
+  live value still holds that buffer;
+* a buffer is freed when its last holder's last reader has run; fetched
+  values live to the end of the step.
+
+Unknown sizes count as zero, so the estimate is a lower bound on what it can
+see; a ``batch_size`` fills unknown leading (batch) dimensions.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from graphpass.analysis.shapes import infer_shapes
+from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
+
+#: The largest constant TF's constant folding creates (``kMaxConstantSize``).
+MAX_FOLDED_BYTES = 10 * 2**20
 
 
 def np_dtype(dtype: str):
@@ -26,12 +43,19 @@ def np_dtype(dtype: str):
     return np.dtype(dtype)
 
 
-def tensor_bytes(graph: Graph, tensor: Tensor) -> int | None:
-    """Static size of ``tensor`` in bytes, or None when a dim or the dtype is unknown."""
+def tensor_bytes(graph: Graph, tensor: Tensor, batch_size: int | None = None) -> int | None:
+    """Static size of ``tensor`` in bytes, or None when a dim or the dtype is unknown.
+
+    ``batch_size`` stands in for an unknown leading dimension (the batch of a graph
+    exported with ``None`` batch placeholders)."""
     dialect = graph.dialect
     shape = dialect.shape(graph, tensor)
     dtype = dialect.dtype(graph, tensor)
-    if shape is None or dtype is None or any(d is None or d < 0 for d in shape):
+    if shape is None or dtype is None:
+        return None
+    if batch_size is not None and shape and (shape[0] is None or shape[0] < 0):
+        shape = (batch_size, *shape[1:])
+    if any(d is None or d < 0 for d in shape):
         return None
     try:
         itemsize = np_dtype(dtype).itemsize
@@ -40,27 +64,190 @@ def tensor_bytes(graph: Graph, tensor: Tensor) -> int | None:
     return int(np.prod(shape, dtype=np.int64)) * itemsize
 
 
-def estimated_peak_bytes(graph: Graph, fetches: list[str]) -> int:
-    """Peak bytes of live step tensors when running ``fetches``: only what they need
-    runs (as the TF runtime prunes), in the graph's deterministic schedule."""
-    infer_shapes(graph)
-    dialect = graph.dialect
-    needed = graph.ancestors(fetches) | set(fetches)
-    order = [n for n in dialect.schedule(graph) if n in needed]
-    readers: dict[Tensor, int] = {}
-    for name in order:
-        for tensor in graph.inputs(name):
-            readers[tensor] = readers.get(tensor, 0) + 1
-    outputs_of = {n: [Tensor(n, p) for p in graph.used_ports(n)] for n in order}
-    live = peak = 0
-    for name in order:
-        if dialect.is_source(graph, name):
+def check_batch_size(graph: Graph, fetches: list[str], batch_size: int | None) -> None:
+    """Raise a GraphpassError naming the first input the fetches need whose size is
+    unknown, unless ``batch_size`` fills it (the planner cannot plan blind)."""
+    needed = graph.ancestors(_fetch_nodes(fetches)) | set(_fetch_nodes(fetches))
+    for name in graph.dialect.graph_inputs(graph):
+        if name not in needed:
             continue
-        sizes = {t: tensor_bytes(graph, t) or 0 for t in outputs_of[name] if t in readers}
-        live += sum(sizes.values())
-        peak = max(peak, live)
-        for tensor in graph.inputs(name):
-            readers[tensor] -= 1
-            if readers[tensor] == 0 and not dialect.is_source(graph, tensor.node):
-                live -= tensor_bytes(graph, tensor) or 0
-    return peak
+        for port in graph.used_ports(name) or [0]:
+            tensor = Tensor(name, port)
+            if tensor_bytes(graph, tensor, batch_size) is None:
+                shape = graph.dialect.shape(graph, tensor)
+                shown = "unknown rank" if shape is None else \
+                    "[" + ", ".join("?" if d is None or d < 0 else str(d) for d in shape) + "]"
+                fix = "give --batch-size N" if batch_size is None else \
+                    "only its batch (first) dimension can be filled by --batch-size"
+                raise GraphpassError(f"input {name} has shape {shown}, so tensor sizes are "
+                                     f"unknown; {fix}")
+
+
+@dataclass
+class MemoryProfile:
+    """One simulated step: ``timeline`` holds ``(node, live bytes)`` after each node
+    allocated its outputs (before its inputs are freed), in run order."""
+
+    peak_bytes: int = 0
+    peak_node: str | None = None
+    timeline: list[tuple[str, int]] = field(default_factory=list)
+
+
+def estimated_peak_bytes(graph: Graph, fetches: list[str], batch_size: int | None = None) -> int:
+    """Peak bytes the runtime allocates at once while running ``fetches``."""
+    return memory_profile(graph, fetches, batch_size).peak_bytes
+
+
+def memory_timeline(graph: Graph, fetches: list[str],
+                    batch_size: int | None = None) -> list[tuple[str, int]]:
+    """``(node, live bytes)`` for every node the step runs, in run order (for plots)."""
+    return memory_profile(graph, fetches, batch_size).timeline
+
+
+def memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = None
+                   ) -> MemoryProfile:
+    """Simulate one step running ``fetches`` (``node`` or ``node:port`` names)."""
+    infer_shapes(graph)
+    targets = _fetch_nodes(fetches)
+    needed = graph.ancestors(targets) | set(targets)
+    order = graph.dialect.schedule(graph, needed)
+    return _Simulation(graph, order, targets, _kept(graph, fetches), batch_size).run()
+
+
+def _fetch_nodes(fetches: list[str]) -> list[str]:
+    return [f.split(":")[0].lstrip("^") for f in fetches]
+
+
+def _kept(graph: Graph, fetches: list[str]) -> set[Tensor]:
+    """Fetched tensors (``loss:0``): returned to the caller, so they outlive the step."""
+    return {graph.dialect.parse_tensor(graph, f) for f in fetches if ":" in f}
+
+
+class _Buffer:
+    """An allocation: its size and how many live values hold it."""
+
+    __slots__ = ("size", "holders")
+
+    def __init__(self, size: int) -> None:
+        self.size, self.holders = size, 0
+
+
+class _Simulation:
+    """Walks the schedule once, allocating and freeing buffers (module docstring)."""
+
+    def __init__(self, graph: Graph, order: list[str], targets: list[str], kept: set[Tensor],
+                 batch_size: int | None) -> None:
+        self.graph, self.dialect, self.order = graph, graph.dialect, order
+        self.kept, self.batch_size = kept, batch_size
+        self.idle = self._control_only(targets)
+        self.readers: dict[Tensor, int] = {}
+        for name in order:
+            if name not in self.idle:
+                for tensor in graph.inputs(name):
+                    self.readers[tensor] = self.readers.get(tensor, 0) + 1
+        self.constant = self._constants()
+        self.buffers: dict[Tensor, _Buffer] = {}
+        self.live = 0
+
+    def _control_only(self, targets: list[str]) -> set[str]:
+        """Stateless nodes whose values nothing that runs reads (they only order
+        others through control edges, as the gradient of a constant factor does):
+        Grappler's dependency optimizer turns them into NoOps, so they read nothing."""
+        graph, dialect = self.graph, self.dialect
+        needed, idle = set(self.order), set()
+        for name in reversed(self.order):
+            if name in targets or dialect.is_stateful(graph, name):
+                continue
+            if all(user in idle or user not in needed for user in graph.data_users(name)):
+                idle.add(name)
+        return idle
+
+    def _constants(self) -> set[str]:
+        """Nodes whose outputs exist before the step: stored, fed or folded values."""
+        graph, dialect = self.graph, self.dialect
+        stored = {n for n in self.order
+                  if dialect.is_source(graph, n) or dialect.is_variable_value(graph, n)}
+        known = {n for n in self.order if dialect.is_constant(graph, n)}
+        for name in self.order:
+            if name in known or not dialect.is_foldable(graph, name):
+                continue
+            inputs = graph.inputs(name)
+            if all(t.node in known for t in inputs) and all(
+                    (self._bytes(Tensor(name, p)) or 0) <= MAX_FOLDED_BYTES
+                    for p in graph.used_ports(name)):
+                known.add(name)
+        return stored | known
+
+    def _bytes(self, tensor: Tensor) -> int:
+        return tensor_bytes(self.graph, tensor, self.batch_size) or 0
+
+    def run(self) -> MemoryProfile:
+        profile = MemoryProfile()
+        for name in self.order:
+            if name in self.constant or name in self.idle:
+                continue
+            inputs = self.graph.input_slots(name)
+            for port in self.graph.used_ports(name):
+                self._output(name, Tensor(name, port), inputs)
+            for tensor in self.kept:
+                if tensor.node == name and tensor not in self.buffers:
+                    self._output(name, tensor, inputs)
+            profile.timeline.append((name, self.live))
+            if self.live > profile.peak_bytes:
+                profile.peak_bytes, profile.peak_node = self.live, name
+            for tensor in inputs.values():
+                self.readers[tensor] -= 1
+                if self.readers[tensor] == 0:
+                    self._release(tensor)
+            for port in self.graph.used_ports(name):
+                if not self.readers.get(Tensor(name, port)):
+                    self._release(Tensor(name, port))
+        return profile
+
+    def _output(self, name: str, tensor: Tensor, inputs: dict[int, Tensor]) -> None:
+        """Give ``tensor`` a buffer: its aliased input's, a forwarded input's, or new."""
+        slot = self.dialect.output_alias(self.graph, name, tensor.port)
+        if slot is not None and slot in inputs:
+            buffer = self.buffers.get(inputs[slot])
+            if buffer is None:  # aliases a stored value: not the step's memory
+                return
+        else:
+            size = self._bytes(tensor)
+            buffer = self._forwarded(name, size, inputs) if tensor.port == 0 else None
+            if buffer is None:
+                buffer = _Buffer(size)
+                self.live += size
+        buffer.holders += 1
+        self.buffers[tensor] = buffer
+
+    def _forwarded(self, name: str, size: int, inputs: dict[int, Tensor]) -> _Buffer | None:
+        """An input buffer ``name`` may write into: same size, and this read is the
+        last reference to it (no other reader, fetch or alias holds it)."""
+        for slot in self.dialect.forwardable_inputs(self.graph, name):
+            tensor = inputs.get(slot)
+            buffer = self.buffers.get(tensor) if tensor is not None else None
+            if buffer is not None and buffer.size == size and buffer.holders == 1 \
+                    and self.readers[tensor] == 1 and tensor not in self.kept:
+                return buffer
+        return None
+
+    def _release(self, tensor: Tensor) -> None:
+        if tensor in self.kept:
+            return
+        buffer = self.buffers.pop(tensor, None)
+        if buffer is None:
+            return
+        buffer.holders -= 1
+        if buffer.holders == 0:
+            self.live -= buffer.size
+
+
+def format_bytes(count: int | None) -> str:
+    """Bytes for people (B, KiB, MiB, GiB); ``n/a`` for an unknown count."""
+    if count is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB"):
+        if abs(count) < 1024:
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} GiB"

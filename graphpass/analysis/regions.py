@@ -64,6 +64,12 @@ class Regions:
     def loss(self) -> Tensor:
         return self.steps[0].loss
 
+    @property
+    def fetches(self) -> list[str]:
+        """The nodes one training step runs: every train op, then every loss."""
+        fetches = [t for s in self.steps for t in s.train_ops or [s.train_op]]
+        return fetches + [s.loss.node for s in self.steps]
+
 
 def analyze(
     graph: Graph,
@@ -80,7 +86,7 @@ def analyze(
     """
     infer_shapes(graph)
     dialect = graph.dialect
-    applies = dialect.optimizer_applies(graph)
+    applies = dialect.applies_for(graph, train_ops or ())
     if not applies:
         raise GraphpassError(
             "found no optimizer apply ops (Apply*/ResourceApply*), so this is not a training "

@@ -9,6 +9,7 @@ Builders add nodes to the graph and return the new tensor.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
@@ -34,11 +35,13 @@ class Dialect(ABC):
         """True for loop back-edges, which topological orders ignore."""
         return False
 
-    def schedule(self, graph: Graph) -> list[str]:
-        """Every node, in the order the format's runtime executes them (the memory
-        estimate walks it): here topological, ties broken by graph order, so nodes a
-        pass appended run as late as their users allow."""
-        return graph.topological_order(ignore_edge=lambda s, d: self.is_back_edge(graph, s, d))
+    def schedule(self, graph: Graph, nodes: set[str] | None = None) -> list[str]:
+        """``nodes`` (default: every node), in the order the format's runtime executes
+        them when only those run (the memory estimate walks it): here topological,
+        ties broken by graph order, so nodes a pass appended run as late as their
+        users allow."""
+        order = graph.topological_order(ignore_edge=lambda s, d: self.is_back_edge(graph, s, d))
+        return order if nodes is None else [n for n in order if n in nodes]
 
     def num_outputs(self, graph: Graph, name: str) -> int | None:
         """Number of outputs of ``name`` when cheaply known, else None."""
@@ -67,6 +70,26 @@ class Dialect(ABC):
         """Reads only the shape of its input, never the values."""
         return False
 
+    # -- runtime memory (graphpass.analysis.memory) ---------------------------
+
+    def is_constant(self, graph: Graph, name: str) -> bool:
+        """``name``'s value is known before the step runs (a constant, or the shape of
+        a fully static tensor): the runtime may fold the ops it feeds."""
+        return False
+
+    def is_foldable(self, graph: Graph, name: str) -> bool:
+        """The runtime replaces ``name`` by a constant when all its inputs are."""
+        return False
+
+    def output_alias(self, graph: Graph, name: str, port: int) -> int | None:
+        """The input slot whose buffer output ``port`` shares (Identity, Reshape), or None."""
+        return None
+
+    def forwardable_inputs(self, graph: Graph, name: str) -> tuple[int, ...]:
+        """Input slots whose buffer ``name`` may reuse for its output 0 when it is
+        their last reader (elementwise kernels writing in place)."""
+        return ()
+
     def is_variable(self, graph: Graph, name: str) -> bool:
         """A trainable or optimizer state variable."""
         return False
@@ -74,10 +97,6 @@ class Dialect(ABC):
     def is_variable_value(self, graph: Graph, name: str) -> bool:
         """``name``'s output is a variable's value (the variable, or a read of it)."""
         return self.is_variable(graph, name)
-
-    def is_constant(self, graph: Graph, name: str) -> bool:
-        """``name`` is a constant written in the graph (which optimizers fold)."""
-        return False
 
     def graph_inputs(self, graph: Graph) -> list[str]:
         """What the graph is fed (TF placeholders, ONNX graph inputs)."""
@@ -92,6 +111,11 @@ class Dialect(ABC):
     @abstractmethod
     def optimizer_applies(self, graph: Graph) -> dict[str, list[Tensor]]:
         """Each optimizer update node, with the gradient tensors it consumes."""
+
+    def applies_for(self, graph: Graph, train_ops: Sequence[str]) -> dict[str, list[Tensor]]:
+        """The apply ops when the user named the train ops (``--train-op``); a
+        dialect that can attribute updates only with that help overrides this."""
+        return self.optimizer_applies(graph)
 
     def ends_train_step(self, graph: Graph, name: str) -> bool:
         """Whether a sink downstream of the apply ops can be a train op (an update

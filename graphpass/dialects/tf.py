@@ -22,6 +22,38 @@ LOOP_BACK_OPS = frozenset({"NextIteration", "RefNextIteration"})
 SHAPE_ONLY_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "OnesLike", "ZerosLike"})
 STEP_INCREMENT_OPS = frozenset({"AssignAdd", "AssignAddVariableOp"})
 INTEGER_DTYPES = frozenset({"int32", "int64"})
+# Kernels whose IsExpensive() is false: the executor runs them inline, on the thread
+# that made them ready, before it takes up the next expensive node.
+INLINE_OPS = frozenset({
+    "Const", "HostConst", "Identity", "IdentityN", "NoOp", "Shape", "ShapeN", "Rank",
+    "Size", "Reshape", "Squeeze", "ExpandDims", "ReadVariableOp", "VarHandleOp",
+    "VariableV2", "Variable", "Placeholder", "PlaceholderV2", "PlaceholderWithDefault",
+    "_Arg", "_Retval", "StopGradient", "PreventGradient", "Snapshot", "Switch", "Merge",
+    "Enter", "Exit", "NextIteration", "LoopCond", "ControlTrigger",
+})
+# Outputs that share the buffer of the same-numbered input (no copy is made).
+ALIAS_OPS = frozenset({
+    "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
+    "PreventGradient", "EnsureShape", "CheckNumerics", "Bitcast", "Enter", "Exit",
+    "NextIteration",
+})
+# Elementwise kernels that write their output into an input's buffer when they hold
+# the only reference to it (``forward_input_or_allocate_output``): the input slots.
+_UNARY_FORWARD = (
+    "Abs", "Neg", "Sign", "Reciprocal", "Inv", "Square", "Sqrt", "Rsqrt", "Exp", "Expm1",
+    "Log", "Log1p", "Sin", "Cos", "Tan", "Tanh", "Sigmoid", "Erf", "Erfc", "Floor", "Ceil",
+    "Round", "Rint", "Relu", "Relu6", "Elu", "Selu", "Softplus", "Softsign", "LeakyRelu",
+    "LogicalNot", "ClipByValue", "_UnaryOpsComposition", "Snapshot",
+)
+_BINARY_FORWARD = (
+    "Add", "AddV2", "Sub", "Mul", "MulNoNan", "Div", "RealDiv", "DivNoNan", "Maximum",
+    "Minimum", "Pow", "SquaredDifference", "FloorDiv", "FloorMod", "TruncateDiv", "BiasAdd",
+    "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "SoftplusGrad", "SoftsignGrad",
+    "LeakyReluGrad", "TanhGrad", "SigmoidGrad", "RsqrtGrad", "SqrtGrad", "ReciprocalGrad",
+    "InvGrad", "LogicalAnd", "LogicalOr",
+)
+FORWARD_SLOTS = {op: (0,) for op in _UNARY_FORWARD} | {op: (0, 1) for op in _BINARY_FORWARD} \
+    | {"Select": (1, 2), "SelectV2": (1, 2)}
 #: Grappler keeps nodes with this attr (true) as they are (its "preserve set").
 DO_NOT_REWRITE_ATTR = "_grappler_do_not_remove"
 _APPLY_OP = re.compile(r"^(Resource)?(Sparse)?Apply[A-Z]")
@@ -148,15 +180,54 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
         inputs = graph.inputs(name) if node.op == "Identity" else []
         return bool(inputs) and graph.node(inputs[0].node).op in REF_VARIABLE_OPS
 
-    def is_constant(self, graph: Graph, name: str) -> bool:
-        return graph.node(name).op in ("Const", "HostConst")
-
     def graph_inputs(self, graph: Graph) -> list[str]:
         return [n.name for n in graph.nodes() if n.op.startswith("Placeholder")]
 
     def is_shape_only(self, graph: Graph, name: str) -> bool:
         """Reads only the shape of its input (how TF seeds gradients from the loss)."""
         return graph.node(name).op in SHAPE_ONLY_OPS
+
+    # -- runtime memory ----------------------------------------------------
+
+    def schedule(self, graph: Graph, nodes: set[str] | None = None) -> list[str]:
+        """The executor's order with one inter-op thread (``executor.cc``): a node's
+        newly ready successors, in edge order, go to its thread's inline queue if
+        their kernel is inexpensive; of the expensive ones the last continues on this
+        thread (when nothing inline waits) and the others are queued on the pool,
+        whose owner thread takes its own work back newest first (Eigen's run queue).
+        Roots (variable handles, constants) are taken as run first: TF interleaves
+        them with the forward pass, but they allocate nothing, and an update that
+        waits for its slot variable's handle would hold its gradient to the end."""
+        return executor_order(graph, set(graph) if nodes is None else nodes,
+                              lambda n: graph.node(n).op in INLINE_OPS,
+                              lambda s, d: self.is_back_edge(graph, s, d))
+
+    def is_constant(self, graph: Graph, name: str) -> bool:
+        node = graph.node(name)
+        if node.op in ("Const", "HostConst"):
+            return True
+        if node.op not in ("Shape", "ShapeN", "Size", "Rank"):
+            return False
+        shapes = [self.shape(graph, t) for t in graph.inputs(name)]
+        return all(s is not None and None not in s for s in shapes)
+
+    def is_foldable(self, graph: Graph, name: str) -> bool:
+        return bool(graph.inputs(name)) and not self.is_stateful(graph, name) \
+            and not self.is_source(graph, name)
+
+    def output_alias(self, graph: Graph, name: str, port: int) -> int | None:
+        op = graph.node(name).op
+        if op == "IdentityN":
+            return port
+        if op == "Switch":
+            return 0
+        return 0 if op in ALIAS_OPS and port == 0 else None
+
+    def forwardable_inputs(self, graph: Graph, name: str) -> tuple[int, ...]:
+        node = graph.node(name)
+        if node.op == "AddN":
+            return tuple(range(len(graph.inputs(name))))
+        return FORWARD_SLOTS.get(node.op, ())
 
     # -- training structure -------------------------------------------------
 
@@ -626,3 +697,42 @@ def _attr(value: Any):
         return attr_value_pb2.AttrValue(
             list=attr_value_pb2.AttrValue.ListValue(s=[v.encode() for v in value]))
     raise TypeError(f"cannot store {value!r} as a TF attr")
+
+
+def executor_order(graph: Graph, nodes: set[str], inline, is_back_edge) -> list[str]:
+    """Simulate TF's executor on ``nodes`` with one inter-op thread (see
+    ``TFDialect.schedule``); ``inline(n)``: n's kernel is inexpensive."""
+    from collections import deque
+
+    successors = {n: [u for u in graph.users(n) if u in nodes and not is_back_edge(n, u)]
+                  for n in nodes}
+    pending = dict.fromkeys(nodes, 0)
+    for users in successors.values():
+        for user in users:
+            pending[user] += 1
+    pool: deque[str] = deque()
+    ready = deque(n for n in graph if n in nodes and pending[n] == 0)
+    order: list[str] = []
+    while ready or pool:
+        if not ready:
+            ready.append(pool.popleft())
+        while ready:
+            name = ready.popleft()
+            order.append(name)
+            expensive = None
+            for user in successors[name]:
+                pending[user] -= 1
+                if pending[user]:
+                    continue
+                if inline(user):
+                    ready.append(user)
+                    continue
+                if expensive is not None:
+                    pool.appendleft(expensive)
+                expensive = user
+            if expensive is not None:
+                if ready:
+                    pool.appendleft(expensive)
+                else:
+                    ready.append(expensive)
+    return order

@@ -47,6 +47,8 @@ def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | No
         "losses": sorted({str(s.loss) for s in regions.steps}),
         "train_ops": [s.train_op for s in regions.steps],
         "apply_ops": sum(len(s.applies) for s in regions.steps),
+        "updates": [a for s in regions.steps for a in s.applies],
+        "gradients": list(dict.fromkeys(str(t) for s in regions.steps for t in s.gradients)),
         "global_step": regions.global_step,
     }
     if xla:

@@ -110,11 +110,9 @@ class RematPass(Pass):
                 f"(they support: {', '.join(modes)})"
             )
         regions = ctx.analyses.regions(graph)
-        fetches = [t for s in regions.steps for t in s.train_ops or [s.train_op]]
-        fetches += [s.loss.node for s in regions.steps]
         return _Step(forward=set(regions.nodes("forward")),
                      backward=set(regions.nodes("backward")),
-                     fetches=fetches, dependency=dependency)
+                     fetches=regions.fetches, dependency=dependency)
 
     def _rewrite(self, graph: Graph, segments: list[Segment], step: _Step) -> list[dict]:
         """Plan and apply each segment in turn (a plan sees the earlier rewrites)."""
