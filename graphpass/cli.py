@@ -12,14 +12,17 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
-from graphpass.options import OPTIONS, Option, rewrite_options
+from graphpass.options import OPTIONS, REWRITE_OPTIONS, Option, config_values, rewrite_options
 
 #: Version of the ``--report`` JSON layout (documented in the README).
 REPORT_SCHEMA = 1
+#: Exit status when stdout's reader closed the pipe: 128 + SIGPIPE, as a shell reports it.
+EXIT_BROKEN_PIPE = 141
 
 
 class Command:
@@ -42,16 +45,9 @@ class Rewrite(Command):
         parser.add_argument("input", help="GraphDef (.pb/.pbtxt), MetaGraphDef (.meta), "
                             "SavedModel directory, or ONNX model")
         parser.add_argument("-o", "--output", required=True, help="where to write the result")
-        parser.add_argument("--in-place", action="store_true",
-                            help="allow the output to be the input file")
-        parser.add_argument("--output-format", choices=["pb", "pbtxt"],
-                            help="TF output encoding (default: the input's)")
-        parser.add_argument("--tag", help="SavedModel MetaGraph tag (default: train, then serve)")
-        parser.add_argument("--signature", help="TF2 signature whose function holds the training "
-                            "step (default: train, else the one signature that trains)")
         parser.add_argument("--config", help="TOML file with the same options (CLI wins)")
-        parser.add_argument("--report", help="write a JSON report of what each pass did")
-        parser.add_argument("--quiet", action="store_true", help="print nothing on success")
+        for option in REWRITE_OPTIONS:
+            _add_option(parser, option)
         from graphpass.passes import registered_passes
 
         headings = {"regions": "region analysis overrides", "dumps": "dumps"}
@@ -70,7 +66,7 @@ class Rewrite(Command):
         source, target = Path(options.input), Path(options.output)
         _check_output(source, target, options.in_place)
         if options.report:
-            _check_output(source, Path(options.report), False)
+            _check_output(source, Path(options.report), False, file=True)
         graph = graphpass.load(source, tag=options.tag, signature=options.signature)
         nodes_before = len(graph)
         ctx = PassContext.from_options(options.pipeline, rewrite_instruments(
@@ -80,7 +76,6 @@ class Rewrite(Command):
             # Overrides are checked even when no requested pass needs regions.
             ctx.analyses.regions(graph)
         results = Pipeline(build_passes(options.pipeline)).run(graph, ctx)
-        graphpass.save(graph, target, output_format=options.output_format)
         report = {
             "schema": REPORT_SCHEMA,
             "graphpass_version": graphpass.__version__,
@@ -91,10 +86,10 @@ class Rewrite(Command):
             "nodes_after": len(graph),
             "passes": [vars(r) for r in results],
         }
-        if options.report:
-            from graphpass.formats.files import write_json
-
-            write_json(Path(options.report), report)
+        # The report is complete before the graph is written and renamed in place after
+        # it: a failed graph write leaves neither, and nothing fails after the graph.
+        with _staged_json(options.report, report):
+            graphpass.save(graph, target, output_format=options.output_format)
         if not options.quiet:
             print(_summary(report))
         return 0
@@ -295,6 +290,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("graphpass: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`graphpass passes | head -1`): stop quietly, as a tool
+        # killed by SIGPIPE would, and keep Python's exit-time flush from failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 def _first_line(cls) -> str:
@@ -318,43 +318,42 @@ def _settings(args: argparse.Namespace) -> dict:
     cli = {k: v for k, v in vars(args).items() if v not in (None, False, [])}
     settings = {}
     if cli.get("config"):
-        settings.update(_read_config(Path(cli["config"]), set(vars(args))))
+        settings.update(_read_config(Path(cli["config"])))
     settings.update(cli)
     settings.pop("command", None)
     settings.pop("config", None)
     return settings
 
 
-def _read_config(path: Path, known: set[str]) -> dict:
+def _read_config(path: Path) -> dict:
     try:
         import tomllib
     except ImportError:  # Python < 3.11
         import tomli as tomllib
+    from graphpass.formats.detect import check_regular_file
+
+    check_regular_file(path, "--config ")
     try:
         data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise GraphpassError(f"--config {path}: no such file") from None
+    except OSError as exc:
+        raise GraphpassError(f"--config {path}: cannot read ({exc.strerror})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise GraphpassError(f"--config {path}: not valid TOML ({exc})") from None
-    settings = {k.replace("-", "_"): v for k, v in data.items()}
-    unknown = sorted(set(settings) - known - {"input", "output"})
-    if unknown:
-        raise GraphpassError(
-            f"--config {path}: unknown option(s) {', '.join(unknown)}; "
-            f"valid: {', '.join(sorted(known - {'command', 'config'}))}"
-        )
-    return settings
+    return config_values(data, f"--config {path}")
 
 
 def _read_feeds(specs: list[str]) -> dict:
     """``NAME=FILE.npy`` options as ``{NAME: array}``."""
     import numpy as np
 
+    from graphpass.formats.detect import check_regular_file
+
     feeds = {}
     for spec in specs:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise GraphpassError(f"--feed {spec!r}: expected NAME=FILE.npy")
+        check_regular_file(Path(path), f"--feed {name}=")
         try:
             feeds[name] = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
@@ -363,15 +362,33 @@ def _read_feeds(specs: list[str]) -> dict:
     return feeds
 
 
-def _check_output(source: Path, target: Path, in_place: bool) -> None:
+def _check_output(source: Path, target: Path, in_place: bool, file: bool = False) -> None:
+    """Checks before anything is read or written: not the input, a writable place
+    (and for ``file``, not a directory)."""
     if target.exists() and source.exists() and target.resolve() == source.resolve() \
             and not in_place:
         raise GraphpassError(
             f"the output {target} is the input; choose another -o or pass --in-place"
         )
-    from graphpass.formats.files import check_output_parent
+    from graphpass.formats.files import check_output_parent, check_output_path
 
-    check_output_parent(target)
+    if file:
+        check_output_path(target)
+    else:
+        check_output_parent(target)
+
+
+@contextmanager
+def _staged_json(path: str | None, data: dict) -> Iterator[None]:
+    """Write ``data`` to a temporary file beside ``path`` now, rename it when the
+    block succeeds; no-op without a path."""
+    if not path:
+        yield
+        return
+    from graphpass.formats.files import staged_json
+
+    with staged_json(Path(path), data):
+        yield
 
 
 def _check_batch_size(batch_size: int | None) -> None:

@@ -42,6 +42,8 @@ class Option:
     kind: type = str
     choices: tuple[str, ...] = ()
     metavar: str | None = None
+    #: A config file may give the value as a TOML integer as well as a string.
+    integer: bool = False
 
     @property
     def key(self) -> str:
@@ -63,11 +65,11 @@ OPTIONS: tuple[Option, ...] = (
            "normalisation and reshape ops, keeping matmul and conv outputs (one min cut "
            "over tensor bytes)", choices=POLICIES),
     Option("--memory-budget-bytes", "remat", "with --recompute auto: recompute as little as "
-           "keeps the step's estimated peak at most N bytes (or e.g. 300MiB)", metavar="N"),
+           "keeps the step's estimated peak at most N bytes (or e.g. 300MiB)", metavar="N", integer=True),
     Option("--memory-budget", "remat", "the same budget relative to the estimated peak of "
            "the original step (e.g. 0.6x), or in bytes", metavar="F"),
     Option("--batch-size", "remat", "the planner's size of unknown batch dimensions",
-           metavar="N"),
+           metavar="N", integer=True),
     Option("--recompute-hints", "remat", "mark by the Grappler-compatible _recompute_hint "
            "node attribute (ONNX: a NodeProto metadata_props entry)", bool),
     Option("--dependency", "remat", "how copies are ordered (default: control for --target "
@@ -83,7 +85,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("--drop-stale", "stale", "apply a step's gradients only if global_step advanced "
            "at most STALENESS steps while they were computed (an integer; negative drops "
            "every step); the conditional is Switch/Merge for --target tf, a functional If "
-           "for --target xla", metavar="STALENESS"),
+           "for --target xla", metavar="STALENESS", integer=True),
     Option("--stale-counter", "stale", "the float variable counting dropped steps "
            "(default graphpass/stale_counter)", metavar="NAME"),
     Option("--staleness-summary", "stale", "add a scalar summary stale_counter / "
@@ -95,6 +97,59 @@ OPTIONS: tuple[Option, ...] = (
     Option("--dump-full", "dumps", "draw the whole graph in the .dot/.svg dumps, not just "
            "the rewritten neighbourhood (slow for big graphs)", bool),
 )
+
+
+#: ``graphpass rewrite``'s own options (files and output), besides the pipeline's.
+REWRITE_OPTIONS: tuple[Option, ...] = (
+    Option("--in-place", "rewrite", "allow the output to be the input file", bool),
+    Option("--output-format", "rewrite", "TF output encoding (default: the input's)",
+           choices=("pb", "pbtxt")),
+    Option("--tag", "rewrite", "SavedModel MetaGraph tag (default: train, then serve)"),
+    Option("--signature", "rewrite", "TF2 signature whose function holds the training step "
+           "(default: train, else the one signature that trains)"),
+    Option("--report", "rewrite", "write a JSON report of what each pass did"),
+    Option("--quiet", "rewrite", "print nothing on success", bool),
+)
+#: What a config file may also name: the positional input and ``-o``.
+_CONFIG_ONLY = (Option("--input", "rewrite", "the model to read"),
+                Option("--output", "rewrite", "where to write the result"))
+
+
+def config_values(data: Mapping, source: str) -> dict:
+    """A ``--config`` file's values, checked against the same declarations as the
+    command line: known keys (dashes or underscores), TOML types by kind (a string,
+    true/false, a string or a list of strings; an integer where :attr:`Option.integer`),
+    choices. A single string for a repeatable option is one item, not its letters.
+    Errors name ``source`` and the key."""
+    declared = {o.key: o for o in (*OPTIONS, *REWRITE_OPTIONS, *_CONFIG_ONLY)}
+    values = {}
+    for raw_key, value in data.items():
+        key = raw_key.replace("-", "_")
+        option = declared.get(key)
+        if option is None:
+            raise GraphpassError(f"{source}: unknown option {raw_key}; valid: "
+                                 f"{', '.join(sorted(declared))}")
+        values[key] = _config_value(option, value, f"{source}: {raw_key} = {value!r}")
+    return values
+
+
+def _config_value(option: Option, value: object, where: str):
+    if option.kind is bool:
+        if not isinstance(value, bool):
+            raise GraphpassError(f"{where}: expects true or false")
+        return value
+    if option.kind is list:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise GraphpassError(f"{where}: expects a string or a list of strings")
+        return items
+    integer = option.integer and isinstance(value, int) and not isinstance(value, bool)
+    if not (isinstance(value, str) or integer):
+        raise GraphpassError(f"{where}: expects {'an integer or ' if option.integer else ''}"
+                             "a string")
+    if option.choices and value not in option.choices:
+        raise GraphpassError(f"{where}: choose one of {', '.join(option.choices)}")
+    return value
 
 
 @dataclass(frozen=True)

@@ -229,6 +229,14 @@ class Dialect(ABC):
     def copy_node(self, graph: Graph, name: str, new_name: str) -> str:
         """Add a node with ``name``'s op, attrs and device but no inputs."""
 
+    def keep_as_written(self, graph: Graph, name: str) -> None:
+        """Ask the runtime's graph optimizer to leave node ``name`` as it is. Remat
+        calls it on an original whose backward readers moved to its copy: with fewer
+        readers, the optimizer could now fuse it with its neighbours (TF's remapper
+        fuses a layer norm whose parts have no reader outside it), computing it
+        differently than in the graph as exported. A runtime without such rewrites
+        needs nothing (the default)."""
+
     @abstractmethod
     def identity(
         self, graph: Graph, name: str, tensor: Tensor, control_inputs: list[str] = ()

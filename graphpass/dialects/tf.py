@@ -55,6 +55,8 @@ _BINARY_FORWARD = (
 )
 FORWARD_SLOTS = {op: (0,) for op in _UNARY_FORWARD} | {op: (0, 1) for op in _BINARY_FORWARD} \
     | {"Select": (1, 2), "SelectV2": (1, 2)}
+#: Grappler keeps nodes with this attr (true) as they are (its "preserve set").
+DO_NOT_REWRITE_ATTR = "_grappler_do_not_remove"
 _APPLY_OP = re.compile(r"^(Resource)?(Sparse)?Apply[A-Z]")
 # The cost model's op classes (Dialect.op_class). Gradients of matmuls are matmuls.
 MATMUL_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
@@ -118,6 +120,63 @@ def op_def(op: str):
     return op_def_registry.get(op)
 
 
+def output_count(op: str, attrs: dict) -> int | None:
+    """How many outputs a node of ``op`` with ``attrs`` has, by its OpDef; None when
+    the op is not registered or an attr the count needs is missing or of the wrong kind."""
+    definition = op_def(op)
+    if definition is None:
+        return None
+    count = 0
+    for arg in definition.output_arg:
+        if arg.number_attr:
+            value = attrs.get(arg.number_attr)
+            if value is None or value.WhichOneof("value") != "i":
+                return None
+            count += value.i
+        elif arg.type_list_attr:
+            value = attrs.get(arg.type_list_attr)
+            if value is None or value.WhichOneof("value") != "list":
+                return None
+            count += len(value.list.type)
+        else:
+            count += 1
+    return count
+
+
+def attr_problem(op: str, key: str, value) -> str | None:
+    """What is wrong with attr ``key`` of an ``op`` node, for what TF's importer and the
+    dialect assume of a graph (not a function body); None when it is usable."""
+    kind = value.WhichOneof("value")
+    if kind == "placeholder":
+        return (f"is a function placeholder (${value.placeholder}), which only a function "
+                "body may hold")
+    if kind == "type" and not _is_dtype(value.type):
+        return f"holds DataType {value.type}, which is not a TensorFlow dtype"
+    if kind == "list":
+        bad = [t for t in value.list.type if not _is_dtype(t)]
+        if bad:
+            return f"holds DataType {bad[0]}, which is not a TensorFlow dtype"
+    wanted = _dtype_attrs(op).get(key)
+    if wanted == "type" and kind != "type" or wanted == "list(type)" and kind != "list":
+        return f"should hold a {wanted} but holds {kind or 'nothing'}"
+    return None
+
+
+@cache
+def _dtype_attrs(op: str) -> dict[str, str]:
+    """The OpDef's ``type`` and ``list(type)`` attrs of ``op``: name -> attr type."""
+    definition = op_def(op)
+    return {a.name: a.type for a in definition.attr if a.type in ("type", "list(type)")} \
+        if definition else {}
+
+
+@cache
+def _is_dtype(enum: int) -> bool:
+    from tensorflow.core.framework import types_pb2
+
+    return enum != types_pb2.DT_INVALID and enum in types_pb2.DataType.values()
+
+
 @cache
 def _dtype_name(enum: int) -> str:
     from tensorflow.python.framework import dtypes
@@ -145,7 +204,12 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
         return graph.node(src).op in LOOP_BACK_OPS
 
     def num_outputs(self, graph: Graph, name: str) -> int | None:
-        shapes = graph.node(name).attrs.get("_output_shapes")
+        """From the OpDef and the node's count attrs, else ``_output_shapes``."""
+        node = graph.node(name)
+        counted = output_count(node.op, node.attrs)
+        if counted is not None:
+            return counted
+        shapes = node.attrs.get("_output_shapes")
         return len(shapes.list.shape) if shapes is not None else None
 
     # -- op kinds ----------------------------------------------------------
@@ -409,6 +473,11 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
             if key in node.meta:
                 copy.meta[key] = node.meta[key]
         return new_name
+
+    def keep_as_written(self, graph: Graph, name: str) -> None:
+        """``_grappler_do_not_remove`` puts the node in Grappler's preserve set, which
+        the remapper's fusions (and the other optimizers) never rewrite or remove."""
+        graph.node(name).attrs[DO_NOT_REWRITE_ATTR] = _attr(True)
 
     def _op(self, graph, name, op, inputs, control_inputs=(), device="", output_shapes=None,
             **attrs) -> Tensor:

@@ -77,6 +77,7 @@ def detect(path: Path) -> tuple[str, bool]:
         raise GraphpassError(f"{path}: no such file or directory")
     if path.is_dir():
         return _detect_saved_model_dir(path)
+    check_regular_file(path)
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -93,6 +94,16 @@ def detect(path: Path) -> tuple[str, bool]:
             f"{path}: unknown format: a text file that is not a TF text proto (it starts with "
             f"{first!r}); expected a GraphDef, MetaGraphDef, SavedModel or ONNX model")
     return _detect_binary(path, data), False
+
+
+def check_regular_file(path: Path, what: str = "") -> None:
+    """A user error unless ``path`` is a regular file (reading a FIFO would block
+    forever, a device would never end)."""
+    if not path.exists():
+        raise GraphpassError(f"{what}{path}: no such file")
+    if not path.is_file():
+        raise GraphpassError(f"{what}{path}: not a regular file (a FIFO, socket or device); "
+                             "pass a file")
 
 
 def _is_plain_text(data: bytes) -> bool:

@@ -16,8 +16,15 @@ from pathlib import Path
 
 from graphpass.errors import GraphpassError
 from graphpass.formats import tf_function
-from graphpass.formats.files import GRAPHDEF, METAGRAPH, SAVEDMODEL, atomic_output
+from graphpass.formats.files import (
+    GRAPHDEF,
+    METAGRAPH,
+    SAVEDMODEL,
+    atomic_output,
+    check_output_path,
+)
 from graphpass.ir.graph import Graph, parse_tensor_name
+from graphpass.ir.verify import port_problem
 
 _EXTRA_FIELDS = ("experimental_debug_info", "experimental_type")
 _KIND_NAMES = {GRAPHDEF: "GraphDef", METAGRAPH: "MetaGraphDef", SAVEDMODEL: "SavedModel"}
@@ -157,6 +164,7 @@ def _graph_from_graph_def(graph_def, meta: dict | None) -> Graph:
             )
         if node_def.name in graph:
             raise GraphpassError(f"node name {node_def.name!r} appears twice; names must be unique")
+        _check_attrs(node_def)
         node = graph.add_node(
             node_def.name, node_def.op, attrs=dict(node_def.attr), device=node_def.device
         )
@@ -165,7 +173,23 @@ def _graph_from_graph_def(graph_def, meta: dict | None) -> Graph:
             node.meta["tf_extras"] = extras
     for node_def in nodes:
         _connect(graph, node_def)
+    problem = port_problem(graph)  # before anything hands the graph to TF (port >= 2^31 crashes it)
+    if problem:
+        raise GraphpassError(f"{problem}; the GraphDef is malformed: re-export it")
     return graph
+
+
+def _check_attrs(node_def) -> None:
+    """Refuse attrs that TF's importer or the dialect cannot take (a bad dtype, a
+    function placeholder outside a function body)."""
+    from graphpass.dialects.tf import attr_problem
+
+    problems = sorted((key, problem) for key, value in node_def.attr.items()
+                      if (problem := attr_problem(node_def.op, key, value)))
+    if problems:
+        key, problem = problems[0]
+        raise GraphpassError(f"node {node_def.name!r}: attr {key!r} {problem}; the "
+                             "GraphDef is malformed: re-export it")
 
 
 def _connect(graph: Graph, node_def) -> None:
@@ -306,15 +330,38 @@ def _write_saved_model(graph: Graph, graph_def, path: Path, text: bool) -> None:
             (path / name).is_file() for name in ("saved_model.pb", "saved_model.pbtxt")):
         raise GraphpassError(f"{path}: the directory exists and is not a SavedModel, so it "
                              "would be replaced; choose a new or empty output directory")
-    if path.exists() and not path.is_dir():
-        raise GraphpassError(f"{path}: a SavedModel is a directory, but this is a file; "
-                             "choose a directory")
+    check_output_path(path, directory=True)
+    extras = [source / extra for extra in ("variables", "assets", "assets.extra")
+              if (source / extra).exists() or (source / extra).is_symlink()]
+    for extra in extras:
+        _check_inside(extra, source.resolve())
     with atomic_output(path, directory=True) as tmp:
         name = "saved_model.pbtxt" if text else "saved_model.pb"
         (tmp / name).write_bytes(serialize(saved_model, text))
         # fingerprint.pb is left behind on purpose: it hashes the old saved_model.pb.
-        for extra in ("variables", "assets", "assets.extra"):
-            if (source / extra).is_dir():
-                shutil.copytree(source / extra, tmp / extra)
-            elif (source / extra).is_file():
-                shutil.copy2(source / extra, tmp / extra)
+        for extra in extras:
+            if extra.is_dir():
+                shutil.copytree(extra, tmp / extra.name)
+            else:
+                shutil.copy2(extra, tmp / extra.name)
+
+
+def _check_inside(path: Path, root: Path) -> None:
+    """Refuse a SavedModel extra that is, holds, or links to anything but regular
+    files and directories inside the model's directory ``root``. The copy follows
+    links, as a reader of the model would, so this walk does too (each real
+    directory once, so a link cycle ends), checking each item before entering it."""
+    seen, stack = set(), [path]
+    while stack:
+        item = stack.pop()
+        real = item.resolve()
+        if not real.is_relative_to(root):
+            raise GraphpassError(f"{item}: a symbolic link to {real}, outside the SavedModel "
+                                 "directory; graphpass copies only files inside it")
+        if real.is_dir():
+            if real not in seen:
+                seen.add(real)
+                stack.extend(sorted(item.iterdir()))
+        elif not real.is_file():
+            raise GraphpassError(f"{item}: not a regular file or directory (or a broken "
+                                 "link); a SavedModel holds only files and directories")

@@ -13,15 +13,15 @@ graphs side by side and compares them after every step:
   ``--feed`` arrays, else seeded random values of each placeholder's static
   shape and dtype. Only the placeholders the step reads are fed (Keras models
   carry an ``input_1`` the user's training step may never read), and a dynamic
-  batch dimension takes ``--batch-size`` or the other inputs' batch. Peak
-  memory of each step is the CPU allocator's peak after ``reset_memory_stats``
-  minus what was allocated before the step (``inter_op_parallelism_threads=1``,
-  so the schedule is stable; the benchmarks measure the same way, each variant
-  in its own process). Two caveats: both sessions share
-  the process's allocator, so single steps are noisy (the verdict line gives
-  the median); and oneDNN's CPU allocator keeps small buffers (below about
-  256 KiB) out of its statistics, so toy graphs read 0 B -- and with oneDNN
-  off (``TF_ENABLE_ONEDNN_OPTS=0``) there are no statistics at all ("n/a").
+  batch dimension takes ``--batch-size`` or the other inputs' batch. Peak memory
+  of each step comes from the step's own ``RunMetadata``: every op's allocation
+  records (bytes allocated and freed, with times), summed in time order, give
+  the step's high-water mark of memory the step allocated
+  (``inter_op_parallelism_threads=1``, so the schedule is stable). Unlike the CPU
+  allocator's statistics, which TF keeps only with oneDNN on (and TF 2.21 turns
+  oneDNN off on CPUs without avx512_vnni), this works on any CPU, and it counts
+  each graph's step alone although both share the process's allocator. The
+  verdict line gives the median over the steps.
 * **ONNX**: both models run in onnxruntime on the same inputs and every
   output both models declare is compared (``verify_onnx``, kept separate so
   it does not depend on the ONNX IR reader).
@@ -254,6 +254,8 @@ class _TFRunner:
                 self._assigns = {n: _assign(tf, op) for n, op in self._ops.items()}
         self.variables = list(self._ops)
         self.session = tf.compat.v1.Session(graph=self.tf_graph, config=config)
+        # Allocation records in each step's RunMetadata: the peak on any CPU (step_peak_bytes).
+        self._trace = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.SOFTWARE_TRACE)
 
     def initialise(self, init: str | None) -> None:
         """Run the initialisers; then any variable still uninitialised gets its own
@@ -292,14 +294,14 @@ class _TFRunner:
         tf = self.tf
         feed = {name: value for name, value in feeds.items()
                 if name.split(":")[0] in self.graph}
-        baseline = _reset_memory_stats(tf)
+        metadata = tf.compat.v1.RunMetadata()
         try:
-            out = self.session.run(self.losses + self.train_ops, feed)
+            out = self.session.run(self.losses + self.train_ops, feed, options=self._trace,
+                                   run_metadata=metadata)
         except tf.errors.OpError as exc:
             raise GraphpassError(f"the {self.label} graph failed at step {step}: "
                                  f"{exc.message.splitlines()[0]}") from None
-        peak = _peak_bytes(tf, baseline)
-        return [np.asarray(v) for v in out[: len(self.losses)]], peak
+        return [np.asarray(v) for v in out[: len(self.losses)]], step_peak_bytes(metadata)
 
     def close(self) -> None:
         self.session.close()
@@ -361,18 +363,20 @@ def _collection_initializers(graph: Graph) -> list[str]:
     return [n for n in names if n]
 
 
-def _reset_memory_stats(tf) -> int | None:
-    try:
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        return tf.config.experimental.get_memory_info("CPU:0")["current"]
-    except (ValueError, RuntimeError):  # allocator without statistics
-        return None
-
-
-def _peak_bytes(tf, baseline: int | None) -> int | None:
-    if baseline is None:
-        return None
-    return tf.config.experimental.get_memory_info("CPU:0")["peak"] - baseline
+def step_peak_bytes(run_metadata) -> int:
+    """The high-water mark of the bytes a step's ops allocated, from the allocation
+    records of its ``RunMetadata`` (a run with ``trace_level`` SOFTWARE_TRACE or more):
+    allocations (+) and frees (-) summed in time order, frees first within a microsecond."""
+    records = sorted((record.alloc_micros, record.alloc_bytes)
+                     for device in run_metadata.step_stats.dev_stats
+                     for node in device.node_stats
+                     for memory in node.memory
+                     for record in memory.allocation_records)
+    live = peak = 0
+    for _, size in records:
+        live += size
+        peak = max(peak, live)
+    return peak
 
 
 def _tf_placeholder_specs(graph: Graph, fetched: list[str]) -> dict[str, tuple[str, tuple | None]]:

@@ -284,6 +284,9 @@ class RematPass(Pass):
         released = sorted({orig for _, _, orig in plan.rewires})
         for consumer, slot, original in plan.rewires:
             graph.set_input(consumer, slot, Tensor(copy_of[original.node], original.port))
+        for original in copy_of:  # still computed in the forward pass: exactly as before
+            if graph.users(original):
+                graph.dialect.keep_as_written(graph, original)
         if self.options.tupleize_grads:
             _tupleize(graph, segment.name, [c for c, _, _ in plan.rewires], dependency)
         entry.update(copied=len(copy_of), copies=list(copy_of.values()),
@@ -574,13 +577,17 @@ def _order_by_data(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor]
     Like ``recompute_grad``, which ties the function's arguments and not the
     variables it reads, only activations are tied: tying a weight would make a
     weight-sized temporary per segment. Weights are tied only when a segment
-    reads nothing else.
+    reads nothing else. Constants are never tied: they are there from the start
+    anyway, and a tied constant is no longer one to the runtime's optimizer, which
+    would then compute the copy differently from its original (Grappler turns
+    ``x / const`` into ``x * (1 / const)`` only for a constant).
     """
     dialect = graph.dialect
     copies = set(copy_of.values())
     external = _unique(
         t for c in copy_of.values() for t in graph.inputs(c)
         if t.node not in copies and dialect.is_float(graph, t)
+        and not dialect.is_constant(graph, t.node)
     )
     if not external:
         raise GraphpassError(
