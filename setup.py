@@ -8,7 +8,7 @@ setup(
     packages=find_packages(include=["graphpass", "graphpass.*"]),
     python_requires=">=3.10",
     install_requires=[
-        "tensorflow-cpu>=2.16,<2.22",
+        "tensorflow-cpu>=2.21,<2.22",
         "onnx>=1.16",
         "onnxruntime>=1.18",
         "networkx>=3.0",

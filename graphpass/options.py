@@ -65,7 +65,8 @@ OPTIONS: tuple[Option, ...] = (
            "normalisation and reshape ops, keeping matmul and conv outputs (one min cut "
            "over tensor bytes)", choices=POLICIES),
     Option("--memory-budget-bytes", "remat", "with --recompute auto: recompute as little as "
-           "keeps the step's estimated peak at most N bytes (or e.g. 300MiB)", metavar="N", integer=True),
+           "keeps the step's estimated peak at most N bytes (or e.g. 300MiB)", metavar="N",
+           integer=True),
     Option("--memory-budget", "remat", "the same budget relative to the estimated peak of "
            "the original step (e.g. 0.6x), or in bytes", metavar="F"),
     Option("--batch-size", "remat", "the planner's size of unknown batch dimensions",
