@@ -42,6 +42,12 @@ def mobilenet(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def resnet(tmp_path_factory):
+    model = keras_models.resnet50(size=32, batch=2)
+    return _rewrite(model, tmp_path_factory.mktemp("resnet50"), r"resnet50/conv[23]_")
+
+
+@pytest.fixture(scope="module")
 def transformer(tmp_path_factory):
     model = keras_models.transformer(size=16, batch=4, dynamic_batch=True, layers=2, width=32)
     return _rewrite(model, tmp_path_factory.mktemp("transformer"), "encoder/(mha|ln1|mlp)1")
@@ -55,6 +61,13 @@ def test_keras_input_placeholder_the_step_never_reads_needs_no_feed(mobilenet):
                      if n not in ("images", "labels") and graph.node(n).op == "Placeholder"]
     assert graph.node(keras_input).attrs["shape"].shape.dim[0].size == -1
     status, out, err = _cli("verify", source, target, "--steps", "1")
+    assert status == 0, err
+    assert out.strip().endswith("MATCH")
+
+
+def test_resnet50_verifies_without_feeds(resnet):
+    source, target = resnet
+    status, out, err = _cli("verify", source, target, "--steps", "2")
     assert status == 0, err
     assert out.strip().endswith("MATCH")
 
