@@ -236,7 +236,7 @@ class Verify(Command):
                             "with the peaks this run measured")
 
     def run(self, args):
-        from graphpass.inspect.equivalence import VerifyOptions, format_report, verify_files
+        from graphpass.inspect.verify import VerifyOptions, format_report, verify_files
 
         if args.steps < 1:
             raise GraphpassError(f"--steps must be at least 1, not {args.steps}")
