@@ -66,7 +66,7 @@ from pathlib import Path
 
 from graphpass.errors import GraphpassError
 from graphpass.formats.files import atomic_output, check_output_path
-from graphpass.ir.graph import Graph, Tensor
+from graphpass.ir.graph import Graph, Tensor, fresh_name
 
 INPUT = "graphpass.Input"
 INITIALIZER = "graphpass.Initializer"
@@ -189,10 +189,8 @@ def _node_keys(node_protos, sources: dict[str, str]) -> dict:
 
 
 def _claim(base: str, taken: set[str]) -> str:
-    name, i = base, 0
-    while name in taken:
-        i += 1
-        name = f"{base}_{i}"
+    """A fresh name for ``base``, added to ``taken``."""
+    name = fresh_name(base, taken.__contains__)
     taken.add(name)
     return name
 

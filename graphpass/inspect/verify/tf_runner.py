@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphpass.dialects.tf import VARIABLE_OPS
 from graphpass.errors import GraphpassError
 from graphpass.inspect.progress import Progress
 from graphpass.inspect.verify.compare import InputMaker, compare_step
 from graphpass.inspect.verify.report import VerifyOptions, VerifyReport
 from graphpass.ir.graph import Graph
 
-_VARIABLE_OPS = ("VariableV2", "Variable", "VarHandleOp")
+# A TemporaryVariable lives only inside one step: nothing to copy in or compare.
+SESSION_VARIABLE_OPS = VARIABLE_OPS - {"TemporaryVariable"}
 _INIT_COLLECTIONS = ("variables", "local_variables", "trainable_variables",
                      "model_variables", "global_step")
 
@@ -125,7 +127,7 @@ class _TFRunner:
                 raise GraphpassError(f"the {label} graph does not import into TensorFlow: "
                                      f"{str(exc).splitlines()[0]}") from None
             self._ops = {op.name: op for op in self.tf_graph.get_operations()
-                         if op.type in _VARIABLE_OPS}
+                         if op.type in SESSION_VARIABLE_OPS}
             with tf.name_scope("graphpass_verify"):
                 self._reads = {n: variable_value(tf, op) for n, op in self._ops.items()}
                 self._is_init = {n: _is_initialized(tf, op) for n, op in self._ops.items()}
