@@ -117,7 +117,7 @@ class Graph:
     def dialect(self):
         """The format's dialect (how to build small ops, which ops are stateful)."""
         if self._dialect is None:
-            from graphpass.dialects.base import dialect_for
+            from graphpass.ir.dialects import dialect_for
 
             self._dialect = dialect_for(self.format)
         return self._dialect
