@@ -18,6 +18,10 @@
   initializer it updates. ``graphpass.dialects.onnx_training`` finds them by what they
   read and write, in any update form and for the ``ai.onnx.preview.training``
   ops; the loss needs no name rule (region analysis finds it).
+
+Long because ``ONNXDialect`` implements the whole ``Dialect`` protocol (op
+kinds, dtypes, shapes, attributes and every builder a pass may call), each
+method short; training structure is already apart (``onnx_training``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,10 @@
 """The TensorFlow dialect: op knowledge from TF's own op registry, and the
 builders for the small ops passes insert (with the attrs TF's importer needs).
+
+Long because ``TFDialect`` implements the whole ``Dialect`` protocol and the two
+capabilities only TF has (``ConditionalBuilder``, ``TargetLowering``) over one
+set of OpDef helpers and op tables the memory estimator shares; the update
+recognisers (``tf_updates``) and XLA support (``tf_xla``) are already apart.
 """
 
 from __future__ import annotations
