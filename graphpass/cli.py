@@ -4,6 +4,11 @@ Each subcommand is a small class whose docstring is its help. ``main(argv)``
 returns the exit status (0 ok, 1 "different" or a failed check, 2 a user
 error) so tests call it directly. TF and ONNX load lazily, per command, so
 ``graphpass --help`` is instant.
+
+Long because the five subcommands and the helpers they share (output checks,
+staged JSON, config and feed files, the summary text) are the one place that
+turns argv into options and reports into text; each piece is small, and the
+options themselves are declared in ``graphpass.options``.
 """
 
 from __future__ import annotations
@@ -236,7 +241,7 @@ class Verify(Command):
                             "with the peaks this run measured")
 
     def run(self, args):
-        from graphpass.inspect.equivalence import VerifyOptions, format_report, verify_files
+        from graphpass.inspect.verify import VerifyOptions, format_report, verify_files
 
         if args.steps < 1:
             raise GraphpassError(f"--steps must be at least 1, not {args.steps}")

@@ -7,7 +7,7 @@ import numpy as np
 import graphpass
 from graphpass.cli import main
 from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
-from graphpass.passes.remat.rewrite import SCOPE
+from graphpass.passes.remat.marks import SCOPE
 from tools import tf_models
 
 

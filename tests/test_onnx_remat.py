@@ -19,7 +19,7 @@ import pytest
 import graphpass
 from graphpass.cli import main
 from graphpass.formats.onnx_io import READ_INDEX, SOURCE_OPS, graph_from_model, ort_schedule
-from graphpass.passes.remat.rewrite import SCOPE
+from graphpass.passes.remat.marks import SCOPE
 from tools import onnx_models
 
 MARKS = {"block_mlp": "block[1-7]/", "conv_net": "conv[12]/"}

@@ -17,8 +17,8 @@ import graphpass
 from graphpass.analysis.forward import Unit
 from graphpass.cli import main
 from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
+from graphpass.passes.remat.marks import SCOPE
 from graphpass.passes.remat.plan import _Prefix, model_peak, solve_budget, solve_min_peak
-from graphpass.passes.remat.rewrite import SCOPE
 from tools import keras_models, tf_models
 
 

@@ -133,7 +133,7 @@ def _feeds(graph, fetches: list[str], batch_size: int | None) -> dict:
     ``batch_size``); Keras leaves its own unused input placeholders in the graph."""
     import numpy as np
 
-    from graphpass.inspect.equivalence import random_value
+    from graphpass.inspect.verify.compare import random_value
 
     rng = np.random.RandomState(0)
     feeds = {}

@@ -304,7 +304,7 @@ def run_steps(graph_def, model: Model, steps=3, config=None, feeds=None, fetch_e
 
 
 def _variable_reads(tf, graph) -> dict:
-    from graphpass.inspect.equivalence import variable_value
+    from graphpass.inspect.verify.tf_runner import SESSION_VARIABLE_OPS, variable_value
 
     return {op.name: variable_value(tf, op) for op in graph.get_operations()
-            if op.type in ("VariableV2", "Variable", "VarHandleOp")}
+            if op.type in SESSION_VARIABLE_OPS}

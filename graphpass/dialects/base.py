@@ -261,20 +261,3 @@ class Dialect(ABC):
 
     @abstractmethod
     def stop_gradient(self, graph: Graph, name: str, tensor: Tensor) -> Tensor: ...
-
-
-_DIALECTS: dict[str, str] = {
-    "tf": "graphpass.dialects.tf:TFDialect",
-    "onnx": "graphpass.dialects.onnx:ONNXDialect",
-}
-
-
-def dialect_for(format: str) -> Dialect:
-    """The dialect for a format name; imported lazily (TF and ONNX are heavy)."""
-    import importlib
-
-    try:
-        module, cls = _DIALECTS[format].split(":")
-    except KeyError:
-        raise ValueError(f"no dialect for format {format!r}") from None
-    return getattr(importlib.import_module(module), cls)()

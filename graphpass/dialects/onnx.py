@@ -18,6 +18,10 @@
   initializer it updates. ``graphpass.dialects.onnx_training`` finds them by what they
   read and write, in any update form and for the ``ai.onnx.preview.training``
   ops; the loss needs no name rule (region analysis finds it).
+
+Long because ``ONNXDialect`` implements the whole ``Dialect`` protocol (op
+kinds, dtypes, shapes, attributes and every builder a pass may call), each
+method short; training structure is already apart (``onnx_training``).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from graphpass.formats.onnx_io import (
     model_from_graph,
     ort_schedule,
 )
-from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
+from graphpass.ir.graph import Graph, Tensor, fresh_name, parse_tensor_name
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 # get_attr/set_attr keys with this prefix are node annotations (metadata_props).
@@ -451,10 +455,7 @@ def _fresh_value(graph: Graph, node_name: str, port: int) -> str:
     if producers is None:
         producers = _PRODUCERS[graph] = {v: n.name for n in graph.nodes() for v in n.outputs}
     base = node_name if port == 0 else f"{node_name}:{port}"
-    name, i = base, 0
-    while _produced(graph, producers, name):
-        i += 1
-        name = f"{base}_{i}"
+    name = fresh_name(base, lambda value: _produced(graph, producers, value))
     producers[name] = node_name
     return name
 

@@ -1,5 +1,10 @@
 """The TensorFlow dialect: op knowledge from TF's own op registry, and the
 builders for the small ops passes insert (with the attrs TF's importer needs).
+
+Long because ``TFDialect`` implements the whole ``Dialect`` protocol and the two
+capabilities only TF has (``ConditionalBuilder``, ``TargetLowering``) over one
+set of OpDef helpers and op tables the memory estimator shares; the update
+recognisers (``tf_updates``) and XLA support (``tf_xla``) are already apart.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ SOURCE_OPS = frozenset({
     "VariableV2", "Variable", "VarHandleOp", "TemporaryVariable", "_Arg",
 })
 REF_VARIABLE_OPS = frozenset({"VariableV2", "Variable", "TemporaryVariable"})
+VARIABLE_OPS = REF_VARIABLE_OPS | {"VarHandleOp"}  # ref or resource variables
 LOOP_BACK_OPS = frozenset({"NextIteration", "RefNextIteration"})
 SHAPE_ONLY_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "OnesLike", "ZerosLike"})
 STEP_INCREMENT_OPS = frozenset({"AssignAdd", "AssignAddVariableOp"})
@@ -126,20 +132,30 @@ def output_count(op: str, attrs: dict) -> int | None:
     definition = op_def(op)
     if definition is None:
         return None
-    count = 0
-    for arg in definition.output_arg:
-        if arg.number_attr:
-            value = attrs.get(arg.number_attr)
-            if value is None or value.WhichOneof("value") != "i":
-                return None
-            count += value.i
-        elif arg.type_list_attr:
-            value = attrs.get(arg.type_list_attr)
-            if value is None or value.WhichOneof("value") != "list":
-                return None
-            count += len(value.list.type)
-        else:
-            count += 1
+    counts = [arg_count(arg, attrs) for arg in definition.output_arg]
+    return None if None in counts else sum(counts)
+
+
+def arg_count(arg, attrs: dict) -> int | None:
+    """How many tensors OpDef argument ``arg`` stands for on a node with ``attrs``:
+    its ``number_attr``, the length of its ``type_list_attr``, else one; None when
+    that attr is missing or of the wrong kind."""
+    if arg.number_attr:
+        value = attrs.get(arg.number_attr)
+        ok = value is not None and value.WhichOneof("value") == "i"
+        return value.i if ok else None
+    if arg.type_list_attr:
+        value = attrs.get(arg.type_list_attr)
+        ok = value is not None and value.WhichOneof("value") == "list"
+        return len(value.list.type) if ok else None
+    return 1
+
+
+def _required_count(arg, attrs: dict) -> int:
+    """``arg_count`` of a node the caller expects to be well formed."""
+    count = arg_count(arg, attrs)
+    if count is None:
+        raise KeyError(arg.number_attr or arg.type_list_attr)
     return count
 
 
@@ -229,7 +245,7 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
 
     def is_variable(self, graph: Graph, name: str) -> bool:
         node = graph.node(name)
-        if node.op in REF_VARIABLE_OPS | {"VarHandleOp"}:
+        if node.op in VARIABLE_OPS:
             return True
         # In a function body, a variable is a resource argument.
         return node.op == "Placeholder" and self.get_attr(graph, name, "dtype") == "resource"
@@ -420,11 +436,7 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
         definition = op_def(node.op)
         slot = 0
         for arg in definition.input_arg if definition else ():
-            count = 1
-            if arg.number_attr:
-                count = node.attrs[arg.number_attr].i
-            elif arg.type_list_attr:
-                count = len(node.attrs[arg.type_list_attr].list.type)
+            count = _required_count(arg, node.attrs)
             if arg.name == arg_name:
                 return list(range(slot, slot + count))
             slot += count
@@ -722,13 +734,7 @@ def output_arg_sizes(node) -> list[tuple[Any, int]] | None:
         return None
     sizes = []
     for arg in definition.output_arg:
-        if arg.number_attr:
-            count = node.attrs[arg.number_attr].i
-        elif arg.type_list_attr:
-            count = len(node.attrs[arg.type_list_attr].list.type)
-        else:
-            count = 1
-        sizes.append((arg, count))
+        sizes.append((arg, _required_count(arg, node.attrs)))
     return sizes
 
 

@@ -57,6 +57,12 @@ per-segment recomputation saves nothing. So when the graph holds nodes a pass
 added, the writer emits the leaves last, the one whose inputs are ready
 earliest in the node order at the very end, so that ORT's walk follows the
 node order (:func:`ort_leaf_order`). A graph no pass added to keeps its order.
+
+Long because reader and writer are one round trip over the conventions stated
+above (source nodes, the read index, fields carried untouched), which both
+sides must agree on. The seam to cut next is the node order (``emission_order``
+to ``ort_leaf_order``), together with those conventions in a module of their
+own so that the writer and the order do not import each other.
 """
 
 from __future__ import annotations
@@ -66,7 +72,7 @@ from pathlib import Path
 
 from graphpass.errors import GraphpassError
 from graphpass.formats.files import atomic_output, check_output_path
-from graphpass.ir.graph import Graph, Tensor
+from graphpass.ir.graph import Graph, Tensor, fresh_name
 
 INPUT = "graphpass.Input"
 INITIALIZER = "graphpass.Initializer"
@@ -189,10 +195,8 @@ def _node_keys(node_protos, sources: dict[str, str]) -> dict:
 
 
 def _claim(base: str, taken: set[str]) -> str:
-    name, i = base, 0
-    while name in taken:
-        i += 1
-        name = f"{base}_{i}"
+    """A fresh name for ``base``, added to ``taken``."""
+    name = fresh_name(base, taken.__contains__)
     taken.add(name)
     return name
 

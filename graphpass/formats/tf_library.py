@@ -20,7 +20,7 @@ from graphpass.dialects.tf import (
     _Raw,
     _TypeList,
 )
-from graphpass.ir.graph import Graph, Tensor
+from graphpass.ir.graph import Graph, Tensor, fresh_name
 
 
 def functional_if(dialect: TFDialect, graph: Graph, name: str, pred: Tensor,
@@ -91,11 +91,7 @@ def _copy_library(graph: Graph):
 def _unique_function_name(library, base: str) -> str:
     base = re.sub(r"[^A-Za-z0-9_]", "_", base)
     taken = {f.signature.name for f in library.function}
-    name, i = base, 0
-    while name in taken:
-        i += 1
-        name = f"{base}_{i}"
-    return name
+    return fresh_name(base, taken.__contains__)
 
 
 def _branch_function(dialect: TFDialect, graph: Graph, fname: str, branch: list[str],

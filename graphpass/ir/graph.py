@@ -39,6 +39,17 @@ class Tensor(NamedTuple):
         return self.node if self.port == 0 else f"{self.node}:{self.port}"
 
 
+def fresh_name(base: str, taken: Callable[[str], bool]) -> str:
+    """``base`` if not ``taken``, else ``base_1``, ``base_2``, ... (deterministic): the
+    one name uniquifier of graphpass (IR nodes, ONNX values, TF library functions)."""
+    name = base
+    for i in itertools.count(1):
+        if not taken(name):
+            return name
+        name = f"{base}_{i}"
+    raise AssertionError("unreachable")
+
+
 def parse_tensor_name(text: str) -> Tensor:
     """``"a"`` -> ``Tensor("a", 0)``, ``"a:2"`` -> ``Tensor("a", 2)``."""
     name, sep, port = text.rpartition(":")
@@ -106,7 +117,7 @@ class Graph:
     def dialect(self):
         """The format's dialect (how to build small ops, which ops are stateful)."""
         if self._dialect is None:
-            from graphpass.dialects.base import dialect_for
+            from graphpass.ir.dialects import dialect_for
 
             self._dialect = dialect_for(self.format)
         return self._dialect
@@ -284,13 +295,7 @@ class Graph:
 
     def unique_name(self, base: str) -> str:
         """``base`` if free, else ``base_1``, ``base_2``, ... (deterministic)."""
-        if base not in self._g:
-            return base
-        for i in itertools.count(1):
-            candidate = f"{base}_{i}"
-            if candidate not in self._g:
-                return candidate
-        raise AssertionError("unreachable")
+        return fresh_name(base, self._g.__contains__)
 
     def copy(self) -> Graph:
         """An independent copy of the structure; attr values are shared (never mutated)."""

@@ -19,7 +19,7 @@ from graphpass.passes.context import PassContext
 def registered_passes() -> list[type[Pass]]:
     """Every pass, in the order the pipeline runs them."""
     from graphpass.passes.lower import LowerPass
-    from graphpass.passes.remat.rewrite import RematPass
+    from graphpass.passes.remat import RematPass
     from graphpass.passes.stale import StalePass
 
     return [RematPass, LowerPass, StalePass]

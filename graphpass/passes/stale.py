@@ -1,5 +1,9 @@
 """Stale-gradient dropping: the graph-level ``tf.contrib.opt.DropStaleGradientOptimizer``.
 
+Long because the pass is one plan-then-rewrite over a train op (snapshot,
+check, conditional apply, counter) whose steps share the plan's invariants,
+described below once; the sections (analysis, rewrite, counter) follow them.
+
 For every training step (train op) of a TF graph:
 
 * **Snapshot.** ``local_step = global_step + 0`` is read on global_step's device

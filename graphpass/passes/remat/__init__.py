@@ -1,10 +1,119 @@
-"""Rematerialization (graph-level ``recompute_grad``): the rewrite of marked forward
-segments (``rewrite``: marks by pattern or ``_recompute_hint``, per-segment plan,
-copies ordered by control or data dependencies) and the automatic planner behind
-``--recompute auto`` (``plan``)."""
+"""Rematerialization: the graph-level ``recompute_grad``.
+
+For each marked *segment* of the forward pass, the segment's internal
+activations are no longer kept for the backward pass: the recomputable part of
+the segment is copied into the backward pass and its own gradient ops read the
+copies instead. The copies are *triggered per segment*: they depend on the
+gradient flowing into that segment, so each segment is recomputed when the
+backward pass reaches it (not all at once, which is why Grappler's MANUAL mode
+saves nothing on a chain of blocks).
+
+What it never touches: stateful nodes (variable updates, random ops: their
+outputs stay checkpoints, so a recomputed dropout uses the same mask), fed or
+stored values (placeholders, variables, constants), a segment's *boundary*
+outputs (values other forward nodes read: they are kept anyway as the next
+segment's checkpoint), and anything graphpass generated (names under
+``graphpass/``), which is what makes a second run a no-op.
+
+The package: ``marks`` (patterns, ``_recompute_hint`` attributes -> segments),
+``auto`` (``--recompute auto``: the planner ``plan`` on this graph, a plan
+estimated on a rewritten copy), ``rewrite`` (per segment: plan, copies,
+rewires) and ``order`` (copies after the trigger by control or data
+dependencies; ``--tupleize-grads``). ``RematPass`` here ties them together.
+
+Ordering: ``control`` mode gives the copies control inputs on the trigger;
+``data`` mode ties their float inputs to it as ``recompute_grad(use_data_dep=True)``
+does (see ``order``).
+"""
 
 from __future__ import annotations
 
-from graphpass.passes.remat.rewrite import RematPass
+from graphpass.analysis.memory import estimated_peak_bytes
+from graphpass.errors import GraphpassError
+from graphpass.ir.graph import Graph
+from graphpass.options import RematOptions
+from graphpass.passes.base import Pass
+from graphpass.passes.context import PassContext
+from graphpass.passes.remat.auto import auto_plan
+from graphpass.passes.remat.marks import marked_segments
+from graphpass.passes.remat.plan import AutoPlan
+from graphpass.passes.remat.rewrite import Step, rewrite_segments
 
 __all__ = ["RematPass"]
+
+
+class RematPass(Pass):
+    """Recompute marked forward segments in the backward pass (graph-level recompute_grad)."""
+
+    name = "remat"
+
+    options: RematOptions
+
+    def run(self, graph: Graph, ctx: PassContext) -> bool:
+        step = self._analyze(graph, ctx)
+        batch = self.options.batch_size
+        peak_before = ctx.analyses.peak_bytes(graph, step.fetches) if batch is None \
+            else estimated_peak_bytes(graph, step.fetches, batch)
+        auto = None
+        if self.options.auto:
+            auto, segments = auto_plan(graph, step, self.options, peak_before)
+            skipped = []
+        else:
+            segments, skipped = marked_segments(graph, self.options, step.forward,
+                                                step.backward)
+        entries = rewrite_segments(graph, segments, step,
+                                   self.options.tupleize_grads)
+        changed = any(e["copied"] for e in entries)
+        peak_after = estimated_peak_bytes(graph, step.fetches, batch) if changed \
+            else peak_before
+        self.report = _report(entries, skipped, step.dependency, peak_before, peak_after, auto)
+        return changed
+
+    def _analyze(self, graph: Graph, ctx: PassContext) -> Step:
+        """Dependency mode, regions and fetches, once: the planner's trial rewrites
+        of copies of the graph reuse them (node names are the same there)."""
+        modes = graph.dialect.dependency_modes
+        dependency = self.options.dependency or ctx.dependency or \
+            graph.dialect.default_dependency(graph)
+        if dependency not in modes:
+            raise GraphpassError(
+                f"--dependency {dependency} is not possible for {graph.format} graphs "
+                f"(they support: {', '.join(modes)})"
+            )
+        regions = ctx.analyses.regions(graph)
+        return Step(forward=set(regions.nodes("forward")),
+                     backward=set(regions.nodes("backward")),
+                     fetches=regions.fetches, dependency=dependency)
+
+
+def _report(entries: list[dict], skipped: list[str], dependency: str, peak_before: int,
+            peak_after: int, auto: AutoPlan | None = None) -> dict:
+    summary = auto.summary() if auto else []
+    for e in entries:
+        line = f"segment {e['segment']}: "
+        if e["copied"]:
+            line += (f"{e['copied']} nodes recomputed, {len(e['released'])} tensors no longer "
+                     f"kept (~{e['released_bytes'] / 2**20:.1f} MiB), trigger "
+                     f"{', '.join(e['triggers'][:3])}")
+        else:
+            line += e["note"]
+        summary.append(line)
+    if skipped:
+        summary.append(f"{len(skipped)} marked gradient ops were skipped (only forward "
+                       f"nodes are recomputed) "
+                       f"(e.g. {', '.join(skipped[:3])})")
+    if peak_before:
+        summary.append(f"estimated peak {peak_before / 2**20:.1f} MiB -> "
+                       f"{peak_after / 2**20:.1f} MiB ({peak_after / peak_before:.2f}x)")
+    extra = {"auto": auto.to_json()} if auto else {}
+    return {
+        **extra,
+        "dependency": dependency,
+        "estimated_peak_bytes_before": peak_before,
+        "estimated_peak_bytes_after": peak_after,
+        "segments": entries,
+        "skipped_marks": skipped,
+        "nodes_added": sum(e["copied"] for e in entries),
+        "released_bytes": sum(e["released_bytes"] for e in entries),
+        "summary": summary,
+    }

@@ -6,8 +6,9 @@ start from the same point even if a checkpoint differs), and the signature is
 called ``steps`` times on the same inputs: ``--feed`` arrays, else seeded random
 values of the signature's input specs. After every call the outputs and every
 variable the signature uses are compared; each call's peak allocator bytes is
-measured as in :mod:`graphpass.inspect.equivalence` (same caveats: one process,
-so peaks are indicative; ``tools/bench_keras3.py`` measures each in its own).
+the CPU allocator's peak over the call (``None`` where the allocator keeps no
+statistics, e.g. with oneDNN off; one process, so peaks are indicative;
+``tools/bench_keras3.py`` measures each in its own).
 """
 
 from __future__ import annotations
@@ -17,14 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from graphpass.errors import GraphpassError
-from graphpass.inspect.equivalence import (
-    VerifyOptions,
-    VerifyReport,
-    _InputMaker,
-    _peak_bytes,
-    _reset_memory_stats,
-    compare_step,
-)
+from graphpass.inspect.verify.compare import InputMaker, compare_step
+from graphpass.inspect.verify.report import VerifyOptions, VerifyReport
 
 
 def training_signature(path: Path, requested: str | None, tag: str | None) -> str | None:
@@ -64,7 +59,7 @@ def verify_saved_models(original: Path, rewritten: Path, key: str,
     report = VerifyReport(format="tf", compared=common,
                           only_original=[n for n in names_a if n not in names_b],
                           only_rewritten=[n for n in names_b if n not in names_a])
-    inputs = _InputMaker(_input_specs(functions[0]), options)
+    inputs = InputMaker(_input_specs(functions[0]), options)
     for step in range(1, options.steps + 1):
         feed = {name: tf.constant(value) for name, value in inputs.next().items()}
         outputs, peaks = [], []
@@ -97,3 +92,19 @@ def _input_specs(function) -> dict[str, tuple[str, tuple | None]]:
     return {name: (spec.dtype.name, tuple(spec.shape.as_list())
                    if spec.shape.rank is not None else None)
             for name, spec in sorted(specs.items())}
+
+
+def _reset_memory_stats(tf) -> int | None:
+    """Reset the CPU allocator's peak; its current bytes, or None without statistics."""
+    try:
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        return tf.config.experimental.get_memory_info("CPU:0")["current"]
+    except (ValueError, RuntimeError):  # allocator without statistics
+        return None
+
+
+def _peak_bytes(tf, baseline: int | None) -> int | None:
+    """The allocator's peak since ``_reset_memory_stats`` above its baseline."""
+    if baseline is None:
+        return None
+    return tf.config.experimental.get_memory_info("CPU:0")["peak"] - baseline

@@ -1,0 +1,72 @@
+"""``graphpass verify``: does the rewritten graph train exactly like the original?
+
+A rewrite is only trustworthy if, step after step, it computes the same
+losses and leaves every variable with the same value. This package runs both
+graphs side by side and compares them after every step:
+
+* ``tf_runner``: TF graphs, each in its own ``Session``, variables copied from
+  the original, peak memory from each step's ``RunMetadata``;
+* ``saved_model``: TF2 SavedModels whose training step is a signature;
+* ``onnx_runner``: ONNX models in onnxruntime;
+* ``compare``: the shared inputs and the comparison of values;
+* ``report``: options, the per-step report and its printed table.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from graphpass.errors import GraphpassError
+from graphpass.inspect.verify.report import VerifyOptions, VerifyReport, format_report
+
+__all__ = ["VerifyOptions", "VerifyReport", "enable_cpu_autojit", "format_report",
+           "verify_files"]
+
+_CPU_JIT_FLAG = "--tf_xla_cpu_global_jit"
+
+
+def verify_files(original: str | Path, rewritten: str | Path,
+                 options: VerifyOptions) -> VerifyReport:
+    """Run both models ``options.steps`` steps and compare them (TF or ONNX by content)."""
+    from graphpass.formats.detect import ONNX, SAVEDMODEL, detect
+
+    if options.xla:
+        enable_cpu_autojit()  # before anything imports TF (detect may)
+    kind_a, _ = detect(Path(original))
+    kind_b, _ = detect(Path(rewritten))
+    if (kind_a == ONNX) != (kind_b == ONNX):
+        raise GraphpassError(f"{original} is {kind_a} but {rewritten} is {kind_b}; "
+                             "verify compares two models of the same format")
+    if kind_a == ONNX:
+        if options.xla:
+            raise GraphpassError("--xla applies to TF graphs; ONNX models run in onnxruntime")
+        from graphpass.inspect.verify.onnx_runner import verify_onnx
+
+        return verify_onnx(Path(original), Path(rewritten), options)
+    if kind_a == kind_b == SAVEDMODEL:
+        from graphpass.inspect.verify.saved_model import (
+            training_signature,
+            verify_saved_models,
+        )
+
+        key = training_signature(Path(original), options.signature, options.tag)
+        if key is not None:
+            return verify_saved_models(Path(original), Path(rewritten), key, options)
+    import graphpass
+    from graphpass.inspect.verify.tf_runner import verify_tf
+
+    return verify_tf(graphpass.load(original, tag=options.tag),
+                     graphpass.load(rewritten, tag=options.tag), options)
+
+
+def enable_cpu_autojit() -> None:
+    """XLA auto-clustering on CPU needs ``TF_XLA_FLAGS=--tf_xla_cpu_global_jit``.
+
+    TF reads that flag once, when it first builds a session; the CLI calls this
+    before TF is imported. On GPU ``global_jit_level`` alone is enough.
+    """
+    flags = os.environ.get("TF_XLA_FLAGS", "")
+    if _CPU_JIT_FLAG not in flags.split():
+        os.environ["TF_XLA_FLAGS"] = f"{flags} {_CPU_JIT_FLAG}".strip()
+

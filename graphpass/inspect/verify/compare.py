@@ -1,0 +1,124 @@
+"""The same inputs for both graphs each step, and the comparison of what they computed.
+
+Inputs are the user's ``--feed`` arrays, else seeded random values of each
+input's static shape and dtype; a dynamic batch dimension takes
+``--batch-size`` or the other inputs' batch. Values compare within
+``rtol``/``atol``; NaNs compare equal to NaNs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphpass.errors import GraphpassError
+from graphpass.inspect.verify.report import StepReport, VerifyOptions
+
+
+class InputMaker:
+    """The same inputs for both graphs each step: given arrays, else seeded random values."""
+
+    def __init__(self, specs: dict[str, tuple[str, tuple | None]], options: VerifyOptions
+                 ) -> None:
+        given = {_spec_name(name, specs): value for name, value in options.feeds.items()}
+        unknown = sorted(set(given) - set(specs))
+        if unknown:
+            raise GraphpassError(f"--feed {unknown[0]}: the step reads no placeholder of that "
+                                 f"name; it reads: {', '.join(sorted(specs)) or 'none'}")
+        self.given = given
+        self.specs = _with_batch(specs, given, options.batch_size)
+        self.rng = np.random.RandomState(options.seed)
+
+    def next(self) -> dict[str, np.ndarray]:
+        made = {name: random_value(self.rng, dtype, shape)
+                for name, (dtype, shape) in sorted(self.specs.items())}
+        return dict(sorted({**made, **self.given}.items()))
+
+
+def _with_batch(specs: dict[str, tuple[str, tuple | None]], given: dict,
+                batch_size: int | None) -> dict[str, tuple[str, tuple | None]]:
+    """``specs`` of the inputs to make up, with a dynamic leading (batch) dimension
+    filled in; a user error names the inputs whose shape cannot be completed."""
+    missing = {n: spec for n, spec in specs.items() if n not in given}
+    dynamic = sorted(n for n, (_, shape) in missing.items() if shape is None or None in shape)
+    for name in dynamic:
+        shape = missing[name][1]
+        if shape is None or not shape or None in shape[1:]:
+            raise GraphpassError(f"input {name} of the step has no full static shape "
+                                 f"({_shape_text(shape)}); give its value with "
+                                 f"--feed {name.split(':')[0]}=FILE.npy")
+    batch = batch_size or _common_batch(specs, given, dynamic)
+    if dynamic and batch is None:
+        listed = ", ".join(f"{n} {_shape_text(missing[n][1])}" for n in dynamic)
+        raise GraphpassError(
+            f"the step's input(s) {listed} have a dynamic batch dimension and no other "
+            f"input fixes it; give --batch-size N (or their values with --feed NAME=FILE.npy)")
+    return {name: (dtype, (batch, *shape[1:]) if name in dynamic else shape)
+            for name, (dtype, shape) in missing.items()}
+
+
+def _shape_text(shape: tuple | None) -> str:
+    """``(?, 32, 32, 3)``; ``unknown rank`` for None."""
+    if shape is None:
+        return "(unknown rank)"
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
+
+
+def _common_batch(specs: dict, given: dict, dynamic: list[str]) -> int | None:
+    """The leading dimension every other non-scalar input agrees on, else None."""
+    sizes = {np.shape(value)[0] for value in given.values() if np.ndim(value)}
+    sizes |= {shape[0] for n, (_, shape) in specs.items()
+              if n not in given and n not in dynamic and shape}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def _spec_name(name: str, specs: dict) -> str:
+    """``x`` means TF's ``x:0``; ONNX input names are used as they are."""
+    return f"{name}:0" if name not in specs and f"{name}:0" in specs else name
+
+
+def random_value(rng: np.random.RandomState, dtype: str, shape: tuple) -> np.ndarray:
+    """Standard normal floats, 0/1 integers (valid labels and indices), random bools."""
+    np_dtype = np.dtype(dtype)
+    if np_dtype.kind == "f":
+        return rng.standard_normal(shape).astype(np_dtype)
+    if np_dtype.kind in "iu":
+        return rng.randint(0, 2, size=shape).astype(np_dtype)
+    if np_dtype.kind == "b":
+        return rng.rand(*shape) < 0.5 if shape else np.bool_(rng.rand() < 0.5)
+    raise GraphpassError(f"cannot make random inputs of dtype {dtype}; give them with --feed")
+
+
+def compare_step(step: int, values: dict[str, tuple], losses: tuple, peaks: tuple,
+                 options: VerifyOptions) -> StepReport:
+    """Max abs/rel error over every compared value; mismatches beyond the tolerance."""
+    report = StepReport(step, ([float(v) for v in losses[0]], [float(v) for v in losses[1]]),
+                        0.0, 0.0, "-", peaks)
+    for name, (a, b) in values.items():
+        abs_err, rel_err, ok = compare_values(a, b, options.rtol, options.atol)
+        if abs_err > report.max_abs:
+            report.max_abs, report.worst = abs_err, name
+        report.max_rel = max(report.max_rel, rel_err)
+        if not ok:
+            report.mismatches.append(f"{name}: max abs error {abs_err:.3g}, rel {rel_err:.3g}")
+    return report
+
+
+def compare_values(a, b, rtol: float, atol: float) -> tuple[float, float, bool]:
+    """``(max abs error, max rel error, within tolerance)``; NaN matches NaN only."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return float("inf"), float("inf"), False
+    if a.dtype.kind not in "fciub" or b.dtype.kind not in "fciub":
+        same = bool(np.array_equal(a, b))
+        return (0.0, 0.0, True) if same else (float("inf"), float("inf"), False)
+    x, y = a.astype(np.float64), b.astype(np.float64)
+    both_nan = np.isnan(x) & np.isnan(y)
+    err = np.where(both_nan, 0.0, np.abs(x - y))
+    err = np.where(np.isnan(err), np.inf, err)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(err == 0, 0.0, err / np.abs(x))
+    ok = bool(np.all(err <= atol + rtol * np.abs(x)))
+    max_abs = float(err.max()) if err.size else 0.0
+    max_rel = float(rel.max()) if rel.size else 0.0
+    return max_abs, max_rel, ok
+

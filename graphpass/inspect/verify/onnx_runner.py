@@ -1,0 +1,52 @@
+"""``graphpass verify`` for ONNX: both models run in onnxruntime on the same inputs
+and every output both models declare is compared (independent of the ONNX IR
+reader, so a reader bug cannot hide in both sides)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from graphpass.inspect.progress import Progress
+from graphpass.inspect.verify.compare import InputMaker, compare_step
+from graphpass.inspect.verify.report import VerifyOptions, VerifyReport
+
+_ORT_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64",
+               "tensor(float16)": "float16", "tensor(int64)": "int64",
+               "tensor(int32)": "int32", "tensor(bool)": "bool", "tensor(uint8)": "uint8",
+               "tensor(int8)": "int8"}
+
+
+def verify_onnx(original: Path, rewritten: Path, options: VerifyOptions) -> VerifyReport:
+    """Run both ONNX models in onnxruntime on the same inputs; compare every shared output.
+
+    Peak memory is not measured here: onnxruntime has no allocator statistics,
+    and its resident-set peak is only meaningful in a process of its own with
+    the CPU arena off (as ``tools/bench_onnx_remat.py`` runs it); the report
+    says ``None``.
+    """
+    import onnxruntime as ort
+
+    sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+                for p in (original, rewritten)]
+    outputs = [[o.name for o in s.get_outputs()] for s in sessions]
+    common = [n for n in outputs[0] if n in outputs[1]]
+    report = VerifyReport("onnx", common, sorted(set(outputs[0]) - set(common)),
+                          sorted(set(outputs[1]) - set(common)))
+    specs = {i.name: (_ORT_DTYPES.get(i.type, i.type), _static(i.shape))
+             for s in sessions for i in s.get_inputs()}
+    inputs = InputMaker(specs, options)
+    with Progress("verify step", total=options.steps, quiet=options.quiet) as progress:
+        for step in range(1, options.steps + 1):
+            progress.update(step, "running")
+            feeds = inputs.next()
+            results = [dict(zip(common, s.run(common, {i.name: feeds[i.name]
+                                                       for i in s.get_inputs()})))
+                       for s in sessions]
+            values = {n: (results[0][n], results[1][n]) for n in common}
+            report.steps.append(compare_step(step, values, ([], []), (None, None), options))
+    return report
+
+
+def _static(shape) -> tuple | None:
+    return tuple(d if isinstance(d, int) else None for d in shape) if shape is not None else None
+

@@ -1,0 +1,110 @@
+"""What ``graphpass verify`` was asked to do and what it found: the options, the
+per-step report of both graphs, and the printed table with its verdict line.
+
+Default tolerance is exact (``rtol = atol = 0``): the passes reorder and
+recompute but must not change arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from graphpass.analysis.memory import format_bytes
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """How to run the comparison; ``feeds`` maps tensor names (``x:0``) to arrays."""
+
+    steps: int = 3
+    xla: bool = False
+    feeds: dict = field(default_factory=dict)
+    loss: str | None = None
+    train_ops: tuple[str, ...] = ()
+    init: str | None = None
+    rtol: float = 0.0
+    atol: float = 0.0
+    seed: int = 0
+    tag: str | None = None
+    quiet: bool = False
+    signature: str | None = None
+    batch_size: int | None = None
+
+
+@dataclass
+class StepReport:
+    """One step: the losses of each graph, the worst error and each graph's peak memory."""
+
+    step: int
+    losses: tuple[list[float], list[float]]
+    max_abs: float
+    max_rel: float
+    worst: str
+    peak_bytes: tuple[int | None, int | None]
+    mismatches: list[str] = field(default_factory=list)
+
+
+@dataclass
+class VerifyReport:
+    format: str
+    compared: list[str]
+    only_original: list[str]
+    only_rewritten: list[str]
+    steps: list[StepReport] = field(default_factory=list)
+    failure: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None and not any(s.mismatches for s in self.steps)
+
+    def median_peaks(self) -> tuple[int | None, int | None]:
+        """Median per-step peak of each graph: single steps are noisy (thread pools)."""
+        def median(values: list) -> int | None:
+            values = [v for v in values if v is not None]
+            return int(np.median(values)) if values else None
+
+        return (median([s.peak_bytes[0] for s in self.steps]),
+                median([s.peak_bytes[1] for s in self.steps]))
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data.update(ok=self.ok, median_peak_bytes=list(self.median_peaks()))
+        return data
+
+
+
+def format_report(report: VerifyReport, original: str, rewritten: str,
+                  options: VerifyOptions) -> str:
+    """The per-step table and a verdict line."""
+    what = "variables" if report.format == "tf" else "outputs"
+    lines = [f"verify {original} vs {rewritten}: {report.format}, {options.steps} steps, "
+             f"XLA {'on' if options.xla else 'off'}, {len(report.compared)} {what} compared, "
+             f"rtol {options.rtol:g} atol {options.atol:g}"]
+    if report.only_original or report.only_rewritten:
+        lines.append(f"  not compared: only in original {report.only_original or '-'}; "
+                     f"only in rewritten {report.only_rewritten or '-'}")
+    lines.append(f"  {'step':>4}  {'loss (orig)':>14}  {'loss (rewr)':>14}  {'max abs':>9}  "
+                 f"{'max rel':>9}  {'peak orig':>10}  {'peak rewr':>10}  worst")
+    for s in report.steps:
+        lines.append(f"  {s.step:>4}  {_first(s.losses[0]):>14}  {_first(s.losses[1]):>14}  "
+                     f"{s.max_abs:>9.3g}  {s.max_rel:>9.3g}  {format_bytes(s.peak_bytes[0]):>10}  "
+                     f"{format_bytes(s.peak_bytes[1]):>10}  {s.worst}")
+        lines += [f"        MISMATCH {m}" for m in s.mismatches[:10]]
+        if len(s.mismatches) > 10:
+            lines.append(f"        ... {len(s.mismatches) - 10} more mismatches")
+    peaks = report.median_peaks()
+    if None not in peaks:
+        ratio = f" (ratio {peaks[1] / peaks[0]:.2f})" if peaks[0] else ""
+        lines.append(f"  peak memory, median over steps: original {format_bytes(peaks[0])}, "
+                     f"rewritten {format_bytes(peaks[1])}{ratio}")
+    if report.failure:
+        lines.append(f"FAILED: {report.failure}")
+    else:
+        lines.append("MATCH" if report.ok else "MISMATCH")
+    return "\n".join(lines)
+
+
+def _first(losses: list[float]) -> str:
+    return f"{losses[0]:.8g}" if losses else "-"

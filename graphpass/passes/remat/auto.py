@@ -1,0 +1,125 @@
+"""``--recompute auto``: the planner (``plan``) run on this graph's forward chain,
+its segments rewritten on a copy of the graph and estimated, never per candidate.
+"""
+
+from __future__ import annotations
+
+import time
+
+from graphpass.analysis.cost import Sizes
+from graphpass.analysis.forward import ForwardChain, computed_forward, forward_chain
+from graphpass.analysis.memory import check_batch_size, estimated_peak_bytes
+from graphpass.errors import GraphpassError
+from graphpass.ir.graph import Graph
+from graphpass.options import CHEAP, RematOptions
+from graphpass.passes.remat.marks import SCOPE, Segment, is_generated, unique
+from graphpass.passes.remat.plan import (
+    ROUNDS,
+    AutoPlan,
+    ChainPlan,
+    cheap_groups,
+    cheap_keep,
+    describe_runs,
+    model_peak,
+    over_budget_message,
+    solve_budget,
+    solve_min_peak,
+)
+from graphpass.passes.remat.rewrite import Step, rewrite_segments
+
+
+def auto_plan(graph: Graph, step: Step, options: RematOptions,
+              before: int) -> tuple[AutoPlan, list[Segment]]:
+    """The planner (``plan``) on the forward chain; a plan is rewritten on a copy
+    of the graph and estimated once, never per candidate."""
+    start = time.perf_counter()
+    check_batch_size(graph, step.fetches, options.batch_size)
+    sizes = Sizes(graph, options.batch_size)
+    chain = forward_chain(graph, computed_forward(graph, step.forward), step.backward,
+                          sizes, ignore_reader=is_generated)
+    budget = options.memory_budget_bytes
+    if options.memory_budget_fraction is not None:
+        budget = int(options.memory_budget_fraction * before)
+    plan = AutoPlan(options.policy, budget, len(chain.units), chain.width, "none", 0.0,
+                    before, before, max(0, before - model_peak(chain.units, ())))
+
+    def estimate(segments: list[Segment]) -> int:
+        trial = graph.copy()
+        rewrite_segments(trial, segments, step, options.tupleize_grads)
+        return estimated_peak_bytes(trial, step.fetches, options.batch_size)
+
+    if any(n.startswith(SCOPE) for n in graph):
+        plan.solver = "none (already rematerialized by graphpass)"
+        segments = []
+    elif options.policy == CHEAP:
+        segments = _plan_cheap(graph, chain, sizes, plan, estimate)
+    else:
+        segments = _plan_chain(chain, plan, options, estimate)
+    plan.seconds = time.perf_counter() - start
+    return plan, segments
+
+def _plan_chain(chain: ForwardChain, plan: AutoPlan, options: RematOptions,
+                estimate) -> list[Segment]:
+    """``min-peak`` or ``budget``: solve the chain, rewrite once, estimate. A
+    budget plan is searched by bisection over the model's budget, between the
+    lowest plan (known to fit) and the budget less the model's offset, keeping
+    the cheapest plan whose estimate fits; ``ROUNDS`` estimates at most."""
+    units = chain.units
+    chosen = solve_min_peak(units)
+    estimated = estimate(_chain_segments(chain, chosen))
+    if estimated >= plan.estimate_before:  # the model was wrong: recompute nothing
+        chosen, estimated = ChainPlan((), 0, 0), plan.estimate_before
+    budget = plan.budget_bytes
+    if budget is not None and estimated > budget:
+        raise GraphpassError(over_budget_message(
+            _budget_option(options), budget, estimated,
+            [chain.label(*r) for r in chosen.runs], plan.estimate_before))
+    if budget is not None:
+        low, high = chosen.peak, budget - plan.model_offset
+        target = high
+        for plan.rounds in range(1, ROUNDS + 1):
+            found = solve_budget(units, target)
+            if found is None or found.cost >= chosen.cost:
+                break
+            peak = estimate(_chain_segments(chain, found))
+            if peak <= budget:
+                chosen, estimated, low = found, peak, target
+            else:
+                high = target
+            if high - low <= budget // 100:
+                break
+            target = (low + high) // 2
+    plan.solver, plan.gap = "chain dp", chosen.gap
+    plan.estimate = estimated
+    plan.segments = describe_runs(chain, chosen.runs)
+    return _chain_segments(chain, chosen)
+
+def _plan_cheap(graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,
+                estimate) -> list[Segment]:
+    """``cheap``: keep what one min cut says; recompute the rest per unit."""
+    keep = frozenset(cheap_keep(graph, chain, sizes))
+    segments = []
+    for label, released in cheap_groups(chain, keep):
+        segments.append(Segment(label, [], released, keep))
+        plan.segments.append({
+            "label": label, "nodes": len(unique(t.node for t in released)),
+            "estimated_bytes_saved": sum(sizes.bytes(t) for t in released),
+            "recompute_flops": sum(sizes.flops(n) for n in unique(t.node for t in released))})
+    plan.solver, plan.gap = "min cut (networkx max-flow)", 0.0
+    plan.estimate = estimate(segments)
+    if plan.estimate >= plan.estimate_before:  # saves nothing: recompute nothing
+        plan.estimate, plan.segments = plan.estimate_before, []
+        return []
+    return segments
+
+# -- rewrite -------------------------------------------------------------
+
+def _budget_option(options: RematOptions) -> str:
+    return "--memory-budget" if options.memory_budget_fraction is not None \
+        else "--memory-budget-bytes"
+
+
+def _chain_segments(chain: ForwardChain, plan: ChainPlan) -> list[Segment]:
+    """One segment per recomputed run of units (labels for display only)."""
+    return [Segment(chain.label(first, last), chain.nodes(first, last))
+            for first, last in plan.runs]

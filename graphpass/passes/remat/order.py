@@ -1,0 +1,116 @@
+"""Ordering a segment's copies after the gradient that reaches it, and gating a
+segment's gradient outputs (``--tupleize-grads``).
+
+``control`` mode gives the copies control inputs on the trigger (TF runtime);
+``data`` mode ties each float input of the copies to the trigger as
+``x + stop_gradient(tiny * s)``, ``s`` summing element 0 of each incoming
+gradient and ``tiny`` the dtype's smallest normal number, exactly as
+``recompute_grad(use_data_dep=True)`` does (XLA ignores control edges; ONNX has
+none). The factor is the dialect's ``dependency_scale`` (ONNX: 0, see there).
+"""
+
+from __future__ import annotations
+
+from graphpass.errors import GraphpassError
+from graphpass.ir.graph import Graph, Tensor
+from graphpass.passes.remat.marks import SCOPE, unique
+
+
+def order_by_control(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor]) -> None:
+    """Copies that read no other copy wait, by control edges, for the trigger."""
+    copies = set(copy_of.values())
+    for copy in copy_of.values():
+        if not any(t.node in copies for t in graph.inputs(copy)):
+            for trigger in triggers:
+                graph.add_control_input(copy, trigger.node)
+
+
+def order_by_data(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor],
+                   segment: str) -> None:
+    """Tie the copies' float inputs from outside to the trigger:
+    ``x + stop_gradient(tiny * s)`` (recompute_grad's use_data_dep).
+
+    Like ``recompute_grad``, which ties the function's arguments and not the
+    variables it reads, only activations are tied: tying a weight would make a
+    weight-sized temporary per segment. Weights are tied only when a segment
+    reads nothing else. Constants are never tied: they are there from the start
+    anyway, and a tied constant is no longer one to the runtime's optimizer, which
+    would then compute the copy differently from its original (Grappler turns
+    ``x / const`` into ``x * (1 / const)`` only for a constant).
+    """
+    dialect = graph.dialect
+    copies = set(copy_of.values())
+    external = unique(
+        t for c in copy_of.values() for t in graph.inputs(c)
+        if t.node not in copies and dialect.is_float(graph, t)
+        and not dialect.is_constant(graph, t.node)
+    )
+    if not external:
+        raise GraphpassError(
+            f"segment {segment!r} has no float input to tie to the gradient in data mode; "
+            "mark a larger segment (one that reads a float tensor) or use --dependency control"
+        )
+    activations = [t for t in external if not dialect.is_variable_value(graph, t.node)]
+    # Who reads each external tensor, once (a scan of every copy per tensor was
+    # quadratic in the segment); copies in order, then slots as the graph lists them.
+    readers: dict[Tensor, list[tuple[str, int]]] = {}
+    for copy in copy_of.values():
+        for slot, source in graph.input_slots(copy).items():
+            readers.setdefault(source, []).append((copy, slot))
+    scope = f"{SCOPE}{segment.rstrip('/')}/dep"
+    signal: dict[str, Tensor] = {}
+    for tensor in activations or external:
+        dtype = dialect.dtype(graph, tensor)
+        if dtype not in signal:
+            signal[dtype] = _tiny_signal(graph, f"{scope}/{dtype}", triggers, dtype)
+        tied = dialect.binary(graph, f"{scope}/tie", "add", tensor, signal[dtype])
+        for copy, slot in readers[tensor]:
+            graph.set_input(copy, slot, tied)
+
+
+def _tiny_signal(graph: Graph, scope: str, tensors: list[Tensor], dtype: str) -> Tensor:
+    """``stop_gradient(scale * sum(first elements))`` in ``dtype`` (``scale``: the
+    dialect's ``dependency_scale``, ``tiny`` by default): numerically nothing
+    for any normal value, but a data dependency no compiler may drop."""
+    dialect = graph.dialect
+    firsts = [
+        dialect.cast(graph, f"{scope}/cast", dialect.first_element(graph, f"{scope}/first", t),
+                     dtype)
+        for t in tensors
+    ]
+    total = dialect.add_n(graph, f"{scope}/sum", firsts)
+    tiny = dialect.scalar(graph, f"{scope}/tiny", dialect.dependency_scale(dtype), dtype)
+    return dialect.stop_gradient(graph, f"{scope}/stop",
+                                 dialect.binary(graph, f"{scope}/scaled", "mul", total, tiny))
+
+
+def tupleize(graph: Graph, segment: str, gradient_ops: list[str], dependency: str) -> None:
+    """Gate the segment's gradient outputs so none is consumed before all exist."""
+    dialect = graph.dialect
+    ops = set(gradient_ops)
+    # Values that flow back into the segment's own gradient ops are internal to
+    # it; gating those on all the ops would be a cycle.
+    internal = graph.ancestors(ops)
+    outputs = unique(
+        Tensor(op, port) for op in sorted(ops) for port in graph.used_ports(op)
+        if dialect.is_float(graph, Tensor(op, port))
+        and _leaves(graph.consumers(Tensor(op, port)), ops, internal)
+    )
+    scope = f"{SCOPE}{segment.rstrip('/')}/tuple"
+    producers = unique(t.node for t in outputs)
+    signal: dict[str, Tensor] = {}
+    for tensor in outputs:
+        if dependency == "control":
+            gated = dialect.identity(graph, f"{scope}/gate", tensor, producers)
+        else:
+            dtype = dialect.dtype(graph, tensor)
+            if dtype not in signal:
+                signal[dtype] = _tiny_signal(graph, f"{scope}/{dtype}", outputs, dtype)
+            gated = dialect.binary(graph, f"{scope}/gate", "add", tensor, signal[dtype])
+        graph.replace_uses(tensor, gated,
+                           where=lambda c: c not in ops and not c.startswith(scope))
+
+
+def _leaves(readers: list[tuple[str, int]], ops: set[str], internal: set[str]) -> bool:
+    outside = [c for c, _ in readers if c not in ops]
+    return bool(outside) and not any(c in internal for c in outside)
