@@ -75,7 +75,7 @@ class Rewrite(Command):
             options.dump_dir, full=options.dump_full, quiet=options.quiet))
         if options.pipeline.regions:
             # Overrides are checked even when no requested pass needs regions.
-            ctx.analyze_regions(graph)
+            ctx.analyses.regions(graph)
         results = Pipeline(build_passes(options.pipeline)).run(graph, ctx)
         graphpass.save(graph, target, output_format=options.output_format)
         report = {
@@ -89,7 +89,9 @@ class Rewrite(Command):
             "passes": [vars(r) for r in results],
         }
         if options.report:
-            _write_json(Path(options.report), report)
+            from graphpass.formats.files import write_json
+
+            write_json(Path(options.report), report)
         if not options.quiet:
             print(_summary(report))
         return 0
@@ -318,16 +320,9 @@ def _check_output(source: Path, target: Path, in_place: bool) -> None:
         raise GraphpassError(
             f"the output {target} is the input; choose another -o or pass --in-place"
         )
-    from graphpass.formats.detect import check_output_parent
+    from graphpass.formats.files import check_output_parent
 
     check_output_parent(target)
-
-
-def _write_json(path: Path, data: dict) -> None:
-    from graphpass.formats.detect import atomic_output
-
-    with atomic_output(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def _summary(report: dict) -> str:

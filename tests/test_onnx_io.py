@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import graphpass
 from graphpass.analysis.regions import BACKWARD, FORWARD, OPTIMIZER
+from graphpass.analysis.shapes import infer_shapes
 from graphpass.cli import main
 from graphpass.errors import GraphpassError
 from graphpass.formats.onnx_io import INITIALIZER, INPUT, graph_from_model, model_from_graph
@@ -305,6 +306,8 @@ def test_reader_and_writer_errors_name_the_problem(tmp_path):
 def test_dtypes_shapes_sources_and_attrs():
     graph = graph_from_model(onnx_models.resnet18(batch=2, size=16, width=4).model)
     dialect = graph.dialect
+    assert dialect.shape(graph, Tensor("stem/relu", 0)) is None  # reading never infers
+    assert infer_shapes(graph) and not infer_shapes(graph)  # the analysis, once
     assert dialect.dtype(graph, Tensor("stem/relu", 0)) == "float32"
     assert dialect.shape(graph, Tensor("stem/relu", 0)) == (2, 4, 16, 16)
     assert dialect.shape(graph, Tensor("layer2.0/conv1/W", 0)) == (8, 4, 3, 3)
@@ -378,6 +381,7 @@ def test_builders_run_in_onnxruntime(tmp_path):
     as_double = dialect.cast(graph, "probe/cast", back, "float64")
     assert dialect.cast(graph, "probe/same", as_double, "float64") == as_double
     assert dialect.dtype(graph, as_double) == "float64"
+    assert infer_shapes(graph)  # the built nodes without recorded shapes
     assert dialect.shape(graph, as_double) == (2, 3)
     with pytest.raises(GraphpassError, match="no control"):
         dialect.identity(graph, "probe/ordered", x, ["relu"])

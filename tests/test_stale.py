@@ -20,7 +20,8 @@ STEPS = 3
 COUNTER = "graphpass/stale_counter"
 PS = "/job:ps/task:0"
 
-# TF 1.15's test matrix (DESIGN.md): workers, staleness -> global_step, stale_counter, v0, v1
+# TF 1.15's test matrix (DropStaleGradientOptimizer's tests, 1 ps + N workers):
+# workers, staleness -> global_step, stale_counter, v0, v1
 MATRIX = [
     (1, 0, 1, 0, 1, 2),
     (1, -1, 0, 1, 0, 1),
@@ -171,7 +172,8 @@ def test_structure_switch_merge():
     increment on its false side; the train op keeps its name after the Merge."""
     model = tf_models.block_mlp(blocks=2, optimizer="adam")
     original = graph_from_graph_def(model.graph_def)
-    step = graphpass.analyze(original).steps[0]
+    regions = graphpass.analyze(original)
+    step = regions.steps[0]
     graph, _, report = rewrite(model.graph_def, drop_stale="1")
     snapshot, switch, merge = _step_nodes(graph, report)
     assert graph.node(snapshot).op == "AddV2"
@@ -183,7 +185,7 @@ def test_structure_switch_merge():
     drop = next(u for u in graph.users(switch)
                 if any(t.port == 0 for t in graph.inputs(u) if t.node == switch))
     beta_updates = [n.name for n in original.nodes() if n.op == "AssignVariableOp"
-                    and n.meta["region"] == "optimizer"]
+                    and regions.label(n.name) == "optimizer"]
     assert len(beta_updates) == 2
     for name in step.applies + beta_updates + ["train/accepted"]:
         assert accept in graph.ancestors([name]), name

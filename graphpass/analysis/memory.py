@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from graphpass.analysis.shapes import infer_shapes
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 
@@ -67,6 +68,7 @@ def tensor_bytes(graph: Graph, tensor: Tensor, batch_size: int | None = None) ->
 def check_batch_size(graph: Graph, fetches: list[str], batch_size: int | None) -> None:
     """Raise a GraphpassError naming the first input the fetches need whose size is
     unknown, unless ``batch_size`` fills it (the planner cannot plan blind)."""
+    infer_shapes(graph)
     needed = graph.ancestors(_fetch_nodes(fetches)) | set(_fetch_nodes(fetches))
     for name in graph.dialect.graph_inputs(graph):
         if name not in needed:
@@ -107,6 +109,7 @@ def memory_timeline(graph: Graph, fetches: list[str],
 def memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = None
                    ) -> MemoryProfile:
     """Simulate one step running ``fetches`` (``node`` or ``node:port`` names)."""
+    infer_shapes(graph)
     targets = _fetch_nodes(fetches)
     needed = graph.ancestors(targets) | set(targets)
     order = graph.dialect.schedule(graph, needed)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from graphpass.analysis.shapes import infer_shapes
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 
@@ -73,9 +74,11 @@ def analyze(
 ) -> Regions:
     """Find the training steps of ``graph`` and label its nodes.
 
-    ``loss``, ``train_ops`` and ``global_step`` override detection. Records
-    each node's label in ``node.meta["region"]``.
+    ``loss``, ``train_ops`` and ``global_step`` override detection. The labels
+    live in the result, never on the nodes (they would go stale once a pass adds
+    nodes); loss detection reads shapes, so shape inference runs first.
     """
+    infer_shapes(graph)
     dialect = graph.dialect
     applies = dialect.optimizer_applies(graph)
     if not applies:
@@ -88,8 +91,6 @@ def analyze(
     steps = [_train_step(graph, group, applies, loss) for group in groups]
     found = _label(graph, steps)
     labels = {name: found.get(name, OTHER) for name in graph}
-    for name, label in labels.items():
-        graph.node(name).meta["region"] = label
     step_var = _global_step(graph, labels, global_step)
     return Regions(steps=steps, global_step=step_var, labels=labels)
 

@@ -1,1 +1,4 @@
-"""What differs per format: the Dialect protocol and the TF and ONNX dialects."""
+"""What differs per format, behind one protocol (``base.Dialect``): op kinds
+(stateful, random, variable updates, optimizer applies), dtypes, shape inference,
+and the builders of the small ops passes insert. ``tf`` and ``onnx`` implement it;
+passes are written once against it."""

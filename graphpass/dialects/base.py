@@ -127,8 +127,22 @@ class Dialect(ABC):
         """The numpy-style dtype name of ``tensor`` ("float32"), or None if unknown."""
 
     def shape(self, graph: Graph, tensor: Tensor) -> tuple | None:
-        """Static shape, None for unknown dims; None if even the rank is unknown."""
-        return None
+        """Static shape, None for unknown dims; None if even the rank is unknown.
+
+        Reads what inference recorded (``node.meta["shapes"]``); it never runs
+        inference itself: analyses ask for it first (``analysis/shapes.py``)."""
+        shapes = graph.node(tensor.node).meta.get("shapes") or []
+        return shapes[tensor.port] if tensor.port < len(shapes) else None
+
+    def has_shapes(self, graph: Graph, name: str) -> bool:
+        """Whether inference (or the node's builder) recorded ``name``'s shapes."""
+        return "shapes" in graph.node(name).meta
+
+    def infer_shapes(self, graph: Graph) -> None:
+        """Record every node's output shapes (``node.meta["shapes"]``); the default
+        format knows none."""
+        for node in graph.nodes():
+            node.meta["shapes"] = []
 
     def batch_shape(self, graph: Graph, tensor: Tensor, batch_size: int) -> tuple | None:
         """The static shape when the inputs' unknown batch (first) dimension is

@@ -3,7 +3,7 @@
 
 * Types and shapes come from ``onnx.shape_inference``, run once over the whole
   model and recorded per node in ``node.meta["dtypes"]`` / ``node.meta["shapes"]``
-  (a node added later triggers a fresh run), as the TF dialect does.
+  by the shapes analysis (``analysis/shapes.py``), as the TF dialect does.
 * Constants the builders need (shapes, scalars) become initializers, written
   like the ones read: valid in every opset, and no extra nodes in the list.
 * ONNX has no control dependencies and no gradient-stopping op. The
@@ -222,15 +222,13 @@ class ONNXDialect(Dialect):
     def dtype(self, graph: Graph, tensor: Tensor) -> str | None:
         return self._inferred(graph, tensor, "dtypes")
 
-    def shape(self, graph: Graph, tensor: Tensor) -> tuple | None:
-        """Static shape from ONNX shape inference (None for symbolic dims)."""
-        return self._inferred(graph, tensor, "shapes")
+    def infer_shapes(self, graph: Graph) -> None:
+        """ONNX shape inference, once over the model: dtypes and shapes (None for
+        symbolic dims) of every node's outputs."""
+        _infer_types(graph)
 
     def _inferred(self, graph: Graph, tensor: Tensor, key: str):
-        node = graph.node(tensor.node)
-        if key not in node.meta:
-            _infer_types(graph)
-        values = node.meta.get(key) or []
+        values = graph.node(tensor.node).meta.get(key) or []
         return values[tensor.port] if tensor.port < len(values) else None
 
     def dependency_scale(self, dtype: str) -> float:
@@ -355,7 +353,11 @@ class ONNXDialect(Dialect):
         else:
             head = self._op(graph, f"{name}/head", "Slice", [flat], starts=[0], ends=[1],
                             axes=[0])
-        return self._reshape(graph, name, head, [], opset)
+        first = self._reshape(graph, name, head, [], opset)
+        # A scalar of the input's dtype: recorded as inference would (``cast`` reads it).
+        node = graph.node(first.node)
+        node.meta["dtypes"], node.meta["shapes"] = [self.dtype(graph, tensor)], [()]
+        return first
 
     def _reshape(self, graph: Graph, name: str, tensor: Tensor, shape: list[int],
                  opset: int) -> Tensor:
@@ -376,7 +378,9 @@ class ONNXDialect(Dialect):
             return tensor
         enum = dtype_enum(dtype)
         to = enum if self.opset(graph) >= 6 else onnx.TensorProto.DataType.Name(enum)
-        return self._op(graph, name, "Cast", [tensor], to=to)
+        cast = self._op(graph, name, "Cast", [tensor], to=to)
+        graph.node(cast.node).meta["dtypes"] = [dtype]  # known without inference
+        return cast
 
     def binary(self, graph: Graph, name: str, op: str, a: Tensor, b: Tensor) -> Tensor:
         onnx_op = {"add": "Add", "sub": "Sub", "mul": "Mul"}[op]

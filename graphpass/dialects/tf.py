@@ -9,6 +9,7 @@ from functools import cache
 from typing import Any, NamedTuple
 
 from graphpass.dialects.base import Dialect
+from graphpass.dialects.capabilities import ConditionalBuilder, TargetLowering
 from graphpass.ir.graph import Graph, Tensor
 
 # Values that are fed or stored, not computed.
@@ -77,7 +78,7 @@ def _dtype_enum(name: str) -> int:
     return dtypes.as_dtype(name).as_datatype_enum
 
 
-class TFDialect(Dialect):
+class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
     name = "tf"
     dependency_modes = ("control", "data")
 
@@ -240,20 +241,11 @@ class TFDialect(Dialect):
             slot += count
         return []
 
-    def shape(self, graph: Graph, tensor: Tensor) -> tuple | None:
-        """Static shape (None for unknown dims), or None if the rank is unknown.
-
-        Shapes come from TF's own shape inference: the graph is imported once
-        into a ``tf.Graph`` and every output's shape recorded on its node
-        (``node.meta["shapes"]``); nodes added later trigger a fresh inference,
-        unless their builder recorded the shape (copies and the small ops of
-        this dialect do, so a pass that adds them does not re-infer the graph).
-        """
-        node = graph.node(tensor.node)
-        if "shapes" not in node.meta:
-            _infer_shapes(graph)
-        shapes = node.meta.get("shapes") or []
-        return shapes[tensor.port] if tensor.port < len(shapes) else None
+    def infer_shapes(self, graph: Graph) -> None:
+        """TF's own shape inference: the graph is imported into a ``tf.Graph`` and
+        every output's shape recorded on its node. Copies and the small ops of this
+        dialect record their shapes when built, so adding them needs no new inference."""
+        _infer_shapes(graph)
 
     def batch_shape(self, graph: Graph, tensor: Tensor, batch_size: int) -> tuple | None:
         """The static shape when the placeholders' unknown batch dimension is
@@ -467,6 +459,20 @@ class TFDialect(Dialect):
         from graphpass.formats import tf_library
 
         return tf_library.functional_if(self, graph, name, pred, branches, results, device)
+
+    # -- target lowering -------------------------------------------------------
+
+    def place(self, graph: Graph, names: list[str], device_type: str) -> bool:
+        """Give ``names`` the device type where they have none (``tf_xla.place``)."""
+        from graphpass.dialects import tf_xla
+
+        return tf_xla.place(graph, names, device_type)
+
+    def xla_unsupported(self, graph: Graph, names: list[str]) -> list[tuple[str, str]]:
+        """``(node, op)`` of ``names`` without an XLA kernel (``tf_xla.xla_unsupported``)."""
+        from graphpass.dialects import tf_xla
+
+        return tf_xla.xla_unsupported(graph, names)
 
     # -- MetaGraphDef collections ---------------------------------------------
 

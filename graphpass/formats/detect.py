@@ -5,23 +5,18 @@ Detection reads the content, not the extension: binary protobufs are told
 apart by the field numbers and wire types at their top level, text protos by
 their first field name. Writes are atomic: a temporary file (or directory)
 beside the target, renamed over it only once complete, so a failure never
-leaves a partial or clobbered output.
+leaves a partial or clobbered output (``files.atomic_output``).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
+from graphpass.formats.files import GRAPHDEF, METAGRAPH, ONNX, SAVEDMODEL
 from graphpass.ir.graph import Graph
-
-GRAPHDEF, METAGRAPH, SAVEDMODEL, ONNX = "graphdef", "metagraph", "savedmodel", "onnx"
 
 # Top-level (field number, wire type) pairs that only one container uses.
 # Wire types: 0 varint, 2 length-delimited.
@@ -212,52 +207,3 @@ def _corrupt(path: Path, why: str) -> GraphpassError:
         f"{path}: unknown format or a corrupt/truncated protobuf ({why}); expected a TF "
         "GraphDef, MetaGraphDef, SavedModel or ONNX model: re-export it or check the copy"
     )
-
-
-@contextmanager
-def atomic_output(path: Path, *, directory: bool = False) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; move it over ``path`` on success only."""
-    parent = path.parent if str(path.parent) else Path(".")
-    check_output_parent(path)
-    try:
-        if directory:
-            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=parent))
-        else:
-            fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-            os.close(fd)
-            tmp = Path(name)
-    except OSError as exc:
-        raise GraphpassError(f"{path}: cannot write there ({exc.strerror})") from None
-    try:
-        yield tmp
-        _replace(tmp, path, directory)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True) if directory else tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError):  # e.g. -o names a directory, or the disk is full
-            raise GraphpassError(f"{path}: cannot write there ({exc.strerror or exc})") from None
-        raise
-
-
-def check_output_parent(path: Path) -> None:
-    """A user error unless the directory that will hold ``path`` exists."""
-    parent = path.parent if str(path.parent) else Path(".")
-    if parent.is_dir():
-        return
-    if parent.exists():
-        raise GraphpassError(f"{path}: cannot write there ({parent} is a file, not a directory)")
-    raise GraphpassError(f"{path}: the output directory {parent} does not exist")
-
-
-def _replace(tmp: Path, path: Path, directory: bool) -> None:
-    if not directory:
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-        return
-    if path.is_dir():
-        old = path.with_name(f".{path.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, path)

@@ -65,7 +65,7 @@ import shutil
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
-from graphpass.formats.detect import atomic_output
+from graphpass.formats.files import atomic_output
 from graphpass.ir.graph import Graph, Tensor
 
 INPUT = "graphpass.Input"

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
-from graphpass.formats.detect import GRAPHDEF, METAGRAPH, SAVEDMODEL, atomic_output
+from graphpass.formats.files import GRAPHDEF, METAGRAPH, SAVEDMODEL, atomic_output
 from graphpass.ir.graph import Graph, parse_tensor_name
 
 _EXTRA_FIELDS = ("experimental_debug_info", "experimental_type")

@@ -50,8 +50,13 @@ def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | No
         "global_step": regions.global_step,
     }
     if xla:
-        from graphpass.passes.lower import STEP_REGIONS, xla_unsupported
+        from graphpass.dialects.capabilities import TargetLowering
+        from graphpass.passes.lower import STEP_REGIONS
 
+        if not isinstance(dialect, TargetLowering):
+            raise GraphpassError(f"--xla checks TF graphs for XLA kernels; this graph is "
+                                 f"{graph.format}")
         step = [n for n in graph if regions.label(n) in STEP_REGIONS]
-        info["xla_unsupported"] = [{"node": n, "op": op} for n, op in xla_unsupported(graph, step)]
+        info["xla_unsupported"] = [{"node": n, "op": op}
+                                   for n, op in dialect.xla_unsupported(graph, step)]
     return info

@@ -1,6 +1,6 @@
 """``--dump-dir``: what the graph looked like at the input and after every pass.
 
-Dumping is a pipeline *instrument* (``graphpass.passes.base.Instrument``), never
+Dumping is a pipeline *instrument* (``graphpass.passes.instrument.Instrument``), never
 code inside a pass: passes stay unaware of it, and any pass -- including ones
 written later -- is dumped the same way. For each state it writes, numbered in
 pass order::
@@ -20,18 +20,18 @@ line says why there is no ``.svg``.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import sys
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
+from graphpass.formats.files import write_json
 from graphpass.inspect.diff import GraphDiff, graph_diff
 from graphpass.inspect.dot import neighbourhood_dot, render_svg
 from graphpass.inspect.progress import PassProgress, Progress
 from graphpass.ir.graph import Graph
-from graphpass.passes.base import Instrument, Pass
+from graphpass.passes.instrument import Instrument, NamedPass
 
 _OWN_FILE = re.compile(r"^\d{2,}-.*\.(pbtxt|onnx\.txt|dot|svg|diff\.json)$")
 TENSORBOARD_DIR = "tensorboard"
@@ -59,7 +59,7 @@ class DumpInstrument(Instrument):
         self._dump(graph, "input", diff=None, before=None, pass_info={})
         self._previous = graph.copy()
 
-    def after_pass(self, pass_: Pass, graph: Graph, changed: bool, seconds: float) -> None:
+    def after_pass(self, pass_: NamedPass, graph: Graph, changed: bool, seconds: float) -> None:
         before = self._previous
         diff = graph_diff(before, graph) if before is not None else None
         self._dump(graph, pass_.name, diff=diff, before=before,
@@ -86,7 +86,7 @@ class DumpInstrument(Instrument):
                 files += write()
         self.index.append({"dump": stem, **pass_info, "nodes": len(graph), "files": files,
                            "diff_counts": diff.counts() if diff is not None else None})
-        _write_json(self.dump_dir / "index.json", {"dumps": self.index, "notes": self.notes})
+        write_json(self.dump_dir / "index.json", {"dumps": self.index, "notes": self.notes})
 
     def _write_view(self, graph: Graph, diff: GraphDiff | None, before: Graph | None,
                     stem: str) -> list[str]:
@@ -110,7 +110,7 @@ class DumpInstrument(Instrument):
         if diff is None:
             return []
         path = self.dump_dir / f"{stem}.diff.json"
-        _write_json(path, diff.to_json())
+        write_json(path, diff.to_json())
         return [path.name]
 
     def _note(self, text: str) -> None:
@@ -200,10 +200,6 @@ def _prepare(dump_dir: Path) -> None:
 
 def _file_name(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "pass"
-
-
-def _write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def rewrite_instruments(dump_dir: str | None, *, full: bool = False,

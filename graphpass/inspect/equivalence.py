@@ -13,7 +13,7 @@ graphs side by side and compares them after every step:
   ``--feed`` arrays, else seeded random values of each placeholder's static
   shape and dtype. Peak memory of each step is the CPU allocator's peak after
   ``reset_memory_stats`` (``inter_op_parallelism_threads=1``, so the schedule
-  is stable), as in DESIGN.md's "Measuring". Two caveats: both sessions share
+  is stable), measured each time side by side. Two caveats: both sessions share
   the process's allocator, so single steps are noisy (the verdict line gives
   the median); and oneDNN's CPU allocator keeps small buffers (below about
   256 KiB) out of its statistics, so toy graphs read 0 B -- and with oneDNN
@@ -461,8 +461,8 @@ _ORT_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64",
 def verify_onnx(original: Path, rewritten: Path, options: VerifyOptions) -> VerifyReport:
     """Run both ONNX models in onnxruntime on the same inputs; compare every shared output.
 
-    Peak memory is not measured here (DESIGN.md: a subprocess with the arena
-    off and peak RSS); the report says ``None``.
+    Peak memory is not measured here (ONNX Runtime's needs a subprocess with the
+    memory arena off and its peak RSS); the report says ``None``.
     """
     import onnxruntime as ort
 

@@ -9,10 +9,11 @@ erased when the operation ends, so it never mixes with the real output.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import TextIO
 
 from graphpass.ir.graph import Graph
-from graphpass.passes.base import Instrument, Pass
+from graphpass.passes.instrument import Instrument, NamedPass
 
 
 class Progress:
@@ -68,15 +69,15 @@ class PassProgress(Instrument):
         self.progress: Progress | None = None
         self._total = self._done = 0
 
-    def before_pipeline(self, graph: Graph, passes: list[Pass]) -> None:
+    def before_pipeline(self, graph: Graph, passes: Sequence[NamedPass]) -> None:
         self._total, self._done = len(passes), 0
         self.progress = Progress("rewrite pass", total=self._total, quiet=self.quiet,
                                  stream=self.stream)
 
-    def before_pass(self, pass_: Pass, graph: Graph) -> None:
+    def before_pass(self, pass_: NamedPass, graph: Graph) -> None:
         self.progress.update(self._done + 1, f"{pass_.name} ({len(graph)} nodes)")
 
-    def after_pass(self, pass_: Pass, graph: Graph, changed: bool, seconds: float) -> None:
+    def after_pass(self, pass_: NamedPass, graph: Graph, changed: bool, seconds: float) -> None:
         self._done += 1
         if self._done == self._total:
             self.progress.close()

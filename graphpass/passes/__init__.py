@@ -1,4 +1,6 @@
-"""The pass registry, in pipeline order.
+"""The passes: the contract, context and pipeline (``base``, ``context``), and the
+registry, in pipeline order. Each pass is ``run(graph, ctx) -> changed`` with its own
+frozen options (``graphpass.options``) and the shared ``PassContext``.
 
 Rematerialization first (it needs the plain forward/backward structure), then
 target lowering (it labels the step by region analysis, which must still see the

@@ -16,15 +16,20 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
 from graphpass.ir.verify import verify
 from graphpass.passes.context import PassContext
 
 
 class Pass(ABC):
-    """One graph rewrite. Subclasses set ``name`` and implement ``run``."""
+    """One graph rewrite. Subclasses set ``name`` and implement ``run``; ``preserves``
+    names the analyses (``analysis/manager.py``) still valid after it changed the graph."""
 
     name: ClassVar[str]
+    preserves: ClassVar[frozenset[str]] = frozenset()
+    #: Dialect capabilities (``dialects/capabilities.py``) the pass needs.
+    requires: ClassVar[tuple[type, ...]] = ()
 
     def __init__(self, options: Any = None) -> None:
         self.options = options
@@ -33,16 +38,6 @@ class Pass(ABC):
     @abstractmethod
     def run(self, graph: Graph, ctx: PassContext) -> bool:
         """Rewrite ``graph`` in place; return whether anything changed."""
-
-
-class Instrument:
-    """Hooks around passes (timing, dumps, progress); they never change the graph."""
-
-    def before_pipeline(self, graph: Graph, passes: list[Pass]) -> None: ...
-
-    def before_pass(self, pass_: Pass, graph: Graph) -> None: ...
-
-    def after_pass(self, pass_: Pass, graph: Graph, changed: bool, seconds: float) -> None: ...
 
 
 @dataclass
@@ -61,6 +56,8 @@ class Pipeline:
 
     def run(self, graph: Graph, ctx: PassContext | None = None) -> list[PassResult]:
         ctx = ctx or PassContext()
+        for pass_ in self.passes:
+            _check_capabilities(pass_, graph)
         verify(graph, after="input")
         for instrument in ctx.instruments:
             instrument.before_pipeline(graph, self.passes)
@@ -72,8 +69,18 @@ class Pipeline:
             changed = pass_.run(graph, ctx)
             seconds = time.perf_counter() - start
             if changed:
+                ctx.analyses.invalidate(graph, pass_.preserves)
                 verify(graph, after=pass_.name)
             for instrument in ctx.instruments:
                 instrument.after_pass(pass_, graph, changed, seconds)
             results.append(PassResult(pass_.name, changed, seconds, dict(pass_.report)))
         return results
+
+
+def _check_capabilities(pass_: Pass, graph: Graph) -> None:
+    """Refuse, before anything runs, a pass whose needs the graph's dialect lacks."""
+    for capability in pass_.requires:
+        if not isinstance(graph.dialect, capability):
+            raise GraphpassError(
+                f"the {pass_.name} pass needs {capability.__name__} from the dialect, which "
+                f"{graph.format} graphs do not have; drop its options for {graph.format} input")

@@ -3,7 +3,9 @@
 The options decide *what* to rewrite; the context carries the decisions every
 pass must agree on (TVM's ``PassContext``): the resolved target (``--device
 tpu`` implies xla), the device, the dependency mode remat uses unless told
-otherwise, the region overrides, and the instruments around the passes. A pass
+otherwise, the instruments around the passes, and the analysis manager that
+computes regions, shapes and the memory estimate on demand (under the region
+overrides) and forgets them when a pass changes the graph. A pass
 never resolves these itself, so two passes cannot disagree about them.
 """
 
@@ -11,14 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from graphpass.options import PipelineOptions, RegionOptions
-
-if TYPE_CHECKING:
-    from graphpass.analysis.regions import Regions
-    from graphpass.ir.graph import Graph
-    from graphpass.passes.base import Instrument
+from graphpass.analysis.manager import AnalysisManager
+from graphpass.options import PipelineOptions
+from graphpass.passes.instrument import Instrument
 
 
 @dataclass(frozen=True)
@@ -29,20 +27,13 @@ class PassContext:
     target: str = "tf"
     device: str | None = None
     dependency: str | None = None
-    regions: RegionOptions = field(default_factory=RegionOptions)
     instruments: tuple[Instrument, ...] = ()
+    analyses: AnalysisManager = field(default_factory=AnalysisManager)
 
     @classmethod
     def from_options(cls, options: PipelineOptions,
                      instruments: Sequence[Instrument] = ()) -> PassContext:
         return cls(target=options.target, device=options.device,
                    dependency="data" if options.target == "xla" else None,
-                   regions=options.regions, instruments=tuple(instruments))
-
-    def analyze_regions(self, graph: Graph) -> Regions:
-        """Region analysis of ``graph`` under the overrides."""
-        from graphpass.analysis.regions import analyze
-
-        return analyze(graph, loss=self.regions.loss,
-                       train_ops=list(self.regions.train_ops) or None,
-                       global_step=self.regions.global_step)
+                   instruments=tuple(instruments),
+                   analyses=AnalysisManager(options.regions))

@@ -18,6 +18,8 @@ backward, optimizer); initializers, savers and summaries are untouched.
 
 from __future__ import annotations
 
+from graphpass.analysis.manager import REGIONS, SHAPES
+from graphpass.dialects.capabilities import TargetLowering
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
 from graphpass.options import LowerOptions
@@ -40,19 +42,18 @@ class LowerPass(Pass):
     name = "lower"
 
     options: LowerOptions
+    preserves = frozenset({REGIONS, SHAPES})  # attributes and devices only
+    requires = (TargetLowering,)
 
     def run(self, graph: Graph, ctx: PassContext) -> bool:
-        if graph.format != "tf":
-            raise GraphpassError(f"--target/--device lowering is for TF graphs; {graph.format} "
-                                 "graphs are written as they are")
-        regions = ctx.analyze_regions(graph)
+        regions = ctx.analyses.regions(graph)
         step = [n for n in graph if regions.label(n) in STEP_REGIONS]
-        unsupported = xla_unsupported(graph, step) if ctx.target == "xla" else []
+        unsupported = graph.dialect.xla_unsupported(graph, step) if ctx.target == "xla" else []
         if unsupported and ctx.device == "tpu":
             raise GraphpassError(_unsupported_message(graph, unsupported))
         changed = False
         if ctx.device:
-            changed |= _place(graph, step, DEVICE_TYPES[ctx.device])
+            changed |= graph.dialect.place(graph, step, DEVICE_TYPES[ctx.device])
         clustered = []
         if ctx.target == "xla" and self.options.xla_cluster == "step":
             left_out = {n for n, _ in unsupported}
@@ -77,65 +78,6 @@ def _clusterable(graph: Graph, name: str) -> bool:
     """Fed values and ref variables stay outside the cluster (as jit_scope leaves them)."""
     node = graph.node(name)
     return not node.op.startswith("Placeholder") and node.op not in ("VariableV2", "Variable")
-
-
-def _place(graph: Graph, names: list[str], device_type: str) -> bool:
-    """Give ``names`` the device type, keeping every field they already have
-    (a ``/job:ps`` placement stays on the ps; an explicit CPU stays CPU)."""
-    from tensorflow.python.framework.device_spec import DeviceSpecV2
-
-    wanted = DeviceSpecV2(device_type=device_type, device_index=0)
-    changed = False
-    for name in names:
-        node = graph.node(name)
-        current = DeviceSpecV2.from_string(node.device)
-        if current.device_type:
-            continue
-        node.device = current.make_merged_spec(wanted).to_string()
-        changed = True
-    return changed
-
-
-def xla_unsupported(graph: Graph, names: list[str]) -> list[tuple[str, str]]:
-    """``(node, op)`` for each of ``names`` whose op has no XLA kernel.
-
-    TF lists XLA kernels under the ``XLA_CPU_JIT`` device once XLA is
-    initialised (TPU kernels are not in the CPU build; the CPU JIT's set is the
-    closest proxy). Fed and stored values never enter a cluster and are skipped.
-    """
-    compilable = _xla_ops()
-    dialect = graph.dialect
-    return [(n, graph.node(n).op) for n in names
-            if graph.node(n).op not in compilable and not dialect.is_source(graph, n)]
-
-
-_XLA_OPS: set[str] | None = None
-
-
-def _xla_ops() -> set[str]:
-    global _XLA_OPS
-    if _XLA_OPS is None:
-        _XLA_OPS = _registered_xla_ops()
-    return _XLA_OPS
-
-
-def _registered_xla_ops() -> set[str]:
-    import tensorflow as tf
-    from tensorflow.python.framework import kernels
-
-    _initialise_xla(tf)
-    listed = kernels.get_all_registered_kernels().kernel
-    return {k.op for k in listed if k.device_type == "XLA_CPU_JIT"}
-
-
-def _initialise_xla(tf) -> None:
-    """XLA registers its kernels when first used: compile one tiny cluster."""
-    tf1 = tf.compat.v1
-    graph = tf.Graph()
-    with graph.as_default(), tf.xla.experimental.jit_scope():
-        value = tf.constant(1.0) + 1.0
-    with tf1.Session(graph=graph) as session:
-        session.run(value)
 
 
 def _unsupported_message(graph: Graph, unsupported: list[tuple[str, str]]) -> str:

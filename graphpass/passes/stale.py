@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from graphpass.analysis.regions import Regions, TrainStep, gradient_computation
+from graphpass.dialects.capabilities import ConditionalBuilder
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.options import StaleOptions
@@ -77,14 +78,12 @@ class StalePass(Pass):
     name = "stale"
 
     options: StaleOptions
+    requires = (ConditionalBuilder,)
 
     def run(self, graph: Graph, ctx: PassContext) -> bool:
         opts = self.options
         _check_not_rewritten(graph)
-        if graph.format != "tf":
-            raise GraphpassError(f"the stale pass rewrites TF training graphs; this graph is "
-                                 f"{graph.format}")
-        regions = ctx.analyze_regions(graph)
+        regions = ctx.analyses.regions(graph)
         global_step = _global_step(graph, regions)
         plans = [_plan(graph, step, global_step) for step in regions.steps]
         _check_plans(graph, plans, ctx.target)

@@ -16,7 +16,7 @@ segment's checkpoint), and anything graphpass generated (names under
 ``graphpass/``), which is what makes a second run a no-op.
 
 Marks: ``--recompute`` patterns, ``_recompute_hint`` attributes, or ``--recompute
-auto``, where the planner (``remat_plan``) chooses name scopes for a memory budget
+auto``, where the planner (``plan``) chooses name scopes for a memory budget
 and they are rewritten exactly as those patterns would be.
 
 Ordering: ``control`` mode gives the copies control inputs on the trigger
@@ -86,7 +86,7 @@ class RematPass(Pass):
 
     def run(self, graph: Graph, ctx: PassContext) -> bool:
         step = self._analyze(graph, ctx)
-        peak_before = estimated_peak_bytes(graph, step.fetches)
+        peak_before = ctx.analyses.peak_bytes(graph, step.fetches)
         auto = None
         if self.options.auto:
             auto = self._auto_plan(graph, step)
@@ -109,7 +109,7 @@ class RematPass(Pass):
                 f"--dependency {dependency} is not possible for {graph.format} graphs "
                 f"(they support: {', '.join(modes)})"
             )
-        regions = ctx.analyze_regions(graph)
+        regions = ctx.analyses.regions(graph)
         fetches = [t for s in regions.steps for t in s.train_ops or [s.train_op]]
         fetches += [s.loss.node for s in regions.steps]
         return _Step(forward=set(regions.nodes("forward")),

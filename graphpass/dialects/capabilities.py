@@ -1,0 +1,55 @@
+"""What a pass may need from a dialect beyond :class:`~graphpass.dialects.base.Dialect`.
+
+A pass names the capabilities it needs (``Pass.requires``); the pipeline checks
+the graph's dialect against them before any pass runs and refuses a pass the
+format cannot serve with one line, instead of failing halfway through a rewrite.
+Only the TF dialect implements these today; ONNX has neither variables as ops,
+nor conditionals the stale pass could gate with, nor device strings.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class ConditionalBuilder(Protocol):
+    """Variables, conditionals (v1 Switch/Merge and a functional If) and collections:
+    what the stale-gradient pass builds its conditional apply from."""
+
+    def switch(self, graph, name, data, pred, device="") -> Any: ...
+
+    def merge(self, graph, name, tensors, device="") -> Any: ...
+
+    def functional_if(self, graph, name, pred, branches, results, device="") -> Any: ...
+
+    def noop(self, graph, name, control_inputs, device="") -> str: ...
+
+    def constant(self, graph, name, value, dtype, device="") -> Any: ...
+
+    def read_variable(self, graph, name, variable, control_inputs=(), device=None) -> Any: ...
+
+    def resource_variable(self, graph, name, value, dtype, device="") -> Any: ...
+
+    def assign_add_variable(self, graph, name, variable, value, control_inputs=()) -> str: ...
+
+    def register_global_variable(self, graph, variable) -> bool: ...
+
+    def add_to_collection(self, graph, key, tensor) -> bool: ...
+
+    def scalar_summary(self, graph, name, tag, value) -> Any: ...
+
+    def frame_depths(self, graph) -> dict[str, int]: ...
+
+    def is_ref(self, graph, tensor) -> bool: ...
+
+    def has_outputs(self, graph, name) -> bool: ...
+
+
+@runtime_checkable
+class TargetLowering(Protocol):
+    """Device strings and XLA compilability: what target lowering needs."""
+
+    def place(self, graph, names: list[str], device_type: str) -> bool: ...
+
+    def xla_unsupported(self, graph, names: list[str]) -> list[tuple[str, str]]: ...
