@@ -7,7 +7,11 @@ the planner plans with) and measured in its own process by
 ``tools/measure.py`` (peak of the step's allocation records; the CPU
 allocator's own peak beside it where oneDNN keeps statistics).
 
-Models (benchmark sizes; ``--small`` runs the test sizes):
+Models (benchmark sizes; ``--small`` runs the test sizes, which keep the step's
+activations larger than the weights' gradients: TF's executor delays some
+optimizer updates to the end of the step in an order the estimate cannot know,
+so on a toy CNN, where gradients outweigh activations, the measured peak
+depends on that order rather than on what remat changes):
 
 * mlp          -- the 8-block MLP of bench_remat (x [2048, 1024], SGD), ``block[1-7]/``
 * mobilenet_v2 -- tf_keras MobileNetV2, 96x96, batch 32, Momentum, per-block marks
@@ -32,9 +36,9 @@ if str(ROOT) not in sys.path:
 #: model -> (builder kwargs at benchmark size, at test size, --recompute regex).
 MODELS = {
     "mlp": ({"batch": 2048, "width": 1024}, {"batch": 256, "width": 256}, r"block[1-7]/"),
-    "mobilenet_v2": ({"size": 96, "batch": 32}, {"size": 32, "batch": 4},
+    "mobilenet_v2": ({"size": 96, "batch": 32}, {"size": 64, "batch": 8, "alpha": 0.35},
                      r"mobilenetv2_[\d.]+_\d+/block_\d+_"),
-    "resnet50": ({"size": 64, "batch": 32}, {"size": 32, "batch": 4},
+    "resnet50": ({"size": 64, "batch": 32}, {"size": 64, "batch": 8},
                  r"resnet50/conv\d_block\d+_"),
     "transformer": ({"size": 128, "batch": 32, "layers": 4, "width": 128},
                     {"size": 32, "batch": 8, "layers": 2, "width": 64},
@@ -107,8 +111,9 @@ def print_row(name, variant, estimated, measured, peak_node, header=False) -> No
               f"{'est/meas':>8s} {'allocator':>10s}  estimated peak at")
     allocator = measured.allocator_peak_bytes
     shown = f"{allocator / 2**20:8.1f}Mi" if allocator is not None else f"{'n/a':>10s}"
-    print(f"{name:13s} {variant:8s} {estimated / 2**20:8.1f}Mi {measured.peak_bytes / 2**20:8.1f}Mi "
-          f"{estimated / measured.peak_bytes:7.2f}x {shown}  {peak_node}", flush=True)
+    peak = measured.peak_bytes
+    print(f"{name:13s} {variant:8s} {estimated / 2**20:8.1f}Mi {peak / 2**20:8.1f}Mi "
+          f"{estimated / peak:7.2f}x {shown}  {peak_node}", flush=True)
 
 
 if __name__ == "__main__":
