@@ -8,11 +8,12 @@ setup(
     packages=find_packages(include=["graphpass", "graphpass.*"]),
     python_requires=">=3.10",
     install_requires=[
-        "tensorflow-cpu>=2.16,<2.22",
+        "tensorflow-cpu>=2.21,<2.22",
         "onnx>=1.16",
         "onnxruntime>=1.18",
         "networkx>=3.0",
         "numpy>=1.26",
+        "matplotlib>=3.7",
         "tomli>=2.0; python_version<'3.11'",
     ],
     # tf-keras builds the Keras test/benchmark models (tools/keras_models.py); install it

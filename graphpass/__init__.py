@@ -7,13 +7,30 @@ The data path: ``load`` -> :class:`Graph` -> analyses -> passes -> lowering ->
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from graphpass.errors import GraphpassError
-from graphpass.formats.detect import load, save
-from graphpass.ir.graph import Graph, Node, Tensor
-from graphpass.options import PipelineOptions, pipeline_options
+
+if TYPE_CHECKING:
+    from graphpass.formats.detect import load, save
+    from graphpass.ir.graph import Graph, Node, Tensor
+    from graphpass.options import PipelineOptions
 
 __version__ = "0.1.0"
+
+#: Public names imported on first use: ``graphpass --help`` (which imports this
+#: package) must not pay for networkx, numpy or a runtime.
+_LAZY = {"load": "graphpass.formats.detect", "save": "graphpass.formats.detect",
+         "Graph": "graphpass.ir.graph", "Node": "graphpass.ir.graph",
+         "Tensor": "graphpass.ir.graph"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'graphpass' has no attribute {name!r}")
 
 
 def run_passes(graph: Graph, options: Mapping | PipelineOptions,
@@ -21,6 +38,7 @@ def run_passes(graph: Graph, options: Mapping | PipelineOptions,
     """Run the passes ``options`` ask for on ``graph`` in place; returns one
     ``PassResult`` per pass. ``options`` is a :class:`PipelineOptions` or a mapping
     keyed like the CLI's long options, with underscores (validated the same way)."""
+    from graphpass.options import PipelineOptions, pipeline_options
     from graphpass.passes import PassContext, Pipeline, build_passes
 
     if not isinstance(options, PipelineOptions):

@@ -1,4 +1,4 @@
-"""The ``graphpass`` command line.
+"""The graphpass command line.
 
 Each subcommand is a small class whose docstring is its help. ``main(argv)``
 returns the exit status (0 ok, 1 "different" or a failed check, 2 a user
@@ -12,14 +12,17 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
-from graphpass.options import OPTIONS, Option, rewrite_options
+from graphpass.options import OPTIONS, REWRITE_OPTIONS, Option, config_values, rewrite_options
 
 #: Version of the ``--report`` JSON layout (documented in the README).
 REPORT_SCHEMA = 1
+#: Exit status when stdout's reader closed the pipe: 128 + SIGPIPE, as a shell reports it.
+EXIT_BROKEN_PIPE = 141
 
 
 class Command:
@@ -42,14 +45,9 @@ class Rewrite(Command):
         parser.add_argument("input", help="GraphDef (.pb/.pbtxt), MetaGraphDef (.meta), "
                             "SavedModel directory, or ONNX model")
         parser.add_argument("-o", "--output", required=True, help="where to write the result")
-        parser.add_argument("--in-place", action="store_true",
-                            help="allow the output to be the input file")
-        parser.add_argument("--output-format", choices=["pb", "pbtxt"],
-                            help="TF output encoding (default: the input's)")
-        parser.add_argument("--tag", help="SavedModel MetaGraph tag (default: train, then serve)")
         parser.add_argument("--config", help="TOML file with the same options (CLI wins)")
-        parser.add_argument("--report", help="write a JSON report of what each pass did")
-        parser.add_argument("--quiet", action="store_true", help="print nothing on success")
+        for option in REWRITE_OPTIONS:
+            _add_option(parser, option)
         from graphpass.passes import registered_passes
 
         headings = {"regions": "region analysis overrides", "dumps": "dumps"}
@@ -68,16 +66,16 @@ class Rewrite(Command):
         source, target = Path(options.input), Path(options.output)
         _check_output(source, target, options.in_place)
         if options.report:
-            _check_output(source, Path(options.report), False)
-        graph = graphpass.load(source, tag=options.tag)
+            _check_output(source, Path(options.report), False, file=True)
+        graph = graphpass.load(source, tag=options.tag, signature=options.signature)
         nodes_before = len(graph)
         ctx = PassContext.from_options(options.pipeline, rewrite_instruments(
-            options.dump_dir, full=options.dump_full, quiet=options.quiet))
+            options.dump_dir, full=options.dump_full, quiet=options.quiet,
+            regions=options.pipeline.regions))
         if options.pipeline.regions:
             # Overrides are checked even when no requested pass needs regions.
             ctx.analyses.regions(graph)
         results = Pipeline(build_passes(options.pipeline)).run(graph, ctx)
-        graphpass.save(graph, target, output_format=options.output_format)
         report = {
             "schema": REPORT_SCHEMA,
             "graphpass_version": graphpass.__version__,
@@ -88,10 +86,10 @@ class Rewrite(Command):
             "nodes_after": len(graph),
             "passes": [vars(r) for r in results],
         }
-        if options.report:
-            from graphpass.formats.files import write_json
-
-            write_json(Path(options.report), report)
+        # The report is complete before the graph is written and renamed in place after
+        # it: a failed graph write leaves neither, and nothing fails after the graph.
+        with _staged_json(options.report, report):
+            graphpass.save(graph, target, output_format=options.output_format)
         if not options.quiet:
             print(_summary(report))
         return 0
@@ -106,21 +104,47 @@ class Inspect(Command):
         parser.add_argument("input")
         parser.add_argument("--json", action="store_true", help="print JSON")
         parser.add_argument("--tag", help="SavedModel MetaGraph tag")
+        parser.add_argument("--signature", help="TF2 signature holding the training step")
         parser.add_argument("--loss")
         parser.add_argument("--train-op", action="append")
         parser.add_argument("--global-step")
         parser.add_argument("--xla", action="store_true",
                             help="check every op of the training step for an XLA kernel "
                                  "(exit 1 if some have none)")
+        parser.add_argument("--memory-plot", metavar="FILE.svg",
+                            help="draw the estimated live bytes along the training step "
+                            "(with --rewritten, both graphs on one chart)")
+        parser.add_argument("--rewritten", metavar="FILE",
+                            help="with --memory-plot: the rewritten graph to draw beside IN")
+        parser.add_argument("--saved", action="store_true",
+                            help="list every forward value the backward pass keeps: producer "
+                                 "op, shape, bytes, the gradient ops reading it; largest "
+                                 "first, with the total")
+        parser.add_argument("--batch-size", type=int, metavar="N",
+                            help="with --memory-plot or --saved: the batch of inputs with a "
+                            "dynamic batch dimension")
 
     def run(self, args):
         import graphpass
         from graphpass.inspect.describe import describe
 
-        graph = graphpass.load(args.input, tag=args.tag)
+        if args.rewritten and not args.memory_plot:
+            raise GraphpassError("--rewritten goes with --memory-plot FILE.svg")
+        if args.batch_size and not (args.memory_plot or args.saved):
+            raise GraphpassError("--batch-size goes with --memory-plot FILE.svg or --saved")
+        _check_batch_size(args.batch_size)
+        if args.memory_plot:
+            _check_output(Path(args.input), Path(args.memory_plot), False)
+        graph = graphpass.load(args.input, tag=args.tag, signature=args.signature)
         info = describe(graph, loss=args.loss, train_ops=args.train_op,
-                        global_step=args.global_step, xla=args.xla)
+                        global_step=args.global_step, xla=args.xla, saved=args.saved,
+                        batch_size=args.batch_size)
         print(json.dumps(info, indent=2, sort_keys=True) if args.json else _describe_text(info))
+        if args.memory_plot:
+            graphs = [("original" if args.rewritten else Path(args.input).name, graph, None)]
+            if args.rewritten:
+                graphs.append(("rewritten", graphpass.load(args.rewritten, tag=args.tag), None))
+            _memory_plot(graphs, args, args.input)
         return 1 if info.get("xla_unsupported") else 0
 
 
@@ -190,6 +214,9 @@ class Verify(Command):
                             help="input values (repeatable); default: seeded random values "
                             "of each placeholder's static shape")
         parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+        parser.add_argument("--batch-size", type=int, metavar="N",
+                            help="batch size of inputs with a dynamic batch dimension "
+                            "(default: the batch of the step's other inputs)")
         parser.add_argument("--rtol", type=float, default=0.0,
                             help="relative tolerance (default 0: exact)")
         parser.add_argument("--atol", type=float, default=0.0,
@@ -197,26 +224,43 @@ class Verify(Command):
         parser.add_argument("--loss", help="the loss tensor (default: region analysis)")
         parser.add_argument("--train-op", action="append", help="train op (repeatable)")
         parser.add_argument("--init", help="the init op (default: the MetaGraph's "
-                            "variable initialisers, else `init`)")
+                            "variable initialisers, else the node named init)")
         parser.add_argument("--tag", help="SavedModel MetaGraph tag")
+        parser.add_argument("--signature", help="TF2 SavedModels: the signature to call "
+                            "(default: train, else the one signature that trains)")
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
         parser.add_argument("--quiet", action="store_true",
                             help="no table or progress; only the verdict on a mismatch")
+        parser.add_argument("--memory-plot", metavar="FILE.svg",
+                            help="draw both graphs' estimated live bytes along the step, "
+                            "with the peaks this run measured")
 
     def run(self, args):
         from graphpass.inspect.equivalence import VerifyOptions, format_report, verify_files
 
         if args.steps < 1:
             raise GraphpassError(f"--steps must be at least 1, not {args.steps}")
+        _check_batch_size(args.batch_size)
+        if args.memory_plot:
+            _check_output(Path(args.original), Path(args.memory_plot), False)
         options = VerifyOptions(
             steps=args.steps, xla=args.xla, feeds=_read_feeds(args.feed), loss=args.loss,
             train_ops=tuple(args.train_op or ()), init=args.init, rtol=args.rtol,
-            atol=args.atol, seed=args.seed, tag=args.tag, quiet=args.quiet)
+            atol=args.atol, seed=args.seed, tag=args.tag, quiet=args.quiet,
+            signature=args.signature, batch_size=args.batch_size)
         report = verify_files(args.original, args.rewritten, options)
         if args.json:
             print(json.dumps(report.to_json(), indent=2, sort_keys=True))
         elif not args.quiet or not report.ok:
             print(format_report(report, args.original, args.rewritten, options))
+        if args.memory_plot:
+            import graphpass
+
+            measured = report.median_peaks()
+            _memory_plot([(label, graphpass.load(path, tag=args.tag), peak) for label, path, peak
+                          in (("original", args.original, measured[0]),
+                              ("rewritten", args.rewritten, measured[1]))],
+                         args, f"{args.original} vs {args.rewritten}")
         return 0 if report.ok else 1
 
 
@@ -246,6 +290,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("graphpass: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`graphpass passes | head -1`): stop quietly, as a tool
+        # killed by SIGPIPE would, and keep Python's exit-time flush from failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 def _first_line(cls) -> str:
@@ -269,43 +318,42 @@ def _settings(args: argparse.Namespace) -> dict:
     cli = {k: v for k, v in vars(args).items() if v not in (None, False, [])}
     settings = {}
     if cli.get("config"):
-        settings.update(_read_config(Path(cli["config"]), set(vars(args))))
+        settings.update(_read_config(Path(cli["config"])))
     settings.update(cli)
     settings.pop("command", None)
     settings.pop("config", None)
     return settings
 
 
-def _read_config(path: Path, known: set[str]) -> dict:
+def _read_config(path: Path) -> dict:
     try:
         import tomllib
     except ImportError:  # Python < 3.11
         import tomli as tomllib
+    from graphpass.formats.detect import check_regular_file
+
+    check_regular_file(path, "--config ")
     try:
         data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise GraphpassError(f"--config {path}: no such file") from None
+    except OSError as exc:
+        raise GraphpassError(f"--config {path}: cannot read ({exc.strerror})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise GraphpassError(f"--config {path}: not valid TOML ({exc})") from None
-    settings = {k.replace("-", "_"): v for k, v in data.items()}
-    unknown = sorted(set(settings) - known - {"input", "output"})
-    if unknown:
-        raise GraphpassError(
-            f"--config {path}: unknown option(s) {', '.join(unknown)}; "
-            f"valid: {', '.join(sorted(known - {'command', 'config'}))}"
-        )
-    return settings
+    return config_values(data, f"--config {path}")
 
 
 def _read_feeds(specs: list[str]) -> dict:
     """``NAME=FILE.npy`` options as ``{NAME: array}``."""
     import numpy as np
 
+    from graphpass.formats.detect import check_regular_file
+
     feeds = {}
     for spec in specs:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise GraphpassError(f"--feed {spec!r}: expected NAME=FILE.npy")
+        check_regular_file(Path(path), f"--feed {name}=")
         try:
             feeds[name] = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
@@ -314,15 +362,48 @@ def _read_feeds(specs: list[str]) -> dict:
     return feeds
 
 
-def _check_output(source: Path, target: Path, in_place: bool) -> None:
+def _check_output(source: Path, target: Path, in_place: bool, file: bool = False) -> None:
+    """Checks before anything is read or written: not the input, a writable place
+    (and for ``file``, not a directory)."""
     if target.exists() and source.exists() and target.resolve() == source.resolve() \
             and not in_place:
         raise GraphpassError(
             f"the output {target} is the input; choose another -o or pass --in-place"
         )
-    from graphpass.formats.files import check_output_parent
+    from graphpass.formats.files import check_output_parent, check_output_path
 
-    check_output_parent(target)
+    if file:
+        check_output_path(target)
+    else:
+        check_output_parent(target)
+
+
+@contextmanager
+def _staged_json(path: str | None, data: dict) -> Iterator[None]:
+    """Write ``data`` to a temporary file beside ``path`` now, rename it when the
+    block succeeds; no-op without a path."""
+    if not path:
+        yield
+        return
+    from graphpass.formats.files import staged_json
+
+    with staged_json(Path(path), data):
+        yield
+
+
+def _check_batch_size(batch_size: int | None) -> None:
+    if batch_size is not None and batch_size < 1:
+        raise GraphpassError(f"--batch-size must be at least 1, not {batch_size}")
+
+
+def _memory_plot(graphs: list, args: argparse.Namespace, title: str) -> None:
+    """``--memory-plot``: the step's live bytes of ``graphs``, written to the SVG file."""
+    from graphpass.inspect.memory_plot import write_step_plot
+    from graphpass.options import RegionOptions
+
+    regions = RegionOptions(loss=args.loss, train_ops=tuple(args.train_op or ()))
+    write_step_plot(graphs, Path(args.memory_plot), title, regions,
+                    args.batch_size)
 
 
 def _summary(report: dict) -> str:
@@ -352,6 +433,13 @@ def _describe_text(info: dict) -> str:
         f"variables:     {len(info['variables'])}: {_listed(info['variables'])}",
         "ops:           " + ", ".join(f"{op} {n}" for op, n in info["ops"].items()),
     ]
+    if "signatures" in info:
+        lines.append("signatures:    " + (", ".join(
+            s["signature"] + (f" (updates variables: {s['function']})"
+                              if s["updates_variables"] else "")
+            for s in info["signatures"]) or "-"))
+    if "function" in info:
+        lines.append(f"step function: {info['function']} (its body is the graph above)")
     regions = info.get("regions")
     if regions is None:
         lines.append(f"training:      not a training graph ({info['regions_error']})")
@@ -360,8 +448,14 @@ def _describe_text(info: dict) -> str:
             "regions:       " + ", ".join(f"{k} {v}" for k, v in regions["counts"].items()),
             f"loss:          {', '.join(regions['losses'])}",
             f"train ops:     {', '.join(regions['train_ops'])}",
-            f"global_step:   {regions['global_step'] or '-'}",
+            f"updates:       {len(regions['updates'])}: {_listed(regions['updates'])}",
+            f"gradients:     {len(regions['gradients'])}: {_listed(regions['gradients'])}",
+            f"global_step:   {regions['global_step'] or '-'}"
+            + (f" (variable {regions['global_step_variable']})"
+               if regions.get("global_step_variable") else ""),
         ]
+    if "saved" in info:
+        lines += _saved_text(info["saved"])
     if "xla_unsupported" in info:
         bad = info["xla_unsupported"]
         lines.append("xla:           " + ("every op of the step has an XLA kernel" if not bad else
@@ -369,6 +463,19 @@ def _describe_text(info: dict) -> str:
                      + "; ".join(f"{b['op']} at {b['node']}" for b in bad[:10])
                      + " (move them out of the step, or --xla-cluster none off TPU)"))
     return "\n".join(lines)
+
+
+def _saved_text(saved: dict) -> list[str]:
+    """One line per saved value, largest first: bytes, value, op, shape, readers."""
+    from graphpass.units import format_bytes
+
+    lines = [f"saved:         {saved['count']} forward values kept for the backward pass, "
+             f"{format_bytes(saved['total_bytes'])} in all"]
+    for value in saved["values"]:
+        shape = "?" if value["shape"] is None else "[" + ", ".join(map(str, value["shape"])) + "]"
+        lines.append(f"  {format_bytes(value['bytes']):>12s}  {value['tensor']} ({value['op']} "
+                     f"{shape}) <- {_listed(value['readers'], 3)}")
+    return lines
 
 
 def entry_point() -> None:

@@ -21,6 +21,10 @@ from graphpass.units import parse_bytes
 
 #: The ``--recompute`` value that asks for the automatic planner.
 AUTO = "auto"
+#: ``--recompute-policy`` names (see passes/remat/plan.py).
+MIN_PEAK, BUDGET, CHEAP = "min-peak", "budget", "cheap"
+POLICIES = (MIN_PEAK, BUDGET, CHEAP)
+_RELATIVE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*x\s*")
 TARGETS = ("tf", "xla")
 DEVICES = ("cpu", "gpu", "tpu")
 DEPENDENCIES = ("control", "data")
@@ -38,6 +42,8 @@ class Option:
     kind: type = str
     choices: tuple[str, ...] = ()
     metavar: str | None = None
+    #: A config file may give the value as a TOML integer as well as a string.
+    integer: bool = False
 
     @property
     def key(self) -> str:
@@ -50,11 +56,21 @@ OPTIONS: tuple[Option, ...] = (
            list),
     Option("--global-step", "regions", "the global step variable node"),
     Option("--recompute", "remat", "regex matched at the start of node names; each distinct "
-           "matched text is one segment (repeatable); 'auto': the planner chooses name "
-           "scopes (alone, not with patterns)", list, metavar="PATTERN"),
+           "matched text is one segment (repeatable); 'auto': the planner chooses what to "
+           "recompute from the graph's structure (alone, not with patterns)", list,
+           metavar="PATTERN"),
+    Option("--recompute-policy", "remat", "with --recompute auto: 'min-peak' (default "
+           "without a budget) the lowest estimated peak; 'budget' (default with one) the "
+           "least recompute meeting the budget; 'cheap' recompute only elementwise, "
+           "normalisation and reshape ops, keeping matmul and conv outputs (one min cut "
+           "over tensor bytes)", choices=POLICIES),
     Option("--memory-budget-bytes", "remat", "with --recompute auto: recompute as little as "
-           "keeps the step's estimated peak at most N bytes (or e.g. 300MiB); without it, "
-           "auto recomputes every scope that saves memory", metavar="N"),
+           "keeps the step's estimated peak at most N bytes (or e.g. 300MiB)", metavar="N",
+           integer=True),
+    Option("--memory-budget", "remat", "the same budget relative to the estimated peak of "
+           "the original step (e.g. 0.6x), or in bytes", metavar="F"),
+    Option("--batch-size", "remat", "the planner's size of unknown batch dimensions",
+           metavar="N", integer=True),
     Option("--recompute-hints", "remat", "mark by the Grappler-compatible _recompute_hint "
            "node attribute (ONNX: a NodeProto metadata_props entry)", bool),
     Option("--dependency", "remat", "how copies are ordered (default: control for --target "
@@ -70,17 +86,71 @@ OPTIONS: tuple[Option, ...] = (
     Option("--drop-stale", "stale", "apply a step's gradients only if global_step advanced "
            "at most STALENESS steps while they were computed (an integer; negative drops "
            "every step); the conditional is Switch/Merge for --target tf, a functional If "
-           "for --target xla", metavar="STALENESS"),
+           "for --target xla", metavar="STALENESS", integer=True),
     Option("--stale-counter", "stale", "the float variable counting dropped steps "
            "(default graphpass/stale_counter)", metavar="NAME"),
     Option("--staleness-summary", "stale", "add a scalar summary stale_counter / "
            "(global_step + 1)", bool),
     Option("--dump-dir", "dumps", "write the graph (text, Graphviz .dot/.svg of what each "
-           "pass changed, TensorBoard events) at the input and after every pass",
+           "pass changed, TensorBoard events) at the input and after every pass, and "
+           "memory.svg (estimated live bytes along the step, input vs final)",
            metavar="DIR"),
     Option("--dump-full", "dumps", "draw the whole graph in the .dot/.svg dumps, not just "
            "the rewritten neighbourhood (slow for big graphs)", bool),
 )
+
+
+#: ``graphpass rewrite``'s own options (files and output), besides the pipeline's.
+REWRITE_OPTIONS: tuple[Option, ...] = (
+    Option("--in-place", "rewrite", "allow the output to be the input file", bool),
+    Option("--output-format", "rewrite", "TF output encoding (default: the input's)",
+           choices=("pb", "pbtxt")),
+    Option("--tag", "rewrite", "SavedModel MetaGraph tag (default: train, then serve)"),
+    Option("--signature", "rewrite", "TF2 signature whose function holds the training step "
+           "(default: train, else the one signature that trains)"),
+    Option("--report", "rewrite", "write a JSON report of what each pass did"),
+    Option("--quiet", "rewrite", "print nothing on success", bool),
+)
+#: What a config file may also name: the positional input and ``-o``.
+_CONFIG_ONLY = (Option("--input", "rewrite", "the model to read"),
+                Option("--output", "rewrite", "where to write the result"))
+
+
+def config_values(data: Mapping, source: str) -> dict:
+    """A ``--config`` file's values, checked against the same declarations as the
+    command line: known keys (dashes or underscores), TOML types by kind (a string,
+    true/false, a string or a list of strings; an integer where :attr:`Option.integer`),
+    choices. A single string for a repeatable option is one item, not its letters.
+    Errors name ``source`` and the key."""
+    declared = {o.key: o for o in (*OPTIONS, *REWRITE_OPTIONS, *_CONFIG_ONLY)}
+    values = {}
+    for raw_key, value in data.items():
+        key = raw_key.replace("-", "_")
+        option = declared.get(key)
+        if option is None:
+            raise GraphpassError(f"{source}: unknown option {raw_key}; valid: "
+                                 f"{', '.join(sorted(declared))}")
+        values[key] = _config_value(option, value, f"{source}: {raw_key} = {value!r}")
+    return values
+
+
+def _config_value(option: Option, value: object, where: str):
+    if option.kind is bool:
+        if not isinstance(value, bool):
+            raise GraphpassError(f"{where}: expects true or false")
+        return value
+    if option.kind is list:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise GraphpassError(f"{where}: expects a string or a list of strings")
+        return items
+    integer = option.integer and isinstance(value, int) and not isinstance(value, bool)
+    if not (isinstance(value, str) or integer):
+        raise GraphpassError(f"{where}: expects {'an integer or ' if option.integer else ''}"
+                             "a string")
+    if option.choices and value not in option.choices:
+        raise GraphpassError(f"{where}: choose one of {', '.join(option.choices)}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -99,8 +169,11 @@ class RegionOptions:
 class RematOptions:
     patterns: tuple[str, ...] = ()
     use_hints: bool = False
-    auto: bool = False  # the planner chooses the segments (passes/remat/plan.py)
-    memory_budget_bytes: int | None = None  # the planner's target; None: least memory
+    auto: bool = False  # the planner chooses what to recompute (passes/remat/plan.py)
+    policy: str = MIN_PEAK  # the planner's policy (POLICIES)
+    memory_budget_bytes: int | None = None  # the planner's target in bytes
+    memory_budget_fraction: float | None = None  # ... or relative to the estimated peak
+    batch_size: int | None = None  # the planner's size of unknown batch dimensions
     dependency: str | None = None  # None: the context's default
     tupleize_grads: bool = False
 
@@ -143,13 +216,15 @@ class RewriteOptions:
     in_place: bool = False
     output_format: str | None = None
     tag: str | None = None
+    signature: str | None = None
     report: str | None = None
     quiet: bool = False
     dump_dir: str | None = None
     dump_full: bool = False
 
 
-_FILE_KEYS = ("input", "output", "in_place", "output_format", "tag", "report", "quiet")
+_FILE_KEYS = ("input", "output", "in_place", "output_format", "tag", "signature", "report",
+              "quiet")
 
 
 def rewrite_options(values: Mapping) -> RewriteOptions:
@@ -207,34 +282,75 @@ def _resolve_target(target: str | None, device: str | None) -> str:
 def _remat(given: dict) -> RematOptions | None:
     patterns = tuple(given.get("recompute") or ())
     use_hints = bool(given.get("recompute_hints"))
-    budget = given.get("memory_budget_bytes")
-    auto = _check_auto(patterns, use_hints, budget)
+    auto = _check_auto(patterns, use_hints, given)
     if not patterns and not use_hints:
         return None
     if not auto:
         _check_patterns(patterns)
+    budget_bytes, fraction = _budget(given)
+    limited = budget_bytes is not None or fraction is not None
+    policy = given.get("recompute_policy") or (BUDGET if limited else MIN_PEAK)
+    _check_policy(policy, limited)
     return RematOptions(
         patterns=() if auto else patterns,
         use_hints=use_hints,
         auto=auto,
-        memory_budget_bytes=None if budget is None else parse_bytes(budget),
+        policy=policy,
+        memory_budget_bytes=budget_bytes,
+        memory_budget_fraction=fraction,
+        batch_size=_batch_size(given.get("batch_size")),
         dependency=given.get("dependency"),
         tupleize_grads=bool(given.get("tupleize_grads")),
     )
 
 
-def _check_auto(patterns: tuple[str, ...], use_hints: bool, budget) -> bool:
+def _check_auto(patterns: tuple[str, ...], use_hints: bool, given: dict) -> bool:
     """Whether the planner is asked for; refuses mixing it with explicit marks
-    (whose segments it would have to plan around) and a budget without it."""
+    (whose segments it would have to plan around) and planner options without it."""
     auto = AUTO in patterns
     if auto and (len(patterns) > 1 or use_hints):
         raise GraphpassError(
             "--recompute auto chooses the segments itself and cannot be combined with "
             "other --recompute patterns or --recompute-hints; drop either")
-    if budget is not None and not auto:
-        raise GraphpassError("--memory-budget-bytes is the automatic planner's target; "
-                             "add --recompute auto (or drop the budget)")
+    for key in ("memory_budget_bytes", "memory_budget", "recompute_policy", "batch_size"):
+        if given.get(key) is not None and not auto:
+            raise GraphpassError(f"--{key.replace('_', '-')} is an option of the automatic "
+                                 "planner; add --recompute auto (or drop it)")
     return auto
+
+
+def _budget(given: dict) -> tuple[int | None, float | None]:
+    """``(bytes, fraction of the estimated original peak)`` from the two budget options."""
+    absolute, relative = given.get("memory_budget_bytes"), given.get("memory_budget")
+    if absolute is not None and relative is not None:
+        raise GraphpassError("give --memory-budget-bytes or --memory-budget, not both")
+    if relative is None:
+        return (None if absolute is None else parse_bytes(absolute)), None
+    found = _RELATIVE.fullmatch(str(relative))
+    if found:
+        return None, float(found.group(1))
+    return parse_bytes(relative, "--memory-budget"), None
+
+
+def _check_policy(policy: str, limited: bool) -> None:
+    if limited and policy != BUDGET:
+        raise GraphpassError(f"--recompute-policy {policy} takes no memory budget; drop "
+                             "the budget or use --recompute-policy budget")
+    if policy == BUDGET and not limited:
+        raise GraphpassError("--recompute-policy budget needs --memory-budget-bytes N or "
+                             "--memory-budget 0.6x")
+
+
+def _batch_size(value) -> int | None:
+    if value is None:
+        return None
+    try:
+        size = int(value)
+    except (TypeError, ValueError):
+        size = 0
+    if size < 1 or str(size) != str(value).strip():
+        raise GraphpassError(f"--batch-size {value!r}: expected a positive integer")
+    return size
 
 
 def _check_patterns(patterns: tuple[str, ...]) -> None:

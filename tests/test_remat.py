@@ -48,6 +48,10 @@ def _assert_same_training(model, graph, config=None, rtol=0.0):
 CASES = {
     "mlp_adam": (lambda: tf_models.block_mlp(optimizer="adam"), {"recompute": ["block[1-7]/"]}),
     "conv_bn_dropout_momentum": (tf_models.conv_bn_dropout, {"recompute": ["conv[12]/"]}),
+    # Layer norm by moments + rsqrt, exact GELU, clip_by_norm, Adam: Grappler's remapper
+    # fuses an original layer norm once its backward readers move to the copies,
+    # unless remat keeps the original as written (Dialect.keep_as_written).
+    "prenorm_ffn": (tf_models.prenorm_ffn, {"recompute": ["layer[1-4]/"]}),
     "clipped_two_train_ops": (
         lambda: tf_models.clipped_custom_scope(train_ops=2),
         {"recompute": ["tower0/block[12]/"], "train_op": ["tower0/train"],

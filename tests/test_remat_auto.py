@@ -1,21 +1,25 @@
-"""The automatic checkpoint planner: ``--recompute auto --memory-budget-bytes N``."""
+"""The automatic remat planner: ``--recompute auto`` (policies min-peak, budget, cheap).
+
+The planner works from the graph's structure (narrow cuts of the forward pass),
+so these tests check it on a block-scoped MLP, on the same MLP with meaningless
+node names, and on flat tf_keras graphs (MobileNetV2, a pre-norm FFN stack),
+and always that the rewritten step trains bit for bit as the original did.
+"""
 
 from __future__ import annotations
 
-import re
+import random
 
 import numpy as np
 import pytest
 
 import graphpass
+from graphpass.analysis.forward import Unit
 from graphpass.cli import main
-from graphpass.errors import GraphpassError
 from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
-from graphpass.passes.remat.plan import candidate_scopes
-from graphpass.units import parse_bytes
-from tools import tf_models
-
-BLOCKS = [f"block{i}/" for i in range(1, 9)]
+from graphpass.passes.remat.plan import _Prefix, model_peak, solve_budget, solve_min_peak
+from graphpass.passes.remat.rewrite import SCOPE
+from tools import keras_models, tf_models
 
 
 @pytest.fixture(scope="module")
@@ -24,11 +28,13 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def estimates(model) -> tuple[int, int]:
-    """The step's estimated peak as exported, and with every block recomputed."""
-    _, result = _rewrite(model, recompute=["block[1-8]/"])
-    return (result.report["estimated_peak_bytes_before"],
-            result.report["estimated_peak_bytes_after"])
+def mobilenet():
+    return keras_models.mobilenet_v2(size=32, batch=4)
+
+
+@pytest.fixture(scope="module")
+def ffn():
+    return keras_models.ffn(size=16, batch=4, layers=3, width=32)
 
 
 def _rewrite(model, **settings):
@@ -36,62 +42,145 @@ def _rewrite(model, **settings):
     return graph, graphpass.run_passes(graph, settings)[0]
 
 
-def _middle(estimates: tuple[int, int]) -> int:
-    before, all_marked = estimates
-    assert all_marked < before
-    return (before + all_marked) // 2
+def _grappler_off():
+    import tensorflow as tf
+
+    config = tf.compat.v1.ConfigProto()
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    return config
 
 
-def test_budget_between_picks_a_proper_subset(model, estimates):
-    budget = _middle(estimates)
-    graph, result = _rewrite(model, recompute=["auto"], memory_budget_bytes=budget)
-    auto = result.report["auto"]
-    assert result.changed
-    assert 0 < len(auto["chosen"]) < len(BLOCKS)
-    assert set(auto["chosen"]) < set(BLOCKS) and auto["candidates"] == BLOCKS
-    assert result.report["estimated_peak_bytes_after"] <= budget
-    assert result.report["estimated_peak_bytes_after"] == auto["estimated_peak_bytes"]
-    assert sorted(s["added"] for s in auto["steps"]) == sorted(auto["chosen"])
-    assert auto["chosen"] == [b for b in BLOCKS if b in auto["chosen"]]  # graph order
-    assert all(s["estimated_peak_bytes"] > budget for s in auto["steps"][:-1])
-    assert result.report["summary"][0].startswith(f"auto: {len(auto['chosen'])} of 8 ")
-
-
-def test_chosen_scopes_rewrite_exactly_as_patterns(model, estimates):
-    budget = _middle(estimates)
-    graph, result = _rewrite(model, recompute=["auto"], memory_budget_bytes=budget)
-    patterns = [re.escape(s) for s in result.report["auto"]["chosen"]]
-    by_hand, manual = _rewrite(model, recompute=patterns)
-    assert list(graph) == list(by_hand)
-    assert all(graph.inputs(n) == by_hand.inputs(n) for n in graph)
-    assert all(graph.control_inputs(n) == by_hand.control_inputs(n) for n in graph)
-    assert [s["copies"] for s in result.report["segments"]] == \
-        [s["copies"] for s in manual.report["segments"]]
-
-
-def test_generous_budget_changes_nothing(model, estimates):
-    graph, result = _rewrite(model, recompute=["auto"], memory_budget_bytes=estimates[0])
-    assert not result.changed
-    assert result.report["auto"]["chosen"] == [] and result.report["auto"]["steps"] == []
-    assert len(graph) == len(graph_from_graph_def(model.graph_def, {}))
-
-
-def test_without_budget_every_saving_scope_is_recomputed(model, estimates):
-    _, result = _rewrite(model, recompute=["auto"])
-    assert result.report["auto"]["chosen"] == BLOCKS
-    assert result.report["estimated_peak_bytes_after"] == estimates[1]
-
-
-def test_trains_bitwise_identically_in_control_mode(model, estimates):
-    graph, result = _rewrite(model, recompute=["auto"], memory_budget_bytes=_middle(estimates),
-                             dependency="control")
-    assert result.changed
-    losses, variables, _ = tf_models.run_steps(model.graph_def, model)
-    new_losses, new_variables, _ = tf_models.run_steps(graph_def_from_graph(graph), model)
+def _assert_same_training(model, graph, grappler=True):
+    config = None if grappler else _grappler_off()
+    losses, variables, _ = tf_models.run_steps(model.graph_def, model, config=config)
+    new_losses, new_variables, _ = tf_models.run_steps(graph_def_from_graph(graph), model,
+                                                       config=config)
     np.testing.assert_array_equal(new_losses, losses)
     assert set(new_variables) == set(variables)
     for name, value in variables.items():
         np.testing.assert_array_equal(new_variables[name], value, err_msg=name)
+
+
+def _copies(graph) -> list[str]:
+    return [n for n in graph if n.startswith(SCOPE)]
+
+
+# -- the chain solver ------------------------------------------------------------
+
+
+def _all_plans(count: int, first: int = 0):
+    """Every way to choose recomputed runs of units ``first..count-1``."""
+    if first == count:
+        yield ()
+        return
+    yield from _all_plans(count, first + 1)
+    for last in range(first, count):
+        for rest in _all_plans(count, last + 1):
+            yield ((first, last),) + rest
+
+
+def test_chain_program_is_optimal_against_brute_force():
+    rng = random.Random(1)
+    for _ in range(150):
+        units = [Unit(0, 1, rng.randint(0, 100), 0, rng.randint(0, 30), rng.randint(0, 30),
+                      rng.randint(1, 50)) for _ in range(rng.randint(1, 6))]
+        for unit in units:
+            unit.pinned_bytes = rng.randint(0, unit.saved_bytes // 4)
+        sums = _Prefix(units)
+        plans = [(sum(sums.cost(a, e) for a, e in p), model_peak(units, p))
+                 for p in _all_plans(len(units))]
+        budget = rng.randint(0, sum(u.saved_bytes for u in units) + 30)
+        feasible = [cost for cost, peak in plans if peak <= budget]
+        found = solve_budget(units, budget, quantum=1)
+        if not feasible:
+            assert found is None
+            continue
+        assert found.cost == min(feasible) and found.peak <= budget and found.gap == 0.0
+        lowest = min(peak for _, peak in plans)
+        assert lowest <= solve_min_peak(units).peak <= lowest + max(1, budget // 1000) + 1
+
+
+# -- the 8-block MLP ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def estimates(model) -> dict[str, int]:
+    """Estimated peaks: as exported, hand-marked ``block[1-7]/``, auto min-peak."""
+    _, marked = _rewrite(model, recompute=["block[1-7]/"])
+    _, auto = _rewrite(model, recompute=["auto"])
+    return {"before": marked.report["estimated_peak_bytes_before"],
+            "marked": marked.report["estimated_peak_bytes_after"],
+            "auto": auto.report["estimated_peak_bytes_after"]}
+
+
+def test_min_peak_beats_the_hand_written_marks(estimates):
+    assert estimates["auto"] <= estimates["marked"] < estimates["before"]
+
+
+def test_budget_is_met_with_less_recompute(model, estimates):
+    budget = (estimates["before"] + estimates["marked"]) // 2
+    _, lowest = _rewrite(model, recompute=["auto"])
+    graph, result = _rewrite(model, recompute=["auto"], memory_budget_bytes=budget)
+    auto = result.report["auto"]
+    assert result.changed and auto["policy"] == "budget" and auto["budget_met"]
+    assert result.report["estimated_peak_bytes_after"] == auto["estimated_peak_bytes"] <= budget
+    assert auto["solver"] == "chain dp" and 0.0 <= auto["gap"] < 0.05
+    flops = sum(s["recompute_flops"] for s in auto["segments"])
+    assert 0 < flops < sum(s["recompute_flops"] for s in lowest.report["auto"]["segments"])
+    assert result.report["summary"][0].startswith(f"auto (budget): {len(auto['segments'])} ")
+    assert len(result.report["summary"]) > len(auto["segments"])
+    _assert_same_training(model, graph)
+
+
+def test_budget_of_the_hand_written_marks_is_met(model, estimates):
+    _, result = _rewrite(model, recompute=["auto"], memory_budget_bytes=estimates["marked"])
+    assert result.report["estimated_peak_bytes_after"] <= estimates["marked"]
+
+
+def test_relative_budget(model, estimates):
+    _, result = _rewrite(model, recompute=["auto"], memory_budget="0.8x")
+    assert result.report["auto"]["budget_bytes"] == int(0.8 * estimates["before"])
+    assert result.report["estimated_peak_bytes_after"] <= 0.8 * estimates["before"]
+
+
+def test_generous_budget_changes_nothing(model, estimates):
+    graph, result = _rewrite(model, recompute=["auto"], memory_budget_bytes=estimates["before"])
+    assert not result.changed and result.report["auto"]["segments"] == []
+    assert len(graph) == len(graph_from_graph_def(model.graph_def, {}))
+
+
+def test_names_do_not_matter(model, estimates):
+    """The same MLP with every node renamed to ``n<i>`` plans the same segments."""
+    graph = graph_from_graph_def(_renamed(model.graph_def), {})
+    result = graphpass.run_passes(graph, {"recompute": ["auto"]})[0]
+    assert result.report["estimated_peak_bytes_after"] == estimates["auto"]
+    _, original = _rewrite(model, recompute=["auto"])
+    assert [s["nodes"] for s in result.report["auto"]["segments"]] == \
+        [s["nodes"] for s in original.report["auto"]["segments"]]
+
+
+def _renamed(graph_def):
+    """``graph_def`` with node ``i`` named ``n<i>`` (inputs follow; colocation dropped)."""
+    from tensorflow.core.framework import graph_pb2
+
+    names = {node.name: f"n{i}" for i, node in enumerate(graph_def.node)}
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    for node in out.node:
+        node.name = names[node.name]
+        node.attr.pop("_class", None)
+        for i, text in enumerate(node.input):
+            control = text.startswith("^")
+            name, _, port = text.lstrip("^").partition(":")
+            node.input[i] = ("^" if control else "") + names[name] + (f":{port}" if port else "")
+    return out
+
+
+@pytest.mark.parametrize("grappler", [True, False])
+def test_mlp_trains_bitwise_identically(model, grappler):
+    graph, result = _rewrite(model, recompute=["auto"], dependency="control")
+    assert result.changed
+    _assert_same_training(model, graph, grappler)
 
 
 def _write(model, tmp_path):
@@ -105,19 +194,20 @@ def test_cli_output_is_deterministic(model, estimates, tmp_path, capsys):
     outputs = [tmp_path / "a.pb", tmp_path / "b.pb"]
     for out in outputs:
         assert main(["rewrite", str(source), "-o", str(out), "--recompute", "auto",
-                     "--memory-budget-bytes", str(_middle(estimates))]) == 0
-    assert "auto: " in capsys.readouterr().out
+                     "--memory-budget", "0.8x"]) == 0
+    assert "auto (budget): " in capsys.readouterr().out
     assert outputs[0].read_bytes() == outputs[1].read_bytes()
 
 
-def test_cli_impossible_budget_is_one_line_exit_2(model, tmp_path, capsys):
+def test_cli_impossible_budget_names_the_best_plan(model, estimates, tmp_path, capsys):
     source = _write(model, tmp_path)
     assert main(["rewrite", str(source), "-o", str(tmp_path / "out.pb"), "--recompute", "auto",
                  "--memory-budget-bytes", "1KiB"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "--memory-budget-bytes 1024 (1.0 KiB) cannot be met" in err
-    assert "best estimated peak reached is" in err
+    assert f"best estimated peak reached is {estimates['auto']} bytes" in err
+    assert "recomputing 4 segments (block1/" in err
     assert not (tmp_path / "out.pb").exists()
 
 
@@ -125,7 +215,14 @@ def test_cli_impossible_budget_is_one_line_exit_2(model, tmp_path, capsys):
     (["--recompute", "auto", "--recompute", "block1/"], "cannot be combined"),
     (["--recompute", "auto", "--recompute-hints"], "cannot be combined"),
     (["--recompute", "block1/", "--memory-budget-bytes", "1MiB"], "add --recompute auto"),
+    (["--recompute", "block1/", "--recompute-policy", "cheap"], "add --recompute auto"),
     (["--recompute", "auto", "--memory-budget-bytes", "3 parsecs"], "expected a byte count"),
+    (["--recompute", "auto", "--memory-budget", "1MiB", "--memory-budget-bytes", "1MiB"],
+     "not both"),
+    (["--recompute", "auto", "--recompute-policy", "cheap", "--memory-budget", "0.5x"],
+     "takes no memory budget"),
+    (["--recompute", "auto", "--recompute-policy", "budget"], "needs --memory-budget"),
+    (["--recompute", "auto", "--batch-size", "many"], "positive integer"),
 ])
 def test_cli_option_errors(model, tmp_path, capsys, options, message):
     source = _write(model, tmp_path)
@@ -133,23 +230,55 @@ def test_cli_option_errors(model, tmp_path, capsys, options, message):
     assert message in capsys.readouterr().err
 
 
-def test_parse_bytes_units():
-    assert parse_bytes(1000) == 1000
-    assert parse_bytes("1000") == 1000
-    assert parse_bytes("300MiB") == 300 * 2**20
-    assert parse_bytes("1.5 GiB") == 3 * 2**29
-    with pytest.raises(GraphpassError, match="expected a byte count"):
-        parse_bytes("300MB")
-    with pytest.raises(GraphpassError, match="negative"):
-        parse_bytes(-1)
+# -- tf_keras graphs: flat, one scope for every layer --------------------------------
 
 
-def test_candidates_descend_into_a_single_enclosing_scope():
-    names = ["tower0/block1/MatMul", "tower0/block1/Relu", "tower0/block2/MatMul",
-             "tower0/mul", "loss"]
-    assert candidate_scopes(names) == ["tower0/block1/", "tower0/block2/"]
-    assert candidate_scopes(["block1/a", "block2/b", "x"]) == ["block1/", "block2/"]
-    assert candidate_scopes(["x", "y"]) == []
+@pytest.mark.parametrize("grappler", [True, False])
+def test_mobilenet_trains_bitwise_identically(mobilenet, grappler):
+    graph, result = _rewrite(mobilenet, recompute=["auto"])
+    auto = result.report["auto"]
+    assert result.changed and auto["cut_width"] == 1 and auto["units"] > 40
+    assert result.report["estimated_peak_bytes_after"] < \
+        0.8 * result.report["estimated_peak_bytes_before"]
+    _assert_same_training(mobilenet, graph, grappler)
+
+
+def test_mobilenet_structure(mobilenet):
+    graph, result = _rewrite(mobilenet, recompute=["auto"])
+    dialect = graph.dialect
+    copies = _copies(graph)
+    assert copies and not any(dialect.is_stateful(graph, n) for n in copies)
+    assert {graph.node(n).op for n in copies} >= {"Conv2D", "FusedBatchNormV3", "Relu6"}
+    graph.topological_order()  # acyclic, or it raises
+    again = graphpass.run_passes(graph, {"recompute": ["auto"]})[0]
+    assert not again.changed and _copies(graph) == copies  # idempotent
+
+
+def test_unknown_batch_needs_batch_size(tmp_path, capsys):
+    dynamic = keras_models.ffn(size=8, batch=2, layers=2, width=16, dynamic_batch=True)
+    source = tmp_path / "ffn.meta"
+    source.write_bytes(dynamic.meta_graph.SerializeToString(deterministic=True))
+    out = tmp_path / "out.meta"
+    assert main(["rewrite", str(source), "-o", str(out), "--recompute", "auto"]) == 2
+    err = capsys.readouterr().err
+    assert "input tokens has shape [?, 8]" in err
+    assert "--batch-size" in err and not out.exists()
+    assert main(["rewrite", str(source), "-o", str(out), "--recompute", "auto",
+                 "--batch-size", "2"]) == 0
+    assert out.exists()
+
+
+@pytest.mark.parametrize("grappler", [True, False])
+def test_cheap_policy_recomputes_only_cheap_ops(ffn, grappler):
+    graph, result = _rewrite(ffn, recompute=["auto"], recompute_policy="cheap")
+    auto = result.report["auto"]
+    assert result.changed and auto["solver"].startswith("min cut")
+    copies = _copies(graph)
+    dialect = graph.dialect
+    assert copies and all(dialect.op_class(graph, n) == "cheap" for n in copies)
+    assert result.report["estimated_peak_bytes_after"] < \
+        result.report["estimated_peak_bytes_before"]
+    _assert_same_training(ffn, graph, grappler)
 
 
 def test_onnx_budget_is_met(tmp_path):
@@ -160,9 +289,8 @@ def test_onnx_budget_is_met(tmp_path):
     source = tmp_path / "step.onnx"
     onnx.save(onnx_models.block_mlp(batch=16, width=32).model, source)
     graph = graphpass.load(source)
-    before = graphpass.run_passes(graph.copy(), {"recompute": ["auto"]})[0].report
-    budget = (before["estimated_peak_bytes_before"] + before["estimated_peak_bytes_after"]) // 2
+    lowest = graphpass.run_passes(graph.copy(), {"recompute": ["auto"]})[0].report
+    budget = (lowest["estimated_peak_bytes_before"] + lowest["estimated_peak_bytes_after"]) // 2
     result = graphpass.run_passes(graph, {"recompute": ["auto"],
                                           "memory_budget_bytes": budget})[0]
-    assert 0 < len(result.report["auto"]["chosen"]) < len(BLOCKS)
-    assert result.report["estimated_peak_bytes_after"] <= budget
+    assert result.changed and result.report["estimated_peak_bytes_after"] <= budget

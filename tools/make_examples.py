@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT))
 def main() -> None:
     from tools import tf_models
 
-    model = tf_models.block_mlp(batch=64, width=128, blocks=8, optimizer="adam")
+    model = tf_models.block_mlp(batch=512, width=1024, blocks=8, optimizer="adam")
     out = ROOT / "examples" / "mlp_train.pb"
     out.parent.mkdir(exist_ok=True)
     out.write_bytes(model.graph_def.SerializeToString(deterministic=True))

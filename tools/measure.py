@@ -49,7 +49,7 @@ class Measurement:
 
 def measure(graph_path: str | Path, fetches: list[str], init: str | None = "init",
             batch_size: int | None = None, steps: int = 3, onednn: bool | None = None,
-            grappler: bool = True, trace_path: str | Path | None = None,
+            grappler: bool | str = True, trace_path: str | Path | None = None,
             timeout_s: float = 900) -> Measurement:
     """Measure one step of ``graph_path`` (GraphDef or MetaGraphDef) in a new process.
 
@@ -93,10 +93,17 @@ def peak_from_step_stats(step_stats) -> tuple[int, list[str]]:
     return peak, order
 
 
-def _session_config(tf1, grappler: bool):
+def _session_config(tf1, grappler: bool | str):
+    """``grappler``: True (defaults), False (off) or "manual" (its memory optimizer
+    recomputes the ``_recompute_hint`` nodes: the anchor remat is compared with)."""
     config = tf1.ConfigProto(inter_op_parallelism_threads=1)
     if not grappler:
         config.graph_options.rewrite_options.disable_meta_optimizer = True
+    if grappler == "manual":
+        from tensorflow.core.protobuf import rewriter_config_pb2
+
+        config.graph_options.rewrite_options.memory_optimization = \
+            rewriter_config_pb2.RewriterConfig.MANUAL
     return config
 
 

@@ -84,6 +84,49 @@ def block_mlp(batch=16, width=32, blocks=8, optimizer="adam", use_resource=True,
     return _export(tf, graph, loss, train, feeds)
 
 
+def prenorm_ffn(batch=16, width=32, hidden=64, layers=4, seed=0, clip_norm=1.0) -> Model:
+    """A pre-norm FFN stack: layer ``i`` is ``h + W2 gelu(W1 LN(h) + b1) + b2``, with the
+    layer norm written with ``tf.nn.moments`` and ``rsqrt`` and the exact (erf) GELU;
+    loss ``mean(h*h)``; each gradient clipped with ``clip_by_norm``; Adam.
+
+    The ops Grappler rewrites most on CPU (fusable MatMul + BiasAdd, moments'
+    SquaredDifference, rsqrt, erf): a remat copy of a layer must come out of
+    Grappler the same as the layer itself, bit for bit.
+    """
+    tf = _tf()
+    tf1 = tf.compat.v1
+    graph = tf.Graph()
+    rng = np.random.RandomState(seed)
+
+    def dense(h, name, n_in, n_out, i):
+        w = tf1.get_variable(f"{name}_W", [n_in, n_out], initializer=tf1.random_normal_initializer(
+            stddev=1.0 / np.sqrt(n_in), seed=seed + 10 * i + len(name)))
+        b = tf1.get_variable(f"{name}_b", [n_out], initializer=tf1.zeros_initializer())
+        return tf.nn.bias_add(tf.matmul(h, w), b)
+
+    with graph.as_default():
+        tf1.set_random_seed(seed)
+        x = tf1.placeholder(tf.float32, [batch, width], name="x")
+        h = x
+        for i in range(1, layers + 1):
+            with tf1.variable_scope(f"layer{i}"):
+                gamma = tf1.get_variable("gamma", [width], initializer=tf1.ones_initializer())
+                beta = tf1.get_variable("beta", [width], initializer=tf1.zeros_initializer())
+                mean, variance = tf.nn.moments(h, axes=[1], keepdims=True)
+                normed = (h - mean) * tf.math.rsqrt(variance + 1e-5) * gamma + beta
+                up = dense(normed, "up", width, hidden, i)
+                gelu = 0.5 * up * (1.0 + tf.math.erf(up / np.sqrt(2.0).astype(np.float32)))
+                h = h + dense(gelu, "down", hidden, width, i)
+        loss = tf.reduce_mean(h * h, name="loss")
+        step = tf1.train.get_or_create_global_step()
+        optimizer = tf1.train.AdamOptimizer(0.01)
+        grads = optimizer.compute_gradients(loss)
+        clipped = [(tf.clip_by_norm(g, clip_norm), v) for g, v in grads]
+        train = optimizer.apply_gradients(clipped, global_step=step, name="train")
+    feeds = {"x:0": rng.standard_normal([batch, width]).astype(np.float32)}
+    return _export(tf, graph, loss, train, feeds)
+
+
 def _optimizer(tf1, name):
     if name == "adam":
         return tf1.train.AdamOptimizer(0.01)

@@ -23,9 +23,9 @@ names an input that needs it).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-
-import numpy as np
+from functools import cache
 
 from graphpass.analysis.shapes import infer_shapes
 from graphpass.errors import GraphpassError
@@ -37,6 +37,8 @@ MAX_FOLDED_BYTES = 10 * 2**20
 
 def np_dtype(dtype: str):
     """numpy dtype for a dialect dtype name (bfloat16 via ml_dtypes)."""
+    import numpy as np  # here: the CLI imports this module for --help
+
     if dtype == "bfloat16":
         import ml_dtypes
 
@@ -58,11 +60,16 @@ def tensor_bytes(graph: Graph, tensor: Tensor, batch_size: int | None = None) ->
         shape = dialect.batch_shape(graph, tensor, batch_size)
     if shape is None or any(d is None or d < 0 for d in shape):
         return None
+    itemsize = _itemsize(dtype)
+    return None if itemsize is None else math.prod(shape) * itemsize
+
+
+@cache
+def _itemsize(dtype: str) -> int | None:
     try:
-        itemsize = np_dtype(dtype).itemsize
+        return np_dtype(dtype).itemsize
     except TypeError:
         return None
-    return int(np.prod(shape, dtype=np.int64)) * itemsize
 
 
 def check_batch_size(graph: Graph, fetches: list[str], batch_size: int | None) -> None:
@@ -242,3 +249,14 @@ class _Simulation:
         buffer.holders -= 1
         if buffer.holders == 0:
             self.live -= buffer.size
+
+
+def format_bytes(count: int | None) -> str:
+    """Bytes for people (B, KiB, MiB, GiB); ``n/a`` for an unknown count."""
+    if count is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB"):
+        if abs(count) < 1024:
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} GiB"

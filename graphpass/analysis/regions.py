@@ -20,6 +20,7 @@ It works from the graph's shape, not from name scopes, so graphs built under
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from graphpass.analysis.shapes import infer_shapes
@@ -64,6 +65,12 @@ class Regions:
     def loss(self) -> Tensor:
         return self.steps[0].loss
 
+    @property
+    def fetches(self) -> list[str]:
+        """The nodes one training step runs: every train op, then every loss."""
+        fetches = [t for s in self.steps for t in s.train_ops or [s.train_op]]
+        return fetches + [s.loss.node for s in self.steps]
+
 
 def analyze(
     graph: Graph,
@@ -80,7 +87,7 @@ def analyze(
     """
     infer_shapes(graph)
     dialect = graph.dialect
-    applies = dialect.optimizer_applies(graph)
+    applies = dialect.applies_for(graph, train_ops or ())
     if not applies:
         raise GraphpassError(
             "found no optimizer apply ops (Apply*/ResourceApply*), so this is not a training "
@@ -147,33 +154,34 @@ def _find_loss(graph: Graph, gradients: list[Tensor], train_op: str, applies: li
     v1 ``while_loop`` gradients add stack pushes to the forward loop after the
     fact, so the first fact is scored (fewest values out of order) rather
     than required.
+
+    Linear: the scores come from one sweep over the candidates' upstream
+    (``_upstream_scores``), not from an ancestor walk per candidate.
     """
     producers = {t.node for t in gradients}
     toward_grads = graph.ancestors(producers, follow_control=False) | producers
     after_update = graph.descendants(applies) | set(applies)
-    # A loss is computed from some value the gradients read. Keeping only such
-    # candidates (one walk) spares an ancestor walk for each unrelated scalar
-    # (checkpoint restores, optimizer slot reads), which made this quadratic.
+    # A loss is computed from some value the gradients read: candidates outside
+    # what those values feed are left out without looking at them.
     related = graph.descendants(toward_grads, follow_control=False) | toward_grads
     order = {name: i for i, name in enumerate(graph)}
     toward_grads_order = sorted(order[n] for n in toward_grads)
+    candidates = [n for n in graph if n in related and n not in after_update
+                  and n not in producers and _only_fetched(graph, n)
+                  and _scalar_or_unknown(graph, Tensor(n, 0))]
     score = {}
-    for name in graph:
-        if name in after_update or name in producers or name not in related \
-                or not _is_fetched_value(graph, name):
-            continue
-        upstream = graph.ancestors([name], follow_control=False) | {name}
-        last = max(upstream, key=order.__getitem__)
-        covered = len(upstream & toward_grads)
+    for name, (last, covered) in _upstream_scores(graph, candidates, toward_grads,
+                                                  order).items():
         # Values the gradients read that precede the loss's last op but are not
-        # part of it: all of toward_grads before it, less those in upstream
-        # (every upstream node but the last precedes it).
+        # part of it: all of toward_grads before it, less those upstream of the
+        # candidate (every upstream node but the last precedes it).
         earlier = bisect.bisect_left(toward_grads_order, order[last])
         out_of_order = earlier - (covered - (last in toward_grads))
         score[name] = (out_of_order, -covered)
     best = min(score.values(), default=None)
     top = {c for c, s in score.items() if s == best}
-    deepest = sorted(c for c in top if not graph.descendants([c]) & top)
+    above_others = graph.ancestors(top)  # candidates with another top one downstream
+    deepest = sorted(c for c in top if c not in above_others)
     if len(deepest) != 1:
         found = ", ".join(deepest) or "none"
         raise GraphpassError(
@@ -183,18 +191,103 @@ def _find_loss(graph: Graph, gradients: list[Tensor], train_op: str, applies: li
     return Tensor(deepest[0], 0)
 
 
-def _is_fetched_value(graph: Graph, name: str) -> bool:
+def _only_fetched(graph: Graph, name: str) -> bool:
+    """A computed float value that nothing computes with (only its shape is read, or
+    it is returned as a function result)."""
     dialect = graph.dialect
-    value = Tensor(name, 0)
-    if not dialect.is_float(graph, value) or dialect.is_source(graph, name):
-        return False
-    shape = dialect.shape(graph, value)
-    if shape is not None and len(shape) > 0:
-        return False
-    return all(
-        dialect.is_shape_only(graph, user) or not dialect.is_float(graph, Tensor(user, 0))
-        for user in graph.data_users(name)
-    )
+    return dialect.is_float(graph, Tensor(name, 0)) and not dialect.is_source(graph, name) \
+        and all(dialect.is_shape_only(graph, user) or dialect.is_fetch(graph, user)
+                or not dialect.is_float(graph, Tensor(user, 0))
+                for user in graph.data_users(name))
+
+
+def _scalar_or_unknown(graph: Graph, tensor: Tensor) -> bool:
+    shape = graph.dialect.shape(graph, tensor)
+    return shape is None or len(shape) == 0
+
+
+def _upstream_scores(graph: Graph, candidates: list[str], marked: set[str],
+                     order: dict[str, int]) -> dict[str, tuple[str, int]]:
+    """For each candidate, over itself and its data ancestors: the last node in
+    ``order``, and how many are ``marked``.
+
+    One sweep over the strongly connected components of their data edges
+    (loops make cycles), in dependency order for the last node and in reverse
+    for which candidates each component feeds, as a bitset: a marked node
+    counts for every candidate whose bit it carries.
+    """
+    upstream = graph.ancestors(candidates, follow_control=False) | set(candidates)
+    components = _components(graph, upstream)
+    component_of = {n: i for i, members in enumerate(components) for n in members}
+    last: list[int] = []
+    for i, members in enumerate(components):
+        last.append(max([order[n] for n in members] + [
+            last[component_of[p]] for n in members for p in graph.data_producers(n)
+            if component_of[p] != i]))
+    bit = {c: 1 << k for k, c in enumerate(candidates)}
+    feeds = [0] * len(components)
+    for i in reversed(range(len(components))):
+        for n in components[i]:
+            feeds[i] |= bit.get(n, 0)
+            for user in graph.data_users(n):
+                if user in component_of:
+                    feeds[i] |= feeds[component_of[user]]
+    weight: dict[int, int] = {}
+    for n in marked & upstream:
+        mask = feeds[component_of[n]]
+        weight[mask] = weight.get(mask, 0) + 1
+    covered = [0] * len(candidates)
+    for mask, count in weight.items():
+        while mask:
+            low = mask & -mask
+            covered[low.bit_length() - 1] += count
+            mask ^= low
+    names = list(order)
+    return {c: (names[last[component_of[c]]], covered[k]) for k, c in enumerate(candidates)}
+
+
+def _components(graph: Graph, nodes: set[str]) -> list[list[str]]:
+    """Strongly connected components of the data edges among ``nodes``, each
+    after every component it reads from (Tarjan's algorithm, iterative, over
+    producers; deterministic: roots in graph order)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(name: str) -> tuple[str, Iterator[str]]:
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        on_stack.add(name)
+        return name, iter(graph.data_producers(name))
+
+    for root in graph:
+        if root not in nodes or root in index:
+            continue
+        work = [visit(root)]
+        while work:
+            name, producers = work[-1]
+            for producer in producers:
+                if producer not in nodes:
+                    continue
+                if producer not in index:
+                    work.append(visit(producer))
+                    break
+                if producer in on_stack:
+                    low[name] = min(low[name], index[producer])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[name])
+                if low[name] == index[name]:
+                    members = []
+                    while not members or members[-1] != name:
+                        members.append(stack.pop())
+                        on_stack.discard(members[-1])
+                    components.append(members)
+    return components
 
 
 def _label(graph: Graph, steps: list[TrainStep]) -> dict[str, str]:

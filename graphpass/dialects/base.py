@@ -9,6 +9,7 @@ Builders add nodes to the graph and return the new tensor.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
@@ -69,6 +70,28 @@ class Dialect(ABC):
         """Reads only the shape of its input, never the values."""
         return False
 
+    def op_class(self, graph: Graph, name: str) -> str:
+        """What the cost model and the ``cheap`` recompute policy know of an op:
+        "matmul" (contractions), "conv", "cheap" (elementwise, activations,
+        normalisation, reductions, reshapes: worth recomputing) or "other"."""
+        op = graph.node(name).op
+        for kind in ("matmul", "conv", "cheap"):
+            if op in self.op_classes.get(kind, ()):
+                return kind
+        return "other"
+
+    #: op type -> class, per class (see ``op_class``)
+    op_classes: dict[str, frozenset[str]] = {}
+    #: products the runtime's graph optimizer may fold a constant factor into
+    constant_folded_ops: frozenset[str] = frozenset()
+
+    def conv_operands(self, graph: Graph, name: str) -> tuple[Tensor, Tensor, int]:
+        """For a convolution or one of its gradients: the output-side activation
+        (forward output or incoming gradient), the kernel, and the channel axis of
+        the former. The cost model charges ``2 |y| |kernel| / C_y``."""
+        inputs = graph.inputs(name)
+        return Tensor(name, 0), inputs[1], 1
+
     # -- runtime memory (graphpass.analysis.memory) ---------------------------
 
     def is_constant(self, graph: Graph, name: str) -> bool:
@@ -97,6 +120,29 @@ class Dialect(ABC):
         """``name``'s output is a variable's value (the variable, or a read of it)."""
         return self.is_variable(graph, name)
 
+    def update_math(self, graph: Graph, applies: list[str]) -> set[str]:
+        """Ops the apply ops compute their updates with, beyond the gradients (slot
+        updates written as plain ops); empty where each apply op holds its math."""
+        return set()
+
+    def variable_dtype(self, graph: Graph, name: str) -> str | None:
+        """The dtype of the values variable ``name`` holds."""
+        return self.get_attr(graph, name, "dtype")
+
+    def in_function_body(self, graph: Graph) -> bool:
+        """The graph is a function's body: passes cannot add variables to it (a
+        function's variables are arguments its callers pass) and express
+        conditionals as functional ``If``."""
+        return False
+
+    def default_dependency(self, graph: Graph) -> str:
+        """The dependency mode remat uses when none is asked for."""
+        return self.dependency_modes[0]
+
+    def is_fetch(self, graph: Graph, name: str) -> bool:
+        """``name`` only hands a value out of the graph (a function's result)."""
+        return False
+
     def graph_inputs(self, graph: Graph) -> list[str]:
         """What the graph is fed (TF placeholders, ONNX graph inputs)."""
         return []
@@ -110,6 +156,11 @@ class Dialect(ABC):
     @abstractmethod
     def optimizer_applies(self, graph: Graph) -> dict[str, list[Tensor]]:
         """Each optimizer update node, with the gradient tensors it consumes."""
+
+    def applies_for(self, graph: Graph, train_ops: Sequence[str]) -> dict[str, list[Tensor]]:
+        """The apply ops when the user named the train ops (``--train-op``); a
+        dialect that can attribute updates only with that help overrides this."""
+        return self.optimizer_applies(graph)
 
     def ends_train_step(self, graph: Graph, name: str) -> bool:
         """Whether a sink downstream of the apply ops can be a train op (an update
@@ -177,6 +228,14 @@ class Dialect(ABC):
     @abstractmethod
     def copy_node(self, graph: Graph, name: str, new_name: str) -> str:
         """Add a node with ``name``'s op, attrs and device but no inputs."""
+
+    def keep_as_written(self, graph: Graph, name: str) -> None:
+        """Ask the runtime's graph optimizer to leave node ``name`` as it is. Remat
+        calls it on an original whose backward readers moved to its copy: with fewer
+        readers, the optimizer could now fuse it with its neighbours (TF's remapper
+        fuses a layer norm whose parts have no reader outside it), computing it
+        differently than in the graph as exported. A runtime without such rewrites
+        needs nothing (the default)."""
 
     @abstractmethod
     def identity(

@@ -13,10 +13,11 @@
 * Annotations: attribute keys starting with ``_`` (``_recompute_hint``) are
   read from and written to the NodeProto's ``metadata_props``, since the
   checker refuses undeclared attributes on standard ops (see ``get_attr``).
-* Training structure: an ONNX training step written in standard ops updates a
-  parameter with plain SGD, ``new = Sub(param, Mul(lr, grad))`` (either Mul
-  operand order), and returns ``new`` as a graph output. That Sub is the
-  "apply op"; the loss needs no name rule (region analysis finds it).
+* Training structure: an ONNX training step returns each updated parameter and
+  each piece of optimizer state as a graph output replacing the input or
+  initializer it updates. ``graphpass.dialects.onnx_training`` finds them by what they
+  read and write, in any update form and for the ``ai.onnx.preview.training``
+  ops; the loss needs no name rule (region analysis finds it).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from graphpass.dialects.base import Dialect
 from graphpass.errors import GraphpassError
@@ -47,6 +49,18 @@ RANDOM_OPS = frozenset({
 # Ops that run subgraphs; treated as stateful (their bodies are not analysed).
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
+# The cost model's op classes (Dialect.op_class); Conv's kernel is input 1, NCHW.
+MATMUL_OPS = frozenset({"MatMul", "Gemm", "Einsum", "MatMulInteger"})
+CONV_OPS = frozenset({"Conv", "ConvTranspose"})
+CHEAP_OPS = frozenset({
+    "Add", "Sub", "Mul", "Div", "Neg", "Reciprocal", "Sqrt", "Exp", "Log", "Pow", "Abs",
+    "Max", "Min", "Sum", "Cast", "Where", "Erf", "Tanh", "Sigmoid", "Relu", "LeakyRelu",
+    "Elu", "Selu", "Softplus", "Gelu", "Softmax", "LogSoftmax", "BatchNormalization",
+    "LayerNormalization", "ReduceMean", "ReduceSum", "ReduceMax", "Reshape", "Transpose",
+    "Unsqueeze", "Squeeze", "Identity", "Pad", "Slice", "Concat", "Split", "Expand", "Tile",
+    "Flatten", "Shape", "Size", "MaxPool", "AveragePool", "Greater", "Less", "Equal", "Not",
+    "And", "Or", "ConstantOfShape",
+})
 
 
 @cache
@@ -82,9 +96,13 @@ def dtype_enum(name: str) -> int:
 
 class ONNXDialect(Dialect):
     name = "onnx"
+    op_classes = {"matmul": MATMUL_OPS, "conv": CONV_OPS, "cheap": CHEAP_OPS}
     allows_empty_input_slots = True
     dependency_modes = ("data",)
     single_train_step = True
+
+    def __init__(self) -> None:
+        self._updates_cache: tuple | None = None
 
     # -- structure ---------------------------------------------------------
 
@@ -142,14 +160,9 @@ class ONNXDialect(Dialect):
         return graph.node(name).op in SHAPE_ONLY_OPS
 
     def is_variable(self, graph: Graph, name: str) -> bool:
-        """An input or initializer that an SGD update reads as its parameter
-        (the trainable ones); frozen weights of an inference model are constants."""
-        if graph.node(name).op not in SOURCE_OPS:
-            return False
-        return any(
-            slot == 0 and self._sgd_gradient(graph, user) is not None
-            for user, slot in graph.consumers(Tensor(name, 0))
-        )
+        """An input or initializer that the step updates: a trained parameter or
+        optimizer state; frozen weights of an inference model are constants."""
+        return graph.node(name).op in SOURCE_OPS and name in self.updates(graph).variables
 
     def graph_inputs(self, graph: Graph) -> list[str]:
         """The ``graphpass.Input`` nodes (fed values), in the model's input order."""
@@ -178,44 +191,36 @@ class ONNXDialect(Dialect):
     # -- training structure -------------------------------------------------
 
     def optimizer_applies(self, graph: Graph) -> dict[str, list[Tensor]]:
-        """SGD updates ``Sub(param, Mul(lr, grad))`` whose result is a graph output."""
-        applies = {}
-        for node in graph.nodes():
-            grad = self._sgd_gradient(graph, node.name)
-            if grad is not None:
-                applies[node.name] = [grad]
-        return applies
+        """Parameter updates (with their gradients) and optimizer state updates
+        (with none), found by what they read and write: see ``onnx_training``.
+        Refuses a step whose updates cannot be attributed, naming the candidates."""
+        updates = self.updates(graph)
+        if updates.problem:
+            raise GraphpassError(updates.problem)
+        return updates.applies
 
-    def _sgd_gradient(self, graph: Graph, name: str) -> Tensor | None:
-        """The gradient an SGD update applies, or None if ``name`` is not one.
+    def applies_for(self, graph: Graph, train_ops: Sequence[str]) -> dict[str, list[Tensor]]:
+        """With ``--train-op``: the named nodes are the updates (for steps whose
+        updates structure alone cannot attribute)."""
+        from graphpass.analysis.shapes import infer_shapes
+        from graphpass.dialects.onnx_training import named_updates
 
-        An update is a ``Sub(param, Mul(..))`` whose result is a graph output.
-        Of the two ``Mul`` operands the gradient is the computed one (the rate
-        is an initializer or input); if both are computed, the one shaped like
-        the parameter.
-        """
-        node = graph.node(name)
-        if node.op != "Sub" or node.domain not in DEFAULT_DOMAINS or not node.outputs or \
-                node.outputs[0] not in {v.name for v in graph.meta["outputs"]}:
-            return None
-        inputs = graph.input_slots(name)
-        if 0 not in inputs or 1 not in inputs:
-            return None
-        step = graph.node(inputs[1].node)
-        if step.op != "Mul" or inputs[1].port != 0:
-            return None
-        operands = [t for _, t in sorted(graph.input_slots(step.name).items())]
-        if len(operands) != 2:
-            return None
-        computed = [t for t in operands if not self.is_source(graph, t.node)]
-        if len(computed) == 1:
-            return computed[0]
-        if len(computed) == 2:
-            param_shape = self.shape(graph, inputs[0])
-            shaped = [t for t in computed if param_shape and self.shape(graph, t) == param_shape]
-            if len(shaped) == 1:
-                return shaped[0]
-        return None
+        infer_shapes(graph)
+        return named_updates(graph, list(train_ops)).applies if train_ops else \
+            self.optimizer_applies(graph)
+
+    def updates(self, graph: Graph):
+        """The step's parameter and state updates and their gradients
+        (``onnx_training.find_updates``), cached until the graph's structure
+        changes (``is_variable`` asks once per node)."""
+        from graphpass.analysis.shapes import infer_shapes
+        from graphpass.dialects.onnx_training import find_updates
+
+        key = (id(graph), len(graph), graph.nx.number_of_edges())
+        if self._updates_cache is None or self._updates_cache[0] != key:
+            infer_shapes(graph)  # the update cones compare shapes
+            self._updates_cache = (key, find_updates(graph))
+        return self._updates_cache[1]
 
     # -- tensors -----------------------------------------------------------
 
@@ -430,15 +435,35 @@ def _has_schema(node) -> bool:
     return onnx.defs.has(node.op, node.domain if node.domain != "ai.onnx" else "")
 
 
+def _output_names(graph: Graph) -> set[str]:
+    return {v.name for v in graph.meta["outputs"]}
+
+
+#: Per graph: value name -> the node producing it, gathered on the first
+#: ``_fresh_value`` call and extended by each (gathering it per new value made
+#: adding nodes quadratic). A graph's copy starts its own.
+_PRODUCERS: WeakKeyDictionary = WeakKeyDictionary()
+
+
 def _fresh_value(graph: Graph, node_name: str, port: int) -> str:
     """A tensor name no node produces yet: the node name (port 0) or ``node:port``."""
-    used = {v for n in graph.nodes() for v in n.outputs}
+    producers = _PRODUCERS.get(graph)
+    if producers is None:
+        producers = _PRODUCERS[graph] = {v: n.name for n in graph.nodes() for v in n.outputs}
     base = node_name if port == 0 else f"{node_name}:{port}"
     name, i = base, 0
-    while name in used:
+    while _produced(graph, producers, name):
         i += 1
         name = f"{base}_{i}"
+    producers[name] = node_name
     return name
+
+
+def _produced(graph: Graph, producers: dict[str, str], value: str) -> bool:
+    """Whether a node of the graph outputs ``value`` now: the index may name a
+    node that was removed since, or that is not added yet."""
+    owner = producers.get(value)
+    return owner is not None and owner in graph and value in graph.node(owner).outputs
 
 
 def _attribute(key: str, value: Any):

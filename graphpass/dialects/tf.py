@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from graphpass.dialects.base import Dialect
 from graphpass.dialects.capabilities import ConditionalBuilder, TargetLowering
+from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 
 # Values that are fed or stored, not computed.
@@ -54,7 +55,61 @@ _BINARY_FORWARD = (
 )
 FORWARD_SLOTS = {op: (0,) for op in _UNARY_FORWARD} | {op: (0, 1) for op in _BINARY_FORWARD} \
     | {"Select": (1, 2), "SelectV2": (1, 2)}
+#: Grappler keeps nodes with this attr (true) as they are (its "preserve set").
+DO_NOT_REWRITE_ATTR = "_grappler_do_not_remove"
 _APPLY_OP = re.compile(r"^(Resource)?(Sparse)?Apply[A-Z]")
+# The cost model's op classes (Dialect.op_class). Gradients of matmuls are matmuls.
+MATMUL_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
+                        "_FusedMatMul"})
+CONV_FORWARD_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "_FusedConv2D"})
+CONV_INPUT_GRAD_OPS = frozenset({"Conv2DBackpropInput", "Conv3DBackpropInputV2",
+                                 "DepthwiseConv2dNativeBackpropInput"})
+CONV_FILTER_GRAD_OPS = frozenset({"Conv2DBackpropFilter", "Conv3DBackpropFilterV2",
+                                  "DepthwiseConv2dNativeBackpropFilter"})
+# Worth recomputing (the `cheap` policy): elementwise math, activations,
+# normalisation (and the reductions it is built of), reshapes and copies.
+CHEAP_OPS = frozenset({
+    "Add", "AddV2", "AddN", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Neg", "Reciprocal",
+    "Square", "SquaredDifference", "Sqrt", "Rsqrt", "Exp", "Log", "Log1p", "Pow", "Abs",
+    "Maximum", "Minimum", "Sign", "Floor", "Cast", "Select", "SelectV2", "Erf", "Tanh",
+    "Sigmoid", "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Softplus", "Softsign", "Gelu",
+    "Softmax", "LogSoftmax", "BiasAdd", "FusedBatchNorm", "FusedBatchNormV2",
+    "FusedBatchNormV3", "Mean", "Sum", "Max", "Min", "Prod", "Reshape", "Transpose",
+    "ExpandDims", "Squeeze", "Identity", "Pad", "PadV2", "MirrorPad", "Slice", "StridedSlice",
+    "ConcatV2", "Pack", "Unpack", "Split", "SplitV", "Tile", "BroadcastTo", "Fill",
+    "ZerosLike", "OnesLike", "Shape", "ShapeN", "Size", "Rank", "MaxPool", "AvgPool",
+    "StopGradient", "Greater", "GreaterEqual", "Less", "LessEqual", "Equal",
+    "NotEqual", "LogicalAnd", "LogicalOr", "LogicalNot",
+})
+#: Ops that write a resource variable (their input 0 is the variable).
+VARIABLE_WRITE_OPS = frozenset({
+    "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
+    "ResourceScatterAdd", "ResourceScatterSub", "ResourceScatterUpdate",
+    "ResourceScatterMul", "ResourceScatterDiv", "ResourceScatterMin",
+    "ResourceScatterMax", "ResourceScatterNdAdd", "ResourceScatterNdSub",
+    "ResourceScatterNdUpdate", "ResourceStridedSliceAssign",
+})
+#: A function's result, as TF represents it inside a graph.
+RESULT_OP = "_Retval"
+
+
+def called_functions(op: str, attrs, functions) -> list[str]:
+    """Library functions a node runs: its op (a function used as an op) and every
+    function-valued attr (``f`` of a call, ``then_branch``/``else_branch`` of an
+    ``If``, ``branches`` of a ``Case``, ``body``/``cond`` of a ``While``)."""
+    found = [op] if op in functions else []
+    for value in attrs.values():
+        kind = value.WhichOneof("value")
+        if kind == "func":
+            found.append(value.func.name)
+        elif kind == "list":
+            found.extend(f.name for f in value.list.func)
+    return [f for f in found if f in functions]
+
+
+def writes_variables(op: str) -> bool:
+    """``op`` writes a resource variable itself (not through a function it calls)."""
+    return op in VARIABLE_WRITE_OPS or op.startswith(("ResourceApply", "ResourceSparseApply"))
 
 
 @cache
@@ -63,6 +118,63 @@ def op_def(op: str):
     from tensorflow.python.framework import op_def_registry
 
     return op_def_registry.get(op)
+
+
+def output_count(op: str, attrs: dict) -> int | None:
+    """How many outputs a node of ``op`` with ``attrs`` has, by its OpDef; None when
+    the op is not registered or an attr the count needs is missing or of the wrong kind."""
+    definition = op_def(op)
+    if definition is None:
+        return None
+    count = 0
+    for arg in definition.output_arg:
+        if arg.number_attr:
+            value = attrs.get(arg.number_attr)
+            if value is None or value.WhichOneof("value") != "i":
+                return None
+            count += value.i
+        elif arg.type_list_attr:
+            value = attrs.get(arg.type_list_attr)
+            if value is None or value.WhichOneof("value") != "list":
+                return None
+            count += len(value.list.type)
+        else:
+            count += 1
+    return count
+
+
+def attr_problem(op: str, key: str, value) -> str | None:
+    """What is wrong with attr ``key`` of an ``op`` node, for what TF's importer and the
+    dialect assume of a graph (not a function body); None when it is usable."""
+    kind = value.WhichOneof("value")
+    if kind == "placeholder":
+        return (f"is a function placeholder (${value.placeholder}), which only a function "
+                "body may hold")
+    if kind == "type" and not _is_dtype(value.type):
+        return f"holds DataType {value.type}, which is not a TensorFlow dtype"
+    if kind == "list":
+        bad = [t for t in value.list.type if not _is_dtype(t)]
+        if bad:
+            return f"holds DataType {bad[0]}, which is not a TensorFlow dtype"
+    wanted = _dtype_attrs(op).get(key)
+    if wanted == "type" and kind != "type" or wanted == "list(type)" and kind != "list":
+        return f"should hold a {wanted} but holds {kind or 'nothing'}"
+    return None
+
+
+@cache
+def _dtype_attrs(op: str) -> dict[str, str]:
+    """The OpDef's ``type`` and ``list(type)`` attrs of ``op``: name -> attr type."""
+    definition = op_def(op)
+    return {a.name: a.type for a in definition.attr if a.type in ("type", "list(type)")} \
+        if definition else {}
+
+
+@cache
+def _is_dtype(enum: int) -> bool:
+    from tensorflow.core.framework import types_pb2
+
+    return enum != types_pb2.DT_INVALID and enum in types_pb2.DataType.values()
 
 
 @cache
@@ -81,6 +193,10 @@ def _dtype_enum(name: str) -> int:
 class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
     name = "tf"
     dependency_modes = ("control", "data")
+    op_classes = {"matmul": MATMUL_OPS,
+                  "conv": CONV_FORWARD_OPS | CONV_INPUT_GRAD_OPS | CONV_FILTER_GRAD_OPS,
+                  "cheap": CHEAP_OPS}
+    constant_folded_ops = frozenset({"Mul", "RealDiv", "Div"})
 
     # -- structure ---------------------------------------------------------
 
@@ -88,7 +204,12 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
         return graph.node(src).op in LOOP_BACK_OPS
 
     def num_outputs(self, graph: Graph, name: str) -> int | None:
-        shapes = graph.node(name).attrs.get("_output_shapes")
+        """From the OpDef and the node's count attrs, else ``_output_shapes``."""
+        node = graph.node(name)
+        counted = output_count(node.op, node.attrs)
+        if counted is not None:
+            return counted
+        shapes = node.attrs.get("_output_shapes")
         return len(shapes.list.shape) if shapes is not None else None
 
     # -- op kinds ----------------------------------------------------------
@@ -107,7 +228,60 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
             graph.node(inputs[0].node).op in REF_VARIABLE_OPS
 
     def is_variable(self, graph: Graph, name: str) -> bool:
-        return graph.node(name).op in REF_VARIABLE_OPS | {"VarHandleOp"}
+        node = graph.node(name)
+        if node.op in REF_VARIABLE_OPS | {"VarHandleOp"}:
+            return True
+        # In a function body, a variable is a resource argument.
+        return node.op == "Placeholder" and self.get_attr(graph, name, "dtype") == "resource"
+
+    def update_math(self, graph: Graph, applies: list[str]) -> set[str]:
+        """Keras optimizers' slot updates and learning-rate arithmetic (``Apply*`` ops
+        hold theirs)."""
+        if any(_APPLY_OP.match(graph.node(a).op) for a in applies):
+            return set()
+        from graphpass.dialects.tf_updates import update_math
+
+        return update_math(graph, applies)
+
+    def variable_dtype(self, graph: Graph, name: str) -> str | None:
+        """A resource argument holds the dtype its handle data says (recorded as
+        ``_handle_dtypes`` when the function body was read)."""
+        node = graph.node(name)
+        if node.op == "Placeholder" and "_handle_dtypes" in node.attrs:
+            types = node.attrs["_handle_dtypes"].list.type
+            return _dtype_name(types[0]) if types else None
+        return self.get_attr(graph, name, "dtype")
+
+    def in_function_body(self, graph: Graph) -> bool:
+        return graph.meta.get("function") is not None
+
+    def default_dependency(self, graph: Graph) -> str:
+        """Data for a function body that XLA must compile (``jit_compile=True``:
+        XLA ignores control edges), else control."""
+        function = graph.meta.get("function")
+        return "data" if function and function.get("xla_must_compile") else "control"
+
+    def is_fetch(self, graph: Graph, name: str) -> bool:
+        """A function result (``_Retval``), or an ``Identity`` only results read."""
+        node = graph.node(name)
+        if node.op == "_Retval":
+            return True
+        users = graph.data_users(name)
+        return node.op == "Identity" and bool(users) and \
+            all(self.is_fetch(graph, u) for u in users)
+
+    def conv_operands(self, graph: Graph, name: str) -> tuple[Tensor, Tensor, int]:
+        """Forward: (output, filter input). Input gradient: (out_backprop, filter).
+        Filter gradient: (out_backprop, its output, the filter's shape)."""
+        op = graph.node(name).op
+        inputs = graph.inputs(name)
+        channels = 1 if self.get_attr(graph, name, "data_format", "NHWC") \
+            .startswith("NC") else -1
+        if op in CONV_INPUT_GRAD_OPS:
+            return inputs[2], inputs[1], channels
+        if op in CONV_FILTER_GRAD_OPS:
+            return inputs[2], Tensor(name, 0), channels
+        return Tensor(name, 0), inputs[1], channels
 
     def is_variable_value(self, graph: Graph, name: str) -> bool:
         node = graph.node(name)
@@ -177,12 +351,25 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
                 slots = self.input_arg_slots(graph, node.name, "grad") or \
                     self.input_arg_slots(graph, node.name, "delta")
                 applies[node.name] = [inputs[s] for s in slots if s < len(inputs)]
-        return applies
+        if applies:
+            return applies
+        from graphpass.dialects.tf_updates import plain_updates
+
+        updates = plain_updates(graph)
+        listed = graph.meta.get("signatures")
+        if not updates and listed and "function" not in graph.meta:
+            raise GraphpassError(
+                "no signature of this SavedModel holds a training step (signatures: "
+                f"{', '.join(s['signature'] for s in listed)}); export the train function "
+                "as one (signatures={'train': module.train}) or name it with --signature")
+        return updates
 
     def ends_train_step(self, graph: Graph, name: str) -> bool:
         op = graph.node(name).op
-        return op == "NoOp" or op.startswith(("Assign", "ResourceScatter", "Scatter")) or \
-            bool(_APPLY_OP.match(op))
+        if op == RESULT_OP:  # the step ends when the function returns: one train op
+            return name == _first_result(graph)
+        return op == "NoOp" or \
+            op.startswith(("Assign", "ResourceScatter", "Scatter")) or bool(_APPLY_OP.match(op))
 
     def step_increments(self, graph: Graph) -> list[tuple[str, str]]:
         """``(increment op, integer variable)`` pairs: candidates for global_step."""
@@ -195,7 +382,9 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
             if variable and self.is_variable(graph, variable) and \
                     self.get_attr(graph, variable, "dtype") in INTEGER_DTYPES:
                 found.append((node.name, variable))
-        return found
+        from graphpass.dialects.tf_updates import step_increments
+
+        return found + [pair for pair in step_increments(graph) if pair not in found]
 
     # -- tensors -----------------------------------------------------------
 
@@ -284,6 +473,11 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
             if key in node.meta:
                 copy.meta[key] = node.meta[key]
         return new_name
+
+    def keep_as_written(self, graph: Graph, name: str) -> None:
+        """``_grappler_do_not_remove`` puts the node in Grappler's preserve set, which
+        the remapper's fusions (and the other optimizers) never rewrite or remove."""
+        graph.node(name).attrs[DO_NOT_REWRITE_ATTR] = _attr(True)
 
     def _op(self, graph, name, op, inputs, control_inputs=(), device="", output_shapes=None,
             **attrs) -> Tensor:
@@ -394,14 +588,15 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
         return depths
 
     def is_resource_variable(self, graph: Graph, name: str) -> bool:
-        return graph.node(name).op == "VarHandleOp"
+        return graph.node(name).op == "VarHandleOp" or self.is_variable(graph, name) and \
+            graph.node(name).op == "Placeholder"
 
     def read_variable(self, graph: Graph, name: str, variable: str,
                       control_inputs: list[str] = (), device: str | None = None) -> Tensor:
         """The variable's current value: ``ReadVariableOp`` of a resource, ``Identity``
         of a ref variable (which may alias the buffer: add 0 to keep a snapshot)."""
         node = graph.node(variable)
-        dtype = _DType(self.get_attr(graph, variable, "dtype"))
+        dtype = _DType(self.variable_dtype(graph, variable))
         device = node.device if device is None else device
         if self.is_resource_variable(graph, variable):
             return self._op(graph, name, "ReadVariableOp", [Tensor(variable, 0)], control_inputs,
@@ -512,17 +707,34 @@ def _output_arg(graph: Graph, tensor: Tensor):
     return located[0] if located else None
 
 
-def _locate_output(graph: Graph, tensor: Tensor):
-    node = graph.node(tensor.node)
+def _first_result(graph: Graph) -> str | None:
+    """The function's result with the lowest index: it stands for all of them (they
+    all wait for the step), so a step returning its loss and metrics is one train op."""
+    results = [n for n in graph.nodes() if n.op == RESULT_OP]
+    return min(results, key=lambda n: n.attrs["index"].i).name if results else None
+
+
+def output_arg_sizes(node) -> list[tuple[Any, int]] | None:
+    """``(OpDef output argument, number of tensors)`` for each output argument of a
+    node's registered op, or None for unknown ops."""
     definition = op_def(node.op)
-    start = 0
-    for arg in definition.output_arg if definition else ():
+    if definition is None:
+        return None
+    sizes = []
+    for arg in definition.output_arg:
         if arg.number_attr:
             count = node.attrs[arg.number_attr].i
         elif arg.type_list_attr:
             count = len(node.attrs[arg.type_list_attr].list.type)
         else:
             count = 1
+        sizes.append((arg, count))
+    return sizes
+
+
+def _locate_output(graph: Graph, tensor: Tensor):
+    start = 0
+    for arg, count in output_arg_sizes(graph.node(tensor.node)) or ():
         if tensor.port < start + count:
             return arg, tensor.port - start
         start += count
@@ -575,8 +787,16 @@ def _broadcast_shape(a: tuple | None, b: tuple | None) -> tuple | None:
 def _infer_shapes(graph: Graph, batch_size: int | None = None) -> None:
     """TF's shape inference over the whole graph, recorded per node in ``meta["shapes"]``
     or, with ``batch_size`` (placeholders' unknown first dimension set to it), in
-    ``meta["batch_shapes"][batch_size]``."""
+    ``meta["batch_shapes"][batch_size]``.
+
+    Only TF's C importer runs (it infers each node's shapes as it adds the
+    node): ``import_graph_def`` also builds colocation, device and control-flow
+    data in Python for every op, which was three quarters of its time and
+    decides no shape (tools/bench_scale.py).
+    """
     import tensorflow as tf
+    from tensorflow.python.client import pywrap_tf_session as c_api
+    from tensorflow.python.framework import ops
 
     from graphpass.formats.tf_io import graph_def_from_graph
 
@@ -587,19 +807,46 @@ def _infer_shapes(graph: Graph, batch_size: int | None = None) -> None:
             if dims and dims[0].size < 0:
                 dims[0].size = batch_size
     tf_graph = tf.Graph()
+    options = c_api.TF_NewImportGraphDefOptions()
+    buffer = c_api.TF_NewBufferFromString(graph_def.SerializeToString())
+    shapes: dict[str, list] = {}
     try:
-        with tf_graph.as_default():
-            tf.compat.v1.import_graph_def(graph_def, name="")
-        operations = tf_graph.get_operations()
+        with tf_graph._c_graph.get() as c_graph:
+            c_api.TF_DeleteImportGraphDefResults(
+                c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer, options))
+        for c_op in tf_graph.new_operations():
+            op = ops.Operation._from_c_op(c_op=c_op, g=tf_graph)
+            shapes[op.name] = [None if unknown_rank else tuple(dims)
+                               for dims, unknown_rank in (t._shape for t in op.outputs)]
     except (ValueError, TypeError, tf.errors.OpError):
-        operations = []  # custom ops or broken inputs: shapes stay unknown
-    shapes = {op.name: [tuple(t.shape.as_list()) if t.shape.rank is not None else None
-                        for t in op.outputs] for op in operations}
+        pass  # custom ops or broken inputs: shapes stay unknown
+    finally:
+        c_api.TF_DeleteBuffer(buffer)
+        c_api.TF_DeleteImportGraphDefOptions(options)
     for node in graph.nodes():
+        inferred = _with_recorded_shapes(node, shapes.get(node.name, []))
         if batch_size is None:
-            node.meta["shapes"] = shapes.get(node.name, [])
+            node.meta["shapes"] = inferred
         else:
-            node.meta.setdefault("batch_shapes", {})[batch_size] = shapes.get(node.name, [])
+            node.meta.setdefault("batch_shapes", {})[batch_size] = inferred
+
+
+def shape_tuple(proto) -> tuple | None:
+    """A TensorShapeProto as a tuple (None for unknown dims), None for unknown rank."""
+    if proto.unknown_rank:
+        return None
+    return tuple(d.size if d.size >= 0 else None for d in proto.dim)
+
+
+def _with_recorded_shapes(node, inferred: list) -> list:
+    """Inferred shapes, or where inference cannot tell (a variable read inside a
+    function body, whose resource argument carries no shape here) the shapes the
+    exporter recorded in ``_output_shapes``."""
+    recorded = node.attrs.get("_output_shapes")
+    if recorded is None or len(recorded.list.shape) != len(inferred):
+        return inferred
+    return [shape if shape is not None and None not in shape else shape_tuple(proto) or shape
+            for shape, proto in zip(inferred, recorded.list.shape)]
 
 
 class _DType(str):

@@ -39,8 +39,10 @@ _TEXT_FIRST_FIELDS = {
 }
 
 
-def load(path: str | os.PathLike, *, tag: str | None = None) -> Graph:
-    """Read a TF GraphDef / MetaGraphDef / SavedModel or an ONNX model into a Graph."""
+def load(path: str | os.PathLike, *, tag: str | None = None,
+         signature: str | None = None) -> Graph:
+    """Read a TF GraphDef / MetaGraphDef / SavedModel or an ONNX model into a Graph;
+    ``signature`` picks the TF2 signature whose function holds the training step."""
     path = Path(path)
     kind, is_text = detect(path)
     if kind == ONNX:
@@ -49,7 +51,7 @@ def load(path: str | os.PathLike, *, tag: str | None = None) -> Graph:
         return onnx_io.read_onnx(path)
     from graphpass.formats import tf_io
 
-    return tf_io.read_tf(path, kind, is_text, tag=tag)
+    return tf_io.read_tf(path, kind, is_text, tag=tag, signature=signature)
 
 
 def save(graph: Graph, path: str | os.PathLike, *, output_format: str | None = None) -> None:
@@ -75,6 +77,7 @@ def detect(path: Path) -> tuple[str, bool]:
         raise GraphpassError(f"{path}: no such file or directory")
     if path.is_dir():
         return _detect_saved_model_dir(path)
+    check_regular_file(path)
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -91,6 +94,16 @@ def detect(path: Path) -> tuple[str, bool]:
             f"{path}: unknown format: a text file that is not a TF text proto (it starts with "
             f"{first!r}); expected a GraphDef, MetaGraphDef, SavedModel or ONNX model")
     return _detect_binary(path, data), False
+
+
+def check_regular_file(path: Path, what: str = "") -> None:
+    """A user error unless ``path`` is a regular file (reading a FIFO would block
+    forever, a device would never end)."""
+    if not path.exists():
+        raise GraphpassError(f"{what}{path}: no such file")
+    if not path.is_file():
+        raise GraphpassError(f"{what}{path}: not a regular file (a FIFO, socket or device); "
+                             "pass a file")
 
 
 def _is_plain_text(data: bytes) -> bool:

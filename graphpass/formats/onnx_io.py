@@ -65,7 +65,7 @@ import shutil
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
-from graphpass.formats.files import atomic_output
+from graphpass.formats.files import atomic_output, check_output_path
 from graphpass.ir.graph import Graph, Tensor
 
 INPUT = "graphpass.Input"
@@ -98,7 +98,33 @@ def read_onnx(path: Path) -> Graph:
         ) from None
     except OSError as exc:
         raise GraphpassError(f"{path}: cannot read ({exc.strerror})") from None
+    bad = _non_utf8_string(model, "model")
+    if bad:
+        raise GraphpassError(f"{path}: {bad[0]} is not valid UTF-8 ({bad[1]!r}); ONNX strings "
+                             "must be UTF-8: re-export the model")
     return graph_from_model(model, source_dir=path.parent)
+
+
+def _non_utf8_string(message, where: str) -> tuple[str, bytes] | None:
+    """The first string field holding bytes that are not UTF-8 (protobuf hands such a
+    proto2 ``string`` back as ``bytes``), as ``(field path, value)``."""
+    from google.protobuf.descriptor import FieldDescriptor
+
+    for field, value in message.ListFields():
+        values = value if field.is_repeated else [value]
+        if field.type == FieldDescriptor.TYPE_STRING:
+            for index, item in enumerate(values):
+                if isinstance(item, bytes):
+                    return f"{where}.{field.name}" + (f"[{index}]" if field.is_repeated
+                                                      else ""), item
+        elif field.type == FieldDescriptor.TYPE_MESSAGE and not field.message_type.GetOptions()\
+                .map_entry:
+            for index, item in enumerate(values):
+                bad = _non_utf8_string(item, f"{where}.{field.name}[{index}]"
+                                       if field.is_repeated else f"{where}.{field.name}")
+                if bad:
+                    return bad
+    return None
 
 
 def graph_from_model(model, source_dir: Path | str = ".") -> Graph:
@@ -414,9 +440,14 @@ def write_onnx(graph: Graph, path: Path) -> None:
             f"{path}: the model is too large to serialise ({exc}); save its initializers as "
             "external data (onnx.save_model(..., save_as_external_data=True)) and retry"
         ) from None
-    _copy_external_data(graph, model, path.parent if str(path.parent) else Path("."))
-    with atomic_output(path) as tmp:
+    check_output_path(path)
+    copies = _external_data_copies(graph, model, path.parent if str(path.parent) else Path("."))
+    with atomic_output(path) as tmp:  # the model is renamed in place after its data files
         tmp.write_bytes(data)
+        for source, target in copies:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_output(target) as data_tmp:
+                shutil.copyfile(source, data_tmp)
 
 
 def external_locations(model) -> list[str]:
@@ -433,8 +464,13 @@ def external_locations(model) -> list[str]:
     return locations
 
 
-def _copy_external_data(graph: Graph, model, out_dir: Path) -> None:
+def _external_data_copies(graph: Graph, model, out_dir: Path) -> list[tuple[Path, Path]]:
+    """``(source, target)`` of each external data file to copy beside the output, all
+    checked before anything is written: each must be a regular file inside the model's
+    directory, also after following symbolic links (a link to /etc/passwd is refused)."""
     source_dir = Path(graph.meta["source_dir"])
+    root = source_dir.resolve()
+    copies = []
     for location in external_locations(model):
         relative = Path(location)
         if relative.is_absolute() or ".." in relative.parts:
@@ -443,12 +479,16 @@ def _copy_external_data(graph: Graph, model, out_dir: Path) -> None:
                 "ONNX requires a relative path inside it (re-save the model)"
             )
         source, target = source_dir / relative, out_dir / relative
-        if not source.is_file():
+        if not source.resolve().is_relative_to(root):
             raise GraphpassError(
-                f"external data file {source} is missing; keep it beside the model it came with"
-            )
-        if target.exists() and target.resolve() == source.resolve():
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_output(target) as tmp:
-            shutil.copyfile(source, tmp)
+                f"external data file {source} is a symbolic link to {source.resolve()}, "
+                "outside the model's directory; copy the data into the directory instead")
+        if not source.is_file():
+            raise GraphpassError(f"external data file {source} is missing or not a regular "
+                                 "file; keep it beside the model it came with")
+        if target.is_dir():
+            raise GraphpassError(f"{target}: is a directory, where the external data file "
+                                 f"{location!r} is to be written; choose another output")
+        if not (target.exists() and target.resolve() == source.resolve()):
+            copies.append((source, target))
+    return copies

@@ -15,15 +15,29 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
-from graphpass.formats.files import GRAPHDEF, METAGRAPH, SAVEDMODEL, atomic_output
+from graphpass.formats import tf_function
+from graphpass.formats.files import (
+    GRAPHDEF,
+    METAGRAPH,
+    SAVEDMODEL,
+    atomic_output,
+    check_output_path,
+)
 from graphpass.ir.graph import Graph, parse_tensor_name
+from graphpass.ir.verify import port_problem
 
 _EXTRA_FIELDS = ("experimental_debug_info", "experimental_type")
 _KIND_NAMES = {GRAPHDEF: "GraphDef", METAGRAPH: "MetaGraphDef", SAVEDMODEL: "SavedModel"}
 
 
-def read_tf(path: Path, kind: str, is_text: bool, *, tag: str | None = None) -> Graph:
-    """Parse a TF model file (or SavedModel directory) into a Graph."""
+def read_tf(path: Path, kind: str, is_text: bool, *, tag: str | None = None,
+            signature: str | None = None) -> Graph:
+    """Parse a TF model file (or SavedModel directory) into a Graph.
+
+    When the training step is a function (a TF2 ``train`` signature, or a GraphDef
+    whose top level only calls it), the graph is that function's body; see
+    :mod:`graphpass.formats.tf_function`. ``signature`` names the signature to follow.
+    """
     from tensorflow.core.framework import graph_pb2
     from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
@@ -46,7 +60,73 @@ def read_tf(path: Path, kind: str, is_text: bool, *, tag: str | None = None) -> 
         meta.update(savedmodel=message, metagraph_index=index, source_dir=source.parent
                     if source.is_file() else source)
         graph_def = message.meta_graphs[index].graph_def
+    if kind != GRAPHDEF:
+        meta["signatures"] = tf_function.signatures(_meta_graph(message, meta))
+    step = _step_function(source, kind, message, meta, signature)
+    if step is not None:
+        return _read_step_function(graph_def, step, meta)
     return graph_from_graph_def(graph_def, meta)
+
+
+def read_saved_model_proto(path: Path, tag: str | None = None):
+    """The MetaGraphDef of a SavedModel that ``--tag`` (default train, then serve) picks."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    from graphpass.formats.detect import detect
+
+    kind, is_text = detect(path)
+    if kind != SAVEDMODEL:
+        raise GraphpassError(f"{path}: not a SavedModel")
+    if path.is_dir():
+        path = path / ("saved_model.pbtxt" if is_text else "saved_model.pb")
+    message = _parse(path, saved_model_pb2.SavedModel(), is_text, "SavedModel")
+    return message.meta_graphs[_choose_meta_graph(path, message, tag)]
+
+
+def _meta_graph(message, meta: dict):
+    return message.meta_graphs[meta["metagraph_index"]] if "metagraph_index" in meta \
+        else message
+
+
+def _step_function(source: Path, kind: str, message, meta: dict,
+                   signature: str | None) -> str | None:
+    """The library function holding the training step, or None for a top-level step."""
+    if kind == GRAPHDEF:
+        if signature is not None:
+            raise GraphpassError(f"{source}: --signature needs a SavedModel or MetaGraphDef; "
+                                 "a GraphDef has no signatures")
+        return _graph_def_step(message, meta)
+    return tf_function.choose_signature(_meta_graph(message, meta), signature, str(source))
+
+
+def _graph_def_step(graph_def, meta: dict) -> str | None:
+    """The one top-level call of a GraphDef whose function body holds optimizer
+    updates (a TF2 graph's others are checkpoint save and restore)."""
+    steps = []
+    for name in tf_function.graph_def_steps(graph_def):
+        try:
+            graph = _read_step_function(graph_def, name, meta)
+            if graph.dialect.optimizer_applies(graph):
+                steps.append(name)
+        except GraphpassError:
+            continue
+    return steps[0] if len(steps) == 1 else None
+
+
+def _read_step_function(graph_def, name: str, meta: dict) -> Graph:
+    functions = tf_function.library_functions(graph_def)
+    meta = dict(meta, outer_graph_def=graph_def, library=graph_def.library,
+                versions=graph_def.versions if graph_def.HasField("versions") else None,
+                graph_version=graph_def.version)
+    with _gc_paused():
+        graph = tf_function.graph_from_function(functions[name], functions, meta)
+    graph.meta["function"]["variables"] = tf_function.argument_sources(graph_def, name)
+    return graph
+
+
+def node_extras(node_def) -> dict:
+    """NodeDef fields the IR does not model, carried as they are."""
+    return {f: getattr(node_def, f) for f in _EXTRA_FIELDS if node_def.HasField(f)}
 
 
 def graph_from_graph_def(graph_def, meta: dict | None = None) -> Graph:
@@ -84,15 +164,32 @@ def _graph_from_graph_def(graph_def, meta: dict | None) -> Graph:
             )
         if node_def.name in graph:
             raise GraphpassError(f"node name {node_def.name!r} appears twice; names must be unique")
+        _check_attrs(node_def)
         node = graph.add_node(
             node_def.name, node_def.op, attrs=dict(node_def.attr), device=node_def.device
         )
-        extras = {f: getattr(node_def, f) for f in _EXTRA_FIELDS if node_def.HasField(f)}
+        extras = node_extras(node_def)
         if extras:
             node.meta["tf_extras"] = extras
     for node_def in nodes:
         _connect(graph, node_def)
+    problem = port_problem(graph)  # before anything hands the graph to TF (port >= 2^31 crashes it)
+    if problem:
+        raise GraphpassError(f"{problem}; the GraphDef is malformed: re-export it")
     return graph
+
+
+def _check_attrs(node_def) -> None:
+    """Refuse attrs that TF's importer or the dialect cannot take (a bad dtype, a
+    function placeholder outside a function body)."""
+    from graphpass.dialects.tf import attr_problem
+
+    problems = sorted((key, problem) for key, value in node_def.attr.items()
+                      if (problem := attr_problem(node_def.op, key, value)))
+    if problems:
+        key, problem = problems[0]
+        raise GraphpassError(f"node {node_def.name!r}: attr {key!r} {problem}; the "
+                             "GraphDef is malformed: re-export it")
 
 
 def _connect(graph: Graph, node_def) -> None:
@@ -139,7 +236,10 @@ def write_tf(graph: Graph, path: Path, *, output_format: str | None = None) -> N
             f"--output-format must be pb or pbtxt for TF graphs, not {output_format}")
     container = graph.meta.get("container", GRAPHDEF)
     text = graph.meta.get("text", False) if output_format is None else output_format == "pbtxt"
-    graph_def = graph_def_from_graph(graph)
+    if graph.meta.get("function") is not None:
+        graph_def = tf_function.outer_graph_def(graph)
+    else:
+        graph_def = graph_def_from_graph(graph)
     if container == GRAPHDEF:
         message = graph_def
     elif container == METAGRAPH:
@@ -230,15 +330,38 @@ def _write_saved_model(graph: Graph, graph_def, path: Path, text: bool) -> None:
             (path / name).is_file() for name in ("saved_model.pb", "saved_model.pbtxt")):
         raise GraphpassError(f"{path}: the directory exists and is not a SavedModel, so it "
                              "would be replaced; choose a new or empty output directory")
-    if path.exists() and not path.is_dir():
-        raise GraphpassError(f"{path}: a SavedModel is a directory, but this is a file; "
-                             "choose a directory")
+    check_output_path(path, directory=True)
+    extras = [source / extra for extra in ("variables", "assets", "assets.extra")
+              if (source / extra).exists() or (source / extra).is_symlink()]
+    for extra in extras:
+        _check_inside(extra, source.resolve())
     with atomic_output(path, directory=True) as tmp:
         name = "saved_model.pbtxt" if text else "saved_model.pb"
         (tmp / name).write_bytes(serialize(saved_model, text))
         # fingerprint.pb is left behind on purpose: it hashes the old saved_model.pb.
-        for extra in ("variables", "assets", "assets.extra"):
-            if (source / extra).is_dir():
-                shutil.copytree(source / extra, tmp / extra)
-            elif (source / extra).is_file():
-                shutil.copy2(source / extra, tmp / extra)
+        for extra in extras:
+            if extra.is_dir():
+                shutil.copytree(extra, tmp / extra.name)
+            else:
+                shutil.copy2(extra, tmp / extra.name)
+
+
+def _check_inside(path: Path, root: Path) -> None:
+    """Refuse a SavedModel extra that is, holds, or links to anything but regular
+    files and directories inside the model's directory ``root``. The copy follows
+    links, as a reader of the model would, so this walk does too (each real
+    directory once, so a link cycle ends), checking each item before entering it."""
+    seen, stack = set(), [path]
+    while stack:
+        item = stack.pop()
+        real = item.resolve()
+        if not real.is_relative_to(root):
+            raise GraphpassError(f"{item}: a symbolic link to {real}, outside the SavedModel "
+                                 "directory; graphpass copies only files inside it")
+        if real.is_dir():
+            if real not in seen:
+                seen.add(real)
+                stack.extend(sorted(item.iterdir()))
+        elif not real.is_file():
+            raise GraphpassError(f"{item}: not a regular file or directory (or a broken "
+                                 "link); a SavedModel holds only files and directories")

@@ -69,7 +69,10 @@ def functional_if(dialect: TFDialect, graph: Graph, name: str, pred: Tensor,
                           Tout=_TypeList([_DType("float32")]),
                           then_branch=_Func(functions[0]), else_branch=_Func(functions[1]))
     doomed = set().union(*moved)
-    for node in reversed(graph.topological_order()):
+    # Readers before what they read, among the moved nodes only: the rest of the graph
+    # may hold v1 while loops, whose back edges make it cyclic.
+    inside = graph.topological_order(ignore_edge=lambda s, d: s not in doomed or d not in doomed)
+    for node in reversed(inside):
         if node in doomed:
             graph.remove_node(node)
     return if_node

@@ -9,9 +9,11 @@ from graphpass.ir.graph import Graph
 
 
 def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | None = None,
-             global_step: str | None = None, xla: bool = False) -> dict:
+             global_step: str | None = None, xla: bool = False, saved: bool = False,
+             batch_size: int | None = None) -> dict:
     """A JSON-able summary: counts, graph inputs/outputs, variables, regions; with
-    ``xla``, the step's ops that have no XLA kernel.
+    ``xla``, the step's ops that have no XLA kernel; with ``saved``, every forward
+    value the backward pass keeps (``saved_values``).
 
     A graph without a training step still gets described (``regions`` None,
     ``regions_error`` says why); an override that does not fit the graph is
@@ -32,6 +34,10 @@ def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | No
         "outputs": dialect.graph_outputs(graph),
         "variables": [n for n in graph if dialect.is_variable(graph, n)],
     }
+    if graph.meta.get("signatures") is not None:  # TF SavedModel / MetaGraphDef
+        info["signatures"] = graph.meta["signatures"]
+    if graph.meta.get("function") is not None:  # the step is this function's body
+        info["function"] = graph.meta["function"]["name"]
     try:
         regions = analyze(graph, loss=loss, train_ops=train_ops, global_step=global_step)
     except GraphpassError as exc:
@@ -39,16 +45,23 @@ def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | No
             raise
         info["regions"] = None
         info["regions_error"] = str(exc)
-        if xla:
-            raise GraphpassError(f"--xla needs the training step: {exc}") from None
+        if xla or saved:
+            option = "--xla" if xla else "--saved"
+            raise GraphpassError(f"{option} needs the training step: {exc}") from None
         return info
     info["regions"] = {
         "counts": regions.counts(),
         "losses": sorted({str(s.loss) for s in regions.steps}),
         "train_ops": [s.train_op for s in regions.steps],
         "apply_ops": sum(len(s.applies) for s in regions.steps),
+        "updates": [a for s in regions.steps for a in s.applies],
+        "gradients": list(dict.fromkeys(str(t) for s in regions.steps for t in s.gradients)),
         "global_step": regions.global_step,
     }
+    if graph.meta.get("function") is not None and regions.global_step:
+        # A function argument: name the variable the caller passes (``sgd/iteration``).
+        info["regions"]["global_step_variable"] = \
+            graph.meta["function"]["variables"].get(regions.global_step)
     if xla:
         from graphpass.dialects.capabilities import TargetLowering
         from graphpass.passes.lower import STEP_REGIONS
@@ -59,4 +72,24 @@ def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | No
         step = [n for n in graph if regions.label(n) in STEP_REGIONS]
         info["xla_unsupported"] = [{"node": n, "op": op}
                                    for n, op in dialect.xla_unsupported(graph, step)]
+    if saved:
+        fetches = [s.train_op for s in regions.steps] + [s.loss.node for s in regions.steps]
+        info["saved"] = saved_values(graph, fetches, set(regions.nodes("forward")),
+                                     set(regions.nodes("backward")), batch_size)
     return info
+
+
+def saved_values(graph: Graph, fetches: list[str], forward: set[str], backward: set[str],
+                 batch_size: int | None = None) -> dict:
+    """JAX's ``print_saved_residuals`` for a graph: every forward value a gradient op
+    reads (so the step keeps it from the forward to the backward pass), its
+    producer op, shape, bytes and readers, largest first, and the total."""
+    from graphpass.analysis.cost import Sizes
+    from graphpass.analysis.forward import computed_forward, forward_chain
+    from graphpass.analysis.memory import check_batch_size
+
+    check_batch_size(graph, fetches, batch_size)
+    chain = forward_chain(graph, computed_forward(graph, forward), backward,
+                          Sizes(graph, batch_size))
+    return {"total_bytes": chain.saved_bytes, "count": len(chain.saved),
+            "values": [v.to_json() for v in chain.saved]}

@@ -11,6 +11,7 @@ pass order::
     DIR/01-<pass>.pbtxt, .dot, .svg, .diff.json
     DIR/tensorboard/00-input/events.*    TensorBoard graph (tensorboard --logdir DIR/tensorboard)
     DIR/tensorboard/01-<pass>/events.*
+    DIR/memory.svg                       estimated live bytes along the step, input vs final
 
 The ``.dot`` view shows only the neighbourhood of what the pass changed (the
 full graph with ``full=True`` / ``--dump-full``), rendered to ``.svg`` by the
@@ -29,12 +30,15 @@ from graphpass.errors import GraphpassError
 from graphpass.formats.files import write_json
 from graphpass.inspect.diff import GraphDiff, graph_diff
 from graphpass.inspect.dot import neighbourhood_dot, render_svg
+from graphpass.inspect.memory_plot import MemoryTimeline, step_timeline, write_memory_plot
 from graphpass.inspect.progress import PassProgress, Progress
 from graphpass.ir.graph import Graph
+from graphpass.options import RegionOptions
 from graphpass.passes.instrument import Instrument, NamedPass
 
 _OWN_FILE = re.compile(r"^\d{2,}-.*\.(pbtxt|onnx\.txt|dot|svg|diff\.json)$")
 TENSORBOARD_DIR = "tensorboard"
+MEMORY_PLOT = "memory.svg"
 
 
 class DumpInstrument(Instrument):
@@ -45,19 +49,39 @@ class DumpInstrument(Instrument):
     unless ``quiet``, and all are kept in ``index.json``.
     """
 
-    def __init__(self, dump_dir: str | Path, full: bool = False, *, quiet: bool = False) -> None:
+    def __init__(self, dump_dir: str | Path, full: bool = False, *, quiet: bool = False,
+                 regions: RegionOptions | None = None) -> None:
         self.dump_dir = Path(dump_dir)
         self.full = full
         self.quiet = quiet
+        self.regions = regions or RegionOptions()
         self.notes: list[str] = []
         self.index: list[dict] = []
         self._previous: Graph | None = None
+        self._input_memory: MemoryTimeline | None = None
 
     def before_pipeline(self, graph: Graph, passes: list) -> None:
         _prepare(self.dump_dir)
         self.index, self.notes = [], []
         self._dump(graph, "input", diff=None, before=None, pass_info={})
         self._previous = graph.copy()
+        self._input_memory = self._timeline(graph, "original")
+
+    def after_pipeline(self, graph: Graph) -> None:
+        """``memory.svg``: the input's step beside the final graph's, on one chart."""
+        final = self._timeline(graph, "rewritten") if self._input_memory else None
+        if final is not None:
+            write_memory_plot([self._input_memory, final], self.dump_dir / MEMORY_PLOT,
+                              f"estimated live bytes of the training step, input vs after "
+                              f"{len(self.index) - 1} passes")
+        self._write_index(memory_plot=MEMORY_PLOT if final is not None else None)
+
+    def _timeline(self, graph: Graph, label: str) -> MemoryTimeline | None:
+        try:
+            return step_timeline(graph, label, self.regions)
+        except GraphpassError as exc:
+            self._note(str(exc))
+            return None
 
     def after_pass(self, pass_: NamedPass, graph: Graph, changed: bool, seconds: float) -> None:
         before = self._previous
@@ -86,7 +110,11 @@ class DumpInstrument(Instrument):
                 files += write()
         self.index.append({"dump": stem, **pass_info, "nodes": len(graph), "files": files,
                            "diff_counts": diff.counts() if diff is not None else None})
-        write_json(self.dump_dir / "index.json", {"dumps": self.index, "notes": self.notes})
+        self._write_index()
+
+    def _write_index(self, **extra) -> None:
+        write_json(self.dump_dir / "index.json",
+                   {"dumps": self.index, "notes": self.notes, **extra})
 
     def _write_view(self, graph: Graph, diff: GraphDiff | None, before: Graph | None,
                     stem: str) -> list[str]:
@@ -190,7 +218,8 @@ def _prepare(dump_dir: Path) -> None:
     except OSError as exc:
         raise GraphpassError(f"--dump-dir {dump_dir}: cannot create it ({exc.strerror})") from None
     for old in dump_dir.iterdir():
-        if old.is_file() and (_OWN_FILE.match(old.name) or old.name == "index.json"):
+        if old.is_file() and (_OWN_FILE.match(old.name) or old.name in ("index.json",
+                                                                         MEMORY_PLOT)):
             old.unlink()
     events = dump_dir / TENSORBOARD_DIR
     for old in events.iterdir() if events.is_dir() else ():
@@ -202,12 +231,12 @@ def _file_name(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "pass"
 
 
-def rewrite_instruments(dump_dir: str | None, *, full: bool = False,
-                        quiet: bool = False) -> list[Instrument]:
+def rewrite_instruments(dump_dir: str | None, *, full: bool = False, quiet: bool = False,
+                        regions: RegionOptions | None = None) -> list[Instrument]:
     """The instruments ``graphpass rewrite`` runs with: dumps when ``dump_dir`` is set,
     and a progress line on a terminal (silent otherwise, and with ``quiet``)."""
     instruments: list[Instrument] = []
     if dump_dir:
-        instruments.append(DumpInstrument(dump_dir, full=full, quiet=quiet))
+        instruments.append(DumpInstrument(dump_dir, full=full, quiet=quiet, regions=regions))
     instruments.append(PassProgress(quiet=quiet))
     return instruments

@@ -11,13 +11,17 @@ graphs side by side and compares them after every step:
   pass added (a stale-gradient counter) keep their own initial value and are
   listed as not compared. Both get the same inputs every step: the user's
   ``--feed`` arrays, else seeded random values of each placeholder's static
-  shape and dtype. Peak memory of each step is the CPU allocator's peak after
-  ``reset_memory_stats`` (``inter_op_parallelism_threads=1``, so the schedule
-  is stable), measured each time side by side. Two caveats: both sessions share
-  the process's allocator, so single steps are noisy (the verdict line gives
-  the median); and oneDNN's CPU allocator keeps small buffers (below about
-  256 KiB) out of its statistics, so toy graphs read 0 B -- and with oneDNN
-  off (``TF_ENABLE_ONEDNN_OPTS=0``) there are no statistics at all ("n/a").
+  shape and dtype. Only the placeholders the step reads are fed (Keras models
+  carry an ``input_1`` the user's training step may never read), and a dynamic
+  batch dimension takes ``--batch-size`` or the other inputs' batch. Peak memory
+  of each step comes from the step's own ``RunMetadata``: every op's allocation
+  records (bytes allocated and freed, with times), summed in time order, give
+  the step's high-water mark of memory the step allocated
+  (``inter_op_parallelism_threads=1``, so the schedule is stable). Unlike the CPU
+  allocator's statistics, which TF keeps only with oneDNN on (and TF 2.21 turns
+  oneDNN off on CPUs without avx512_vnni), this works on any CPU, and it counts
+  each graph's step alone although both share the process's allocator. The
+  verdict line gives the median over the steps.
 * **ONNX**: both models run in onnxruntime on the same inputs and every
   output both models declare is compared (``verify_onnx``, kept separate so
   it does not depend on the ONNX IR reader).
@@ -34,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from graphpass.analysis.memory import format_bytes
 from graphpass.errors import GraphpassError
 from graphpass.inspect.progress import Progress
 from graphpass.ir.graph import Graph
@@ -59,6 +64,8 @@ class VerifyOptions:
     seed: int = 0
     tag: str | None = None
     quiet: bool = False
+    signature: str | None = None
+    batch_size: int | None = None
 
 
 @dataclass
@@ -107,7 +114,7 @@ class VerifyReport:
 def verify_files(original: str | Path, rewritten: str | Path,
                  options: VerifyOptions) -> VerifyReport:
     """Run both models ``options.steps`` steps and compare them (TF or ONNX by content)."""
-    from graphpass.formats.detect import ONNX, detect
+    from graphpass.formats.detect import ONNX, SAVEDMODEL, detect
 
     if options.xla:
         enable_cpu_autojit()  # before anything imports TF (detect may)
@@ -120,6 +127,15 @@ def verify_files(original: str | Path, rewritten: str | Path,
         if options.xla:
             raise GraphpassError("--xla applies to TF graphs; ONNX models run in onnxruntime")
         return verify_onnx(Path(original), Path(rewritten), options)
+    if kind_a == kind_b == SAVEDMODEL:
+        from graphpass.inspect.verify_saved_model import (
+            training_signature,
+            verify_saved_models,
+        )
+
+        key = training_signature(Path(original), options.signature, options.tag)
+        if key is not None:
+            return verify_saved_models(Path(original), Path(rewritten), key, options)
     import graphpass
 
     return verify_tf(graphpass.load(original, tag=options.tag),
@@ -153,8 +169,9 @@ def verify_tf(original: Graph, rewritten: Graph, options: VerifyOptions) -> Veri
         b.assign(a.values(common))
         report = VerifyReport("tf", common, sorted(set(a.variables) - set(b.variables)),
                               sorted(set(b.variables) - set(a.variables)))
-        inputs = _InputMaker(_tf_placeholder_specs(original) | _tf_placeholder_specs(rewritten),
-                             options.feeds, options.seed)
+        fetched = [name.split(":")[0] for name in losses + train_ops]
+        inputs = _InputMaker(_tf_placeholder_specs(original, fetched)
+                             | _tf_placeholder_specs(rewritten, fetched), options)
         _run_tf_steps(a, b, common, inputs, options, report)
     finally:
         a.close()
@@ -237,6 +254,8 @@ class _TFRunner:
                 self._assigns = {n: _assign(tf, op) for n, op in self._ops.items()}
         self.variables = list(self._ops)
         self.session = tf.compat.v1.Session(graph=self.tf_graph, config=config)
+        # Allocation records in each step's RunMetadata: the peak on any CPU (step_peak_bytes).
+        self._trace = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.SOFTWARE_TRACE)
 
     def initialise(self, init: str | None) -> None:
         """Run the initialisers; then any variable still uninitialised gets its own
@@ -275,14 +294,14 @@ class _TFRunner:
         tf = self.tf
         feed = {name: value for name, value in feeds.items()
                 if name.split(":")[0] in self.graph}
-        baseline = _reset_memory_stats(tf)
+        metadata = tf.compat.v1.RunMetadata()
         try:
-            out = self.session.run(self.losses + self.train_ops, feed)
+            out = self.session.run(self.losses + self.train_ops, feed, options=self._trace,
+                                   run_metadata=metadata)
         except tf.errors.OpError as exc:
             raise GraphpassError(f"the {self.label} graph failed at step {step}: "
                                  f"{exc.message.splitlines()[0]}") from None
-        peak = _peak_bytes(tf, baseline)
-        return [np.asarray(v) for v in out[: len(self.losses)]], peak
+        return [np.asarray(v) for v in out[: len(self.losses)]], step_peak_bytes(metadata)
 
     def close(self) -> None:
         self.session.close()
@@ -344,25 +363,29 @@ def _collection_initializers(graph: Graph) -> list[str]:
     return [n for n in names if n]
 
 
-def _reset_memory_stats(tf) -> int | None:
-    try:
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        return tf.config.experimental.get_memory_info("CPU:0")["current"]
-    except (ValueError, RuntimeError):  # allocator without statistics
-        return None
+def step_peak_bytes(run_metadata) -> int:
+    """The high-water mark of the bytes a step's ops allocated, from the allocation
+    records of its ``RunMetadata`` (a run with ``trace_level`` SOFTWARE_TRACE or more):
+    allocations (+) and frees (-) summed in time order, frees first within a microsecond."""
+    records = sorted((record.alloc_micros, record.alloc_bytes)
+                     for device in run_metadata.step_stats.dev_stats
+                     for node in device.node_stats
+                     for memory in node.memory
+                     for record in memory.allocation_records)
+    live = peak = 0
+    for _, size in records:
+        live += size
+        peak = max(peak, live)
+    return peak
 
 
-def _peak_bytes(tf, baseline: int | None) -> int | None:
-    if baseline is None:
-        return None
-    return tf.config.experimental.get_memory_info("CPU:0")["peak"] - baseline
-
-
-def _tf_placeholder_specs(graph: Graph) -> dict[str, tuple[str, tuple | None]]:
-    """``{"x:0": (dtype, static shape or None)}`` for every ``Placeholder``."""
+def _tf_placeholder_specs(graph: Graph, fetched: list[str]) -> dict[str, tuple[str, tuple | None]]:
+    """``{"x:0": (dtype, static shape or None)}`` for every ``Placeholder`` that running
+    ``fetched`` reads (the runtime prunes the rest, so they need no value)."""
+    needed = graph.ancestors([n for n in fetched if n in graph]) | set(fetched)
     specs = {}
     for node in graph.nodes():
-        if node.op != "Placeholder":
+        if node.op != "Placeholder" or node.name not in needed:
             continue
         dtype = graph.dialect.get_attr(graph, node.name, "dtype")
         shape = node.attrs["shape"].shape if "shape" in node.attrs else None
@@ -377,25 +400,58 @@ def _tf_placeholder_specs(graph: Graph) -> dict[str, tuple[str, tuple | None]]:
 class _InputMaker:
     """The same inputs for both graphs each step: given arrays, else seeded random values."""
 
-    def __init__(self, specs: dict[str, tuple[str, tuple | None]], given: dict,
-                 seed: int) -> None:
-        given = {_spec_name(name, specs): value for name, value in given.items()}
+    def __init__(self, specs: dict[str, tuple[str, tuple | None]], options: VerifyOptions
+                 ) -> None:
+        given = {_spec_name(name, specs): value for name, value in options.feeds.items()}
         unknown = sorted(set(given) - set(specs))
         if unknown:
-            raise GraphpassError(f"--feed {unknown[0]}: no placeholder of that name; "
-                                 f"placeholders: {', '.join(sorted(specs)) or 'none'}")
-        self.specs, self.given = specs, given
-        self.rng = np.random.RandomState(seed)
-        for name, (_, shape) in specs.items():
-            if name not in given and (shape is None or None in shape):
-                raise GraphpassError(
-                    f"placeholder {name} has no full static shape ({shape}); "
-                    f"give its value with --feed {name.split(':')[0]}=FILE.npy")
+            raise GraphpassError(f"--feed {unknown[0]}: the step reads no placeholder of that "
+                                 f"name; it reads: {', '.join(sorted(specs)) or 'none'}")
+        self.given = given
+        self.specs = _with_batch(specs, given, options.batch_size)
+        self.rng = np.random.RandomState(options.seed)
 
     def next(self) -> dict[str, np.ndarray]:
-        return {name: self.given[name] if name in self.given
-                else random_value(self.rng, dtype, shape)
+        made = {name: random_value(self.rng, dtype, shape)
                 for name, (dtype, shape) in sorted(self.specs.items())}
+        return dict(sorted({**made, **self.given}.items()))
+
+
+def _with_batch(specs: dict[str, tuple[str, tuple | None]], given: dict,
+                batch_size: int | None) -> dict[str, tuple[str, tuple | None]]:
+    """``specs`` of the inputs to make up, with a dynamic leading (batch) dimension
+    filled in; a user error names the inputs whose shape cannot be completed."""
+    missing = {n: spec for n, spec in specs.items() if n not in given}
+    dynamic = sorted(n for n, (_, shape) in missing.items() if shape is None or None in shape)
+    for name in dynamic:
+        shape = missing[name][1]
+        if shape is None or not shape or None in shape[1:]:
+            raise GraphpassError(f"input {name} of the step has no full static shape "
+                                 f"({_shape_text(shape)}); give its value with "
+                                 f"--feed {name.split(':')[0]}=FILE.npy")
+    batch = batch_size or _common_batch(specs, given, dynamic)
+    if dynamic and batch is None:
+        listed = ", ".join(f"{n} {_shape_text(missing[n][1])}" for n in dynamic)
+        raise GraphpassError(
+            f"the step's input(s) {listed} have a dynamic batch dimension and no other "
+            f"input fixes it; give --batch-size N (or their values with --feed NAME=FILE.npy)")
+    return {name: (dtype, (batch, *shape[1:]) if name in dynamic else shape)
+            for name, (dtype, shape) in missing.items()}
+
+
+def _shape_text(shape: tuple | None) -> str:
+    """``(?, 32, 32, 3)``; ``unknown rank`` for None."""
+    if shape is None:
+        return "(unknown rank)"
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
+
+
+def _common_batch(specs: dict, given: dict, dynamic: list[str]) -> int | None:
+    """The leading dimension every other non-scalar input agrees on, else None."""
+    sizes = {np.shape(value)[0] for value in given.values() if np.ndim(value)}
+    sizes |= {shape[0] for n, (_, shape) in specs.items()
+              if n not in given and n not in dynamic and shape}
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 def _spec_name(name: str, specs: dict) -> str:
@@ -461,8 +517,10 @@ _ORT_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64",
 def verify_onnx(original: Path, rewritten: Path, options: VerifyOptions) -> VerifyReport:
     """Run both ONNX models in onnxruntime on the same inputs; compare every shared output.
 
-    Peak memory is not measured here (ONNX Runtime's needs a subprocess with the
-    memory arena off and its peak RSS); the report says ``None``.
+    Peak memory is not measured here: onnxruntime has no allocator statistics,
+    and its resident-set peak is only meaningful in a process of its own with
+    the CPU arena off (as ``tools/bench_onnx_remat.py`` runs it); the report
+    says ``None``.
     """
     import onnxruntime as ort
 
@@ -474,7 +532,7 @@ def verify_onnx(original: Path, rewritten: Path, options: VerifyOptions) -> Veri
                           sorted(set(outputs[1]) - set(common)))
     specs = {i.name: (_ORT_DTYPES.get(i.type, i.type), _static(i.shape))
              for s in sessions for i in s.get_inputs()}
-    inputs = _InputMaker(specs, options.feeds, options.seed)
+    inputs = _InputMaker(specs, options)
     with Progress("verify step", total=options.steps, quiet=options.quiet) as progress:
         for step in range(1, options.steps + 1):
             progress.update(step, "running")
@@ -507,16 +565,16 @@ def format_report(report: VerifyReport, original: str, rewritten: str,
                  f"{'max rel':>9}  {'peak orig':>10}  {'peak rewr':>10}  worst")
     for s in report.steps:
         lines.append(f"  {s.step:>4}  {_first(s.losses[0]):>14}  {_first(s.losses[1]):>14}  "
-                     f"{s.max_abs:>9.3g}  {s.max_rel:>9.3g}  {_bytes(s.peak_bytes[0]):>10}  "
-                     f"{_bytes(s.peak_bytes[1]):>10}  {s.worst}")
+                     f"{s.max_abs:>9.3g}  {s.max_rel:>9.3g}  {format_bytes(s.peak_bytes[0]):>10}  "
+                     f"{format_bytes(s.peak_bytes[1]):>10}  {s.worst}")
         lines += [f"        MISMATCH {m}" for m in s.mismatches[:10]]
         if len(s.mismatches) > 10:
             lines.append(f"        ... {len(s.mismatches) - 10} more mismatches")
     peaks = report.median_peaks()
     if None not in peaks:
         ratio = f" (ratio {peaks[1] / peaks[0]:.2f})" if peaks[0] else ""
-        lines.append(f"  peak memory, median over steps: original {_bytes(peaks[0])}, "
-                     f"rewritten {_bytes(peaks[1])}{ratio}")
+        lines.append(f"  peak memory, median over steps: original {format_bytes(peaks[0])}, "
+                     f"rewritten {format_bytes(peaks[1])}{ratio}")
     if report.failure:
         lines.append(f"FAILED: {report.failure}")
     else:
@@ -526,13 +584,3 @@ def format_report(report: VerifyReport, original: str, rewritten: str,
 
 def _first(losses: list[float]) -> str:
     return f"{losses[0]:.8g}" if losses else "-"
-
-
-def _bytes(count: int | None) -> str:
-    if count is None:
-        return "n/a"
-    for unit in ("B", "KiB", "MiB"):
-        if abs(count) < 1024:
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return f"{count:.1f} GiB"

@@ -19,11 +19,12 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from graphpass.errors import GraphpassError
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 CONTROL_KEY = "^"
 
@@ -88,6 +89,8 @@ class Graph:
     def __init__(self, format: str, meta: dict | None = None) -> None:
         self.format = format
         self.meta: dict[str, Any] = dict(meta or {})
+        import networkx as nx  # here, not at the top: `graphpass --help` needs no networkx
+
         self._g = nx.MultiDiGraph()
         self._control_order = itertools.count()
         self._dialect = None
@@ -177,6 +180,9 @@ class Graph:
             for dst, d in self._out_edges(tensor.node)
             if not d["control"] and d["src_port"] == tensor.port
         ]
+
+    def data_producers(self, name: str) -> list[str]:
+        return _unique(src for src, d in self._in_edges(name) if not d["control"])
 
     def data_users(self, name: str) -> list[str]:
         return _unique(dst for dst, d in self._out_edges(name) if not d["control"])

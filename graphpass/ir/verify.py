@@ -3,45 +3,61 @@ that changed something (as XLA's HloVerifier runs between passes).
 
 They never mutate. A failure after a pass is a bug in that pass, so it raises
 :class:`InvariantError` (an internal error that keeps its traceback), naming the
-pass and the node.
+pass and the node. A failure in the input graph is the file's fault, not the
+code's: it raises :class:`MalformedGraphError`, a user error (exit 2).
 """
 
 from __future__ import annotations
 
+from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
+
+#: TF stores an output port as an int32; 2^31 and up wraps (2^32 reads as port 0).
+MAX_PORT = 2**31 - 1
 
 
 class InvariantError(AssertionError):
-    """The IR is malformed: a pass (or a reader) broke an invariant."""
+    """The IR is malformed: a pass broke an invariant."""
+
+
+class MalformedGraphError(GraphpassError):
+    """The graph read from a file breaks an invariant (a cycle, a port it lacks)."""
 
 
 def verify(graph: Graph, after: str = "input") -> None:
     """Check: acyclic (loop back-edges aside), ports valid, node data complete."""
     dialect = graph.dialect
-    where = f"after pass {after!r}" if after != "input" else "in the input graph"
+    is_input = after == "input"
+    where = "in the input graph" if is_input else f"after pass {after!r}"
+    error = MalformedGraphError if is_input else InvariantError
+    fix = "; the file is malformed: re-export it or fix that node" if is_input else ""
     for node in graph.nodes():
         for key in ("op", "attrs", "device", "meta"):
             if key not in node._data:
-                raise InvariantError(f"{where}: node {node.name!r} has no {key!r}")
+                raise error(f"{where}: node {node.name!r} has no {key!r}{fix}")
         slots = sorted(graph.input_slots(node.name))
         if slots and slots[0] < 0:
-            raise InvariantError(f"{where}: node {node.name!r} has a negative input slot")
+            raise error(f"{where}: node {node.name!r} has a negative input slot{fix}")
         if not dialect.allows_empty_input_slots and slots != list(range(len(slots))):
-            raise InvariantError(
-                f"{where}: node {node.name!r} has gaps in its input slots {slots}"
-            )
-        for tensor in graph.inputs(node.name):
-            if tensor.port < 0:
-                raise InvariantError(
-                    f"{where}: node {node.name!r} reads {tensor}, a negative output port"
-                )
-            limit = dialect.num_outputs(graph, tensor.node)
-            if limit is not None and tensor.port >= limit:
-                raise InvariantError(
-                    f"{where}: node {node.name!r} reads {tensor}, but {tensor.node!r} "
-                    f"has only {limit} outputs"
-                )
+            raise error(f"{where}: node {node.name!r} has gaps in its input slots {slots}{fix}")
+    problem = port_problem(graph)
+    if problem:
+        raise error(f"{where}: {problem}{fix}")
     try:
         graph.topological_order(ignore_edge=lambda s, d: dialect.is_back_edge(graph, s, d))
     except ValueError as exc:
-        raise InvariantError(f"{where}: {exc}") from None
+        raise error(f"{where}: {exc}{fix}") from None
+
+
+def port_problem(graph: Graph) -> str | None:
+    """The first input that reads an output port its producer does not have."""
+    dialect = graph.dialect
+    for node in graph.nodes():
+        for tensor in graph.inputs(node.name):
+            if tensor.port < 0 or tensor.port > MAX_PORT:
+                return f"node {node.name!r} reads {tensor}, an output port out of range"
+            limit = dialect.num_outputs(graph, tensor.node)
+            if limit is not None and tensor.port >= limit:
+                return (f"node {node.name!r} reads {tensor}, but {tensor.node!r} "
+                        f"has only {limit} output{'s' if limit != 1 else ''}")
+    return None

@@ -74,6 +74,8 @@ class Pipeline:
             for instrument in ctx.instruments:
                 instrument.after_pass(pass_, graph, changed, seconds)
             results.append(PassResult(pass_.name, changed, seconds, dict(pass_.report)))
+        for instrument in ctx.instruments:
+            instrument.after_pipeline(graph)
         return results
 
 

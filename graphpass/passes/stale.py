@@ -87,10 +87,12 @@ class StalePass(Pass):
         global_step = _global_step(graph, regions)
         plans = [_plan(graph, step, global_step) for step in regions.steps]
         _check_plans(graph, plans, ctx.target)
-        counter = _make_counter(graph, opts.counter, global_step)
-        init_ops = _initialise(graph, counter)
+        counter = _make_counter(graph, opts, global_step)
+        init_ops = _initialise(graph, counter) if counter else []
+        # A function body takes the functional If whatever the target.
+        xla = ctx.target == "xla" or graph.dialect.in_function_body(graph)
         steps = [
-            self._rewrite_step(graph, plan, global_step, counter.handle, ctx.target == "xla")
+            self._rewrite_step(graph, plan, global_step, counter and counter.handle, xla)
             for plan in plans
         ]
         summary = _add_summary(graph, counter, global_step) if opts.summary else None
@@ -98,17 +100,17 @@ class StalePass(Pass):
             "staleness": opts.staleness,
             "target": ctx.target,
             "global_step": global_step,
-            "counter": counter.handle,
-            "counter_read": f"{counter.read.node}:{counter.read.port}",
+            "counter": counter and counter.handle,
+            "counter_read": counter and f"{counter.read.node}:{counter.read.port}",
             "init_ops": init_ops,
             "summary_op": summary,
             "steps": steps,
-            "summary": _summary_lines(steps, counter.handle, init_ops),
+            "summary": _summary_lines(steps, counter and counter.handle, init_ops),
         }
         return True
 
     def _rewrite_step(self, graph: Graph, plan: _StepPlan, global_step: str,
-                      counter: str, xla: bool) -> dict:
+                      counter: str | None, xla: bool) -> dict:
         scope = graph.unique_name(f"{SCOPE}/{plan.train_op}")
         device = graph.node(global_step).device
         local_step = _snapshot(graph, scope, global_step, plan)
@@ -197,7 +199,7 @@ def _global_step(graph: Graph, regions: Regions) -> str:
             "it with --global-step")
     dialect = graph.dialect
     if not dialect.is_variable(graph, name) or \
-            dialect.get_attr(graph, name, "dtype") not in ("int32", "int64"):
+            dialect.variable_dtype(graph, name) not in ("int32", "int64"):
         raise GraphpassError(f"--global-step {name!r} is a {graph.node(name).op}, not an "
                              "integer variable")
     return name
@@ -234,9 +236,14 @@ def _apply_unit(graph: Graph, step: TrainStep, global_step: str) -> set[str]:
     dialect = graph.dialect
     upstream = graph.ancestors([step.train_op]) | {step.train_op}
     increments = {inc for inc, var in dialect.step_increments(graph) if var == global_step}
-    seeds = set(step.applies) | (increments & upstream)
+    # Optimizer math before the apply ops: slot updates made of plain ops (Keras:
+    # ``m = m * momentum - g * lr`` before ``w += m``) run only if the step is applied.
+    seeds = set(step.applies) | (increments & upstream) | \
+        dialect.update_math(graph, step.applies)
     between = (graph.descendants(seeds) | seeds) & upstream
-    updates = {n for n in between if dialect.ends_train_step(graph, n)}
+    # A function's result is produced whether or not the step is applied.
+    updates = {n for n in between if dialect.ends_train_step(graph, n)
+               and not dialect.is_fetch(graph, n)}
     return between & (updates | graph.ancestors(updates))
 
 
@@ -310,7 +317,7 @@ def _snapshot(graph: Graph, scope: str, global_step: str, plan: _StepPlan) -> Te
     read = dialect.read_variable(graph, f"{scope}/local_step/read", global_step,
                                  control_inputs=plan.snapshot_after)
     zero = dialect.constant(graph, f"{scope}/local_step/zero", 0,
-                            dialect.get_attr(graph, global_step, "dtype"), device)
+                            dialect.variable_dtype(graph, global_step), device)
     local_step = dialect.binary(graph, f"{scope}/local_step", "add", read, zero)
     dialect.set_attr(graph, local_step.node, "_class", [f"loc:@{global_step}"])
     for entry in plan.entries:
@@ -326,7 +333,7 @@ def _staleness_check(graph: Graph, scope: str, global_step: str, local_step: Ten
                                 control_inputs=plan.check_after)
     delta = dialect.binary(graph, f"{scope}/staleness", "sub", now, local_step)
     limit = dialect.constant(graph, f"{scope}/max_staleness", staleness,
-                             dialect.get_attr(graph, global_step, "dtype"), device)
+                             dialect.variable_dtype(graph, global_step), device)
     return dialect.binary(graph, f"{scope}/accept", "less_equal", delta, limit)
 
 
@@ -395,14 +402,17 @@ def _gate_with_switch(graph: Graph, scope: str, pred: Tensor, unit: list[str], c
     return dialect.merge(graph, f"{scope}/merge", [applied, kept], device)
 
 
-def _gate_with_if(graph: Graph, scope: str, pred: Tensor, unit: list[str], counter: str,
-                  device: str) -> Tensor:
-    """XLA form: the unit becomes the then-branch function, the counter increment the
-    else-branch one; the If returns 0.0 (applied) or 1.0 (dropped)."""
+def _gate_with_if(graph: Graph, scope: str, pred: Tensor, unit: list[str],
+                  counter: str | None, device: str) -> Tensor:
+    """XLA form: the unit becomes the then-branch function, the counter increment (if
+    there is a counter) the else-branch one; the If returns 0.0 (applied) or 1.0
+    (dropped)."""
     dialect = graph.dialect
     one = dialect.constant(graph, f"{scope}/one", 1.0, "float32", device)
-    count = dialect.assign_add_variable(graph, f"{scope}/count_drop", counter, one)
-    gate = dialect.functional_if(graph, f"{scope}/if", pred, (unit, [one.node, count]),
+    dropped = [one.node]
+    if counter is not None:
+        dropped.append(dialect.assign_add_variable(graph, f"{scope}/count_drop", counter, one))
+    gate = dialect.functional_if(graph, f"{scope}/if", pred, (unit, dropped),
                                  results=(0.0, 1.0), device=device)
     dialect.set_attr(graph, gate.node, GATE_ATTR, scope)
     return gate
@@ -411,8 +421,19 @@ def _gate_with_if(graph: Graph, scope: str, pred: Tensor, unit: list[str], count
 # -- the counter -------------------------------------------------------------------
 
 
-def _make_counter(graph: Graph, requested: str | None, global_step: str) -> ResourceVariable:
+def _make_counter(graph: Graph, opts: StaleOptions,
+                  global_step: str) -> ResourceVariable | None:
+    """The drop counter; None in a function body, which cannot gain a variable (its
+    variables are the captured arguments its SavedModel passes): the If's result
+    says whether a step was dropped there."""
     dialect = graph.dialect
+    requested = opts.counter
+    if dialect.in_function_body(graph):
+        if requested or opts.summary:
+            raise GraphpassError(
+                "--stale-counter and --staleness-summary need a variable the rewrite adds, "
+                "and a function body (a TF2 train signature) cannot gain one; leave them out")
+        return None
     if requested is not None and requested in graph:
         raise GraphpassError(f"--stale-counter {requested!r} names an existing node; choose a "
                              "new name")
@@ -478,11 +499,14 @@ def _add_summary(graph: Graph, counter: ResourceVariable, global_step: str) -> s
     return summary.node
 
 
-def _summary_lines(steps: list[dict], counter: str, init_ops: list[str]) -> list[str]:
+def _summary_lines(steps: list[dict], counter: str | None, init_ops: list[str]) -> list[str]:
     lines = [
         f"{s['train_op']}: snapshot {s['snapshot']} before {s['entries']} gradient entry "
         f"op(s); {s['gated']} apply-unit ops gated by {s['gate']} ({s['form']})" for s in steps
     ]
+    if counter is None:
+        lines.append("drops are not counted (a function body cannot gain a variable)")
+        return lines
     where = ", ".join(init_ops) if init_ops else "no init op found: run its Assign yourself"
     lines.append(f"drops counted in {counter} (initialised by {where})")
     return lines

@@ -1,140 +1,384 @@
-"""The automatic checkpoint planner behind ``--recompute auto``.
+"""The automatic remat planner behind ``--recompute auto``.
 
-It only decides *which* segments to recompute; the rewrite is the remat pass's,
-exactly as if the chosen scopes had been given as ``--recompute`` patterns.
+It decides *what* to recompute; the rewrite is the remat pass's. It plans on
+the forward pass's structure (``graphpass.analysis.forward``: units between
+narrow cuts, the values the backward pass keeps), never on names, with an
+incremental model instead of trial rewrites:
 
-* **Candidates** are forward name scopes: the scopes one level below the
-  deepest scope holding every forward node that a gradient op reads (``tower0/``
-  holding ``tower0/block1/`` ... gives the blocks; a flat model gives its
-  top-level scopes, ``block1/`` ... ``block8/``).
-* **Cost model**: the caller's ``estimate(scopes)``, the liveness estimate of
-  the step with those scopes rewritten (on a copy of the graph). Copies and the
-  small ordering ops record their shapes when they are built, so an estimate
-  never re-runs shape inference.
-* **Search**, a greedy heuristic (not an optimum): each candidate is estimated
-  alone; those that lower the peak are taken in order of saving per recomputed
-  byte, best first, until the estimate is within the budget. Peak memory is not
-  additive, so each step re-estimates the whole selection. Without a budget
-  every candidate that saves on its own is taken (the least memory it reaches).
+* a run of units ``a..e`` recomputed keeps only what crosses its ends (its
+  input, which its copies read, and its output if the backward reads it) and
+  what no copy can recompute (stateful producers); while its gradient runs,
+  everything the backward reads inside it is live again. So with ``P`` the
+  bytes kept before it, the step needs ``P + input + saved(a..e)`` at that
+  point, and ``P + kept(a..e)`` after it; a kept unit keeps what the backward
+  reads of it;
+  the model's peak is the largest such figure (Chen et al.'s chain model) plus
+  a constant for what the model does not see (gradients, temporaries):
+  the gap between the calibrated estimate of the original step
+  (``analysis.memory.estimated_peak_bytes``) and the model's own figure for it.
+* the cost of a segment is the FLOPs of its recomputable ops (``analysis.cost``).
+
+Policies (``--recompute-policy``):
+
+* ``min-peak`` (the default without a budget): the lowest peak the chain
+  model reaches, and the least recompute among plans reaching it.
+* ``budget`` (``--memory-budget-bytes N`` or ``--memory-budget 0.6x``): the
+  least recompute whose peak meets the budget. Solved exactly by a dynamic
+  program over the chain of units (states: bytes kept so far and recompute so
+  far, Pareto-pruned), so the optimality gap on the model is 0. The plan is
+  then rewritten once and estimated; if the estimate misses the budget the
+  model's budget is lowered by the miss and the chain solved again (at most
+  ``ROUNDS`` times).
+* ``cheap``: recompute only cheap ops (the dialect's ``op_class``: elementwise,
+  activations, normalisation, reshapes); which values to keep is one minimum
+  cut over tensor bytes (networkx max-flow), as PyTorch's min-cut partitioner
+  does: the source feeds every value that may not be recomputed, every value a
+  gradient op reads drains to the sink, each value is an edge of capacity its
+  bytes. The recomputed values are grouped per unit, so each group is
+  recomputed when its own gradient arrives.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
 from dataclasses import dataclass, field
 
-from graphpass.errors import GraphpassError
+from graphpass.analysis.forward import ForwardChain, Unit
+from graphpass.ir.graph import Graph, Tensor
 from graphpass.units import format_bytes
+
+#: How often a budget plan is re-solved after its rewrite missed the budget.
+ROUNDS = 4
+#: Byte resolution of the chain program: the budget in this many quanta.
+RESOLUTION = 2000
+
+
+
+@dataclass(frozen=True)
+class ChainPlan:
+    """Recomputed runs of units, ``(first, last)`` inclusive, and their model figures."""
+
+    runs: tuple[tuple[int, int], ...]
+    cost: int
+    peak: int
+    #: proven optimality gap of ``cost`` on the model (0.0: optimal; None: not proven)
+    gap: float | None = 0.0
 
 
 @dataclass
 class AutoPlan:
-    """What the planner decided, and the estimates it decided on."""
+    """What the planner decided, for the report."""
 
+    policy: str
     budget_bytes: int | None
-    candidates: list[str]
+    units: int
+    cut_width: int
+    solver: str
+    gap: float | None
     estimate_before: int
-    #: ``(scope added, estimated peak bytes with everything chosen so far)``
-    steps: list[tuple[str, int]] = field(default_factory=list)
-    #: candidates that cannot be rewritten alone, with the reason
-    unusable: dict[str, str] = field(default_factory=dict)
+    estimate: int
+    model_offset: int
+    segments: list[dict] = field(default_factory=list)
+    rounds: int = 1
+    seconds: float = 0.0
 
     @property
-    def chosen(self) -> list[str]:
-        """The chosen scopes, in graph order (the order the rewrite applies them)."""
-        added = {scope for scope, _ in self.steps}
-        return [c for c in self.candidates if c in added]
-
-    @property
-    def estimate(self) -> int:
-        return self.steps[-1][1] if self.steps else self.estimate_before
+    def met(self) -> bool | None:
+        return None if self.budget_bytes is None else self.estimate <= self.budget_bytes
 
     def to_json(self) -> dict:
-        return {
-            "budget_bytes": self.budget_bytes,
-            "candidates": self.candidates,
-            "chosen": self.chosen,
-            "steps": [{"added": s, "estimated_peak_bytes": e} for s, e in self.steps],
-            "unusable": self.unusable,
-            "estimated_peak_bytes": self.estimate,
-        }
+        return {"policy": self.policy, "budget_bytes": self.budget_bytes,
+                "budget_met": self.met, "units": self.units, "cut_width": self.cut_width,
+                "solver": self.solver, "gap": self.gap,
+                "estimated_peak_bytes_before": self.estimate_before,
+                "estimated_peak_bytes": self.estimate, "model_offset_bytes": self.model_offset,
+                "segments": self.segments, "rounds": self.rounds,
+                "planning_seconds": round(self.seconds, 3)}
 
-    def summary(self) -> str:
-        """One line: the greedy steps and the final estimate against the budget."""
-        steps = "".join(f", +{s} {format_bytes(e)}" for s, e in self.steps)
-        verdict = ("" if self.budget_bytes is None
-                   else f" (budget {format_bytes(self.budget_bytes)})")
-        unusable = f"; {len(self.unusable)} not recomputable alone: " \
-            f"{', '.join(self.unusable)}" if self.unusable else ""
-        return (f"auto: {len(self.chosen)} of {len(self.candidates)} candidate segments "
-                f"chosen; estimate {format_bytes(self.estimate_before)}{steps} -> "
-                f"{format_bytes(self.estimate)}{verdict}{unusable}")
-
-
-def candidate_scopes(names: list[str]) -> list[str]:
-    """Scopes one level below the deepest scope that holds all of ``names`` (the
-    forward nodes a gradient op reads, in graph order); in graph order."""
-    prefix = ""
-    while True:
-        scopes: dict[str, None] = {}
-        for name in names:
-            rest = name[len(prefix):]
-            if name.startswith(prefix) and "/" in rest:
-                scopes[prefix + rest.split("/", 1)[0] + "/"] = None
-        if len(scopes) != 1:
-            return list(scopes)
-        prefix = next(iter(scopes))
+    def summary(self) -> list[str]:
+        """One line for the plan, then one per recomputed segment."""
+        budget = "" if self.budget_bytes is None else \
+            f" (budget {format_bytes(self.budget_bytes)}, {'met' if self.met else 'NOT met'})"
+        gap = "n/a" if self.gap is None else f"{self.gap:.1%}"
+        lines = [f"auto ({self.policy}): {len(self.segments)} segments recomputed of "
+                 f"{self.units} units (cut width {self.cut_width}); estimate "
+                 f"{format_bytes(self.estimate_before)} -> {format_bytes(self.estimate)}"
+                 f"{budget}; solver {self.solver}, gap {gap}; {self.seconds:.1f} s"]
+        lines += [f"  {s['label']}: saves ~{format_bytes(s['estimated_bytes_saved'])}, "
+                  f"recomputes {s['recompute_flops'] / 1e6:.1f} MFLOP" for s in self.segments]
+        return lines
 
 
-def choose_scopes(candidates: list[str], estimate: Callable[[list[str]], int],
-         cost: Callable[[str], int], budget_bytes: int | None) -> AutoPlan:
-    """Choose candidates greedily until ``estimate(chosen) <= budget_bytes``.
+# -- the chain model ---------------------------------------------------------
 
-    ``estimate`` gets scopes in candidate order; ``cost(scope)`` is what
-    recomputing it costs (bytes recomputed). Raises when even the whole
-    selection stays over the budget.
+
+class _Prefix:
+    """Prefix sums over the units, so every run's figures cost O(1)."""
+
+    def __init__(self, units: list[Unit]) -> None:
+        self.units = units
+        self.saved = _prefix(u.saved_bytes for u in units)
+        self.pinned = _prefix(u.pinned_bytes for u in units)
+        self.flops = _prefix(u.flops for u in units)
+
+    def entry(self, first: int) -> int:
+        """Bytes crossing into a run from the unit before that the backward does not
+        read: kept only because the run's copies read them."""
+        return self.units[first - 1].cut_free_bytes if first else 0
+
+    def live(self, first: int, last: int) -> int:
+        """Bytes live while the run's gradient runs: all of it recomputed, and its input."""
+        return self.saved[last + 1] - self.saved[first] + self.entry(first)
+
+    def kept(self, first: int, last: int) -> int:
+        """Bytes the run keeps from the forward pass when recomputed: its input, its
+        output if the backward reads it, what no copy can recompute."""
+        return (self.pinned[last + 1] - self.pinned[first] + self.units[last].cut_saved_bytes
+                + self.entry(first))
+
+    def cost(self, first: int, last: int) -> int:
+        return self.flops[last + 1] - self.flops[first]
+
+
+def model_peak(units: list[Unit], runs: tuple[tuple[int, int], ...]) -> int:
+    """The chain model's peak for recomputing ``runs`` (without the offset)."""
+    sums = _Prefix(units)
+    start = {first: last for first, last in runs}
+    kept = peak = 0
+    unit = 0
+    while unit < len(units):
+        if unit in start:
+            last = start[unit]
+            peak = max(peak, kept + sums.live(unit, last))
+            kept += sums.kept(unit, last)
+            unit = last + 1
+        else:
+            kept += units[unit].saved_bytes
+            unit += 1
+    return max(peak, kept)
+
+
+def solve_budget(units: list[Unit], budget: int, quantum: int | None = None
+                 ) -> ChainPlan | None:
+    """The least recompute whose model peak is at most ``budget``; None if none is.
+
+    A dynamic program over chain positions whose state is the bytes kept so far,
+    counted in ``quantum``-byte steps (``budget / RESOLUTION`` by default). Run
+    with every byte figure rounded up, it yields a plan that truly meets the
+    budget; run rounded down, it relaxes the problem, and its cost bounds the
+    optimum from below: the reported gap is proven, not guessed.
     """
-    result = AutoPlan(budget_bytes, candidates, estimate([]))
-    if _within(result.estimate_before, budget_bytes):
-        return result
-    savings = _solo_savings(candidates, estimate, result)
-    ranked = sorted(savings, key=lambda c: (-savings[c] / max(cost(c), 1),
-                                            candidates.index(c)))
-    chosen: list[str] = []
-    for scope in ranked:
-        chosen.append(scope)
-        result.steps.append((scope, estimate([c for c in candidates if c in chosen])))
-        if _within(result.estimate, budget_bytes):
-            return result
-    if budget_bytes is not None:
-        raise GraphpassError(_over_budget_message(result))
-    return result
+    quantum = quantum or _quantum(units, budget)
+    found = _chain_dp(units, budget, quantum, up=True)
+    if found is None:
+        return None
+    cost, runs = found
+    if _divides(quantum, units):  # no rounding anywhere: optimal
+        return ChainPlan(runs, cost, model_peak(units, runs), 0.0)
+    bound = _chain_dp(units, budget, quantum, up=False)
+    lower = bound[0] if bound else cost
+    gap = 0.0 if cost <= lower or cost == 0 else (cost - lower) / cost
+    return ChainPlan(runs, cost, model_peak(units, runs), gap)
 
 
-def _solo_savings(candidates: list[str], estimate: Callable[[list[str]], int],
-                  result: AutoPlan) -> dict[str, int]:
-    """Bytes each candidate saves alone; only those that save something. A candidate
-    the rewrite refuses (data mode, no float input) is recorded as unusable."""
-    savings = {}
-    for scope in candidates:
-        try:
-            saving = result.estimate_before - estimate([scope])
-        except GraphpassError as exc:
-            result.unusable[scope] = str(exc)
+def solve_min_peak(units: list[Unit]) -> ChainPlan:
+    """The lowest model peak (bisection over the budget program's feasibility, to
+    one quantum), and the least recompute reaching it. Its gap is on the peak:
+    the bisection's resolution, relative to the peak found."""
+    high = model_peak(units, ())
+    quantum = _quantum(units, high)
+    best = solve_budget(units, high, quantum) or ChainPlan((), 0, high)
+    low = 0
+    while high - low > quantum:
+        middle = (low + high) // 2
+        found = solve_budget(units, middle, quantum)
+        if found is None:
+            low = middle
+        else:
+            high, best = min(middle, found.peak), found
+    gap = 0.0 if _divides(quantum, units) else quantum / max(best.peak, 1)
+    return ChainPlan(best.runs, best.cost, best.peak, gap)
+
+
+def _quantum(units: list[Unit], budget: int) -> int:
+    """The byte step of the chain program: the greatest common divisor of every
+    unit's figures when that keeps the states few (then rounding loses nothing),
+    else ``budget / RESOLUTION``."""
+    divisor = 0
+    for unit in units:
+        for value in _figures(unit):
+            divisor = math.gcd(divisor, value)
+    if divisor and budget // divisor <= 4 * RESOLUTION:
+        return divisor
+    return max(1, budget // RESOLUTION)
+
+
+def _figures(unit: Unit) -> tuple[int, ...]:
+    return (unit.saved_bytes, unit.pinned_bytes, unit.cut_saved_bytes, unit.cut_free_bytes)
+
+
+def _divides(quantum: int, units: list[Unit]) -> bool:
+    """Every byte figure is a multiple of ``quantum``: the program rounds nothing."""
+    return all(value % quantum == 0 for unit in units for value in _figures(unit))
+
+
+def _chain_dp(units: list[Unit], budget: int, quantum: int,
+              up: bool) -> tuple[int, tuple[tuple[int, int], ...]] | None:
+    """Least cost and its runs with byte figures in quanta, rounded up (``up``) or down."""
+    import numpy as np
+
+    def steps(value: int) -> int:
+        return -(-value // quantum) if up else value // quantum
+
+    sums = _Prefix(units)
+    count, cap = len(units), budget // quantum if up else -(-budget // quantum)
+    infinite = np.iinfo(np.int64).max // 4
+    cost = [np.full(cap + 1, infinite, dtype=np.int64) for _ in range(count + 1)]
+    # back[i][k] = (first unit of the last step, its last unit or -1 if kept, bucket before)
+    back = [np.full((cap + 1, 3), -1, dtype=np.int64) for _ in range(count + 1)]
+    cost[0][0] = 0
+    for first in range(count):
+        reached = np.flatnonzero(cost[first] < infinite)
+        if not len(reached):
             continue
-        if saving > 0:
-            savings[scope] = saving
-    return savings
+        lowest = int(reached[0])
+        _relax(cost, back, first, first + 1, steps(units[first].saved_bytes), cap, 0,
+               (first, -1))
+        for last in range(first, count):
+            if lowest + steps(sums.saved[last + 1] - sums.saved[first]) > cap:
+                break
+            _relax(cost, back, first, last + 1, steps(sums.kept(first, last)),
+                   cap - steps(sums.live(first, last)), sums.cost(first, last), (first, last))
+    if cost[count].min() >= infinite:
+        return None
+    bucket = int(np.argmin(cost[count]))
+    best = int(cost[count][bucket])
+    runs = []
+    position = count
+    while position:
+        first, last, bucket = (int(v) for v in back[position][bucket])
+        if last >= 0:
+            runs.append((first, last))
+        position = first
+    return best, tuple(sorted(runs))
 
 
-def _within(estimate: int, budget_bytes: int | None) -> bool:
-    return budget_bytes is not None and estimate <= budget_bytes
+def _relax(cost: list, back: list, source: int, target: int, shift: int, limit: int,
+           extra: int, step: tuple[int, int]) -> None:
+    """``cost[target][k + shift] = min(., cost[source][k] + extra)`` for ``k <= limit``."""
+    import numpy as np
+
+    size = min(limit + 1, len(cost[target]) - shift)
+    if size <= 0:
+        return
+    candidate = cost[source][:size] + extra
+    window = cost[target][shift:shift + size]
+    better = candidate < window
+    if better.any():
+        window[better] = candidate[better]
+        rows = back[target][shift:shift + size]
+        rows[better, 0], rows[better, 1] = step
+        rows[better, 2] = np.flatnonzero(better)
 
 
-def _over_budget_message(result: AutoPlan) -> str:
-    best = min([result.estimate_before] + [e for _, e in result.steps])
-    return (f"--memory-budget-bytes {result.budget_bytes} ({format_bytes(result.budget_bytes)}) "
-            f"cannot be met: the best estimated peak reached is {best} bytes "
-            f"({format_bytes(best)}), recomputing {len(result.steps)} of "
-            f"{len(result.candidates)} candidate segments "
-            f"(estimate before: {format_bytes(result.estimate_before)}); raise the budget")
+def _prefix(values) -> list[int]:
+    sums = [0]
+    for value in values:
+        sums.append(sums[-1] + value)
+    return sums
+
+
+def describe_runs(chain: ForwardChain, runs: tuple[tuple[int, int], ...]) -> list[dict]:
+    """The report's entry per recomputed run: label, ops, model bytes saved, FLOPs."""
+    sums = _Prefix(chain.units)
+    return [{"label": chain.label(first, last), "units": [first, last],
+             "nodes": len(chain.nodes(first, last)),
+             "estimated_bytes_saved": max(0, sums.saved[last + 1] - sums.saved[first]
+                                          - sums.kept(first, last)),
+             "recompute_flops": sums.cost(first, last)} for first, last in runs]
+
+
+# -- the cheap policy ----------------------------------------------------------
+
+
+def cheap_keep(graph: Graph, chain: ForwardChain, sizes) -> set[Tensor]:
+    """The forward values to keep when only cheap ops may be recomputed: one minimum
+    cut (source: values that must be computed in the forward pass; sink: values
+    gradient ops read; capacity: bytes). Values computed from shapes and stored
+    values alone (a layer norm's ``ones(Shape(x))``) are kept as they are: they
+    are small, and Grappler folds them in the original but not in a copy that
+    waits on a trigger, which changes the arithmetic."""
+    import networkx as nx
+
+    dialect = graph.dialect
+    members = set(chain.order)
+    saved = {v.tensor for v in chain.saved}
+    static = _static(graph, chain.order)
+    flow = nx.DiGraph()
+    for name in chain.order:
+        banned = name in static or not dialect.is_recomputable(graph, name) or \
+            dialect.op_class(graph, name) != "cheap" or _folds_constant(graph, name)
+        inputs = [t for t in graph.inputs(name) if t.node in members]
+        for port in graph.used_ports(name):
+            tensor = Tensor(name, port)
+            flow.add_edge(("in", tensor), ("out", tensor), capacity=sizes.bytes(tensor))
+            if banned:
+                flow.add_edge("source", ("in", tensor))
+            for source in inputs:
+                flow.add_edge(("out", source), ("in", tensor))
+            if tensor in saved:
+                flow.add_edge(("out", tensor), "sink")
+    if "source" not in flow or "sink" not in flow:
+        return set(saved)
+    _, (reachable, _) = nx.minimum_cut(flow, "source", "sink")
+    return {t for t in saved if ("in", t) in reachable and ("out", t) not in reachable} | \
+        {Tensor(n, p) for n in static for p in graph.used_ports(n)}
+
+
+def _folds_constant(graph: Graph, name: str) -> bool:
+    """A product with a constant factor: Grappler's arithmetic optimizer folds and
+    pushes such constants across neighbouring products, and does so differently
+    once the original's other readers (gradient ops) have moved to the copy, so
+    the copy would not compute the original's bits (seen on tf_keras's GELU)."""
+    dialect = graph.dialect
+    return graph.node(name).op in dialect.constant_folded_ops and any(
+        dialect.is_source(graph, t.node) and not dialect.is_variable_value(graph, t.node)
+        and t.node not in dialect.graph_inputs(graph) for t in graph.inputs(name))
+
+
+def _static(graph: Graph, order: list[str]) -> set[str]:
+    """Ops of ``order`` (topological) computed from shapes, constants and variables
+    only (not from fed values)."""
+    dialect = graph.dialect
+    members = set(order)
+    fed = set(dialect.graph_inputs(graph))
+    static: set[str] = set()
+    for name in order:
+        if dialect.is_shape_only(graph, name) or all(
+                t.node in static or (t.node not in members and t.node not in fed)
+                for t in graph.inputs(name)):
+            static.add(name)
+    return static
+
+
+def cheap_groups(chain: ForwardChain, keep: set[Tensor]) -> list[tuple[str, list[Tensor]]]:
+    """The values to recompute (saved, not kept), one group per unit producing them,
+    so each group is recomputed when the gradient reaches its own unit."""
+    unit_of = {}
+    for index, unit in enumerate(chain.units):
+        for name in chain.order[unit.start:unit.end]:
+            unit_of[name] = index
+    groups: dict[int, list[Tensor]] = {}
+    for value in chain.saved:
+        if value.tensor not in keep and value.recomputable:
+            groups.setdefault(unit_of[value.tensor.node], []).append(value.tensor)
+    return [(chain.label(index, index), sorted(groups[index])) for index in sorted(groups)]
+
+
+def over_budget_message(option: str, budget: int, best: int, labels: list[str],
+                        before: int) -> str:
+    """The exit-2 line: the budget, the best estimate any plan reaches, and that plan."""
+    shown = ", ".join(labels[:4]) + (f" and {len(labels) - 4} more" if len(labels) > 4 else "")
+    return (f"{option} {budget} ({format_bytes(budget)}) cannot be met: the best estimated "
+            f"peak reached is {best} bytes ({format_bytes(best)}, from {format_bytes(before)}), "
+            f"recomputing {len(labels)} segments ({shown or 'none'}); raise the budget")

@@ -30,16 +30,32 @@ none). The factor is the dialect's ``dependency_scale`` (ONNX: 0, see there).
 from __future__ import annotations
 
 import difflib
+import heapq
+import math
 import re
+import time
 from dataclasses import dataclass
 
-from graphpass.analysis.memory import estimated_peak_bytes, tensor_bytes
+from graphpass.analysis.cost import Sizes
+from graphpass.analysis.forward import ForwardChain, computed_forward, forward_chain
+from graphpass.analysis.memory import check_batch_size, estimated_peak_bytes, tensor_bytes
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
-from graphpass.options import RematOptions
+from graphpass.options import CHEAP, RematOptions
 from graphpass.passes.base import Pass
 from graphpass.passes.context import PassContext
-from graphpass.passes.remat.plan import AutoPlan, candidate_scopes, choose_scopes
+from graphpass.passes.remat.plan import (
+    ROUNDS,
+    AutoPlan,
+    ChainPlan,
+    cheap_groups,
+    cheap_keep,
+    describe_runs,
+    model_peak,
+    over_budget_message,
+    solve_budget,
+    solve_min_peak,
+)
 
 GENERATED_SCOPE = "graphpass/"
 SCOPE = "graphpass/remat/"
@@ -48,10 +64,18 @@ HINT_ATTR = "_recompute_hint"
 
 @dataclass
 class Segment:
-    """A group of forward nodes recomputed together (one ``recompute_grad`` call)."""
+    """A group of forward nodes recomputed together (one ``recompute_grad`` call).
+
+    By default every value of the segment that gradient ops read and no forward
+    op outside it reads is recomputed, from the segment's inputs. The ``cheap``
+    policy names the values to recompute (``released``) and the values copies
+    read as they are (``kept``), wherever in the forward pass they lie.
+    """
 
     name: str
     nodes: list[str]
+    released: list[Tensor] | None = None
+    kept: frozenset[Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -82,20 +106,24 @@ class RematPass(Pass):
     """Recompute marked forward segments in the backward pass (graph-level recompute_grad)."""
 
     name = "remat"
+
     options: RematOptions
 
     def run(self, graph: Graph, ctx: PassContext) -> bool:
         step = self._analyze(graph, ctx)
-        peak_before = ctx.analyses.peak_bytes(graph, step.fetches)
+        batch = self.options.batch_size
+        peak_before = ctx.analyses.peak_bytes(graph, step.fetches) if batch is None \
+            else estimated_peak_bytes(graph, step.fetches, batch)
         auto = None
         if self.options.auto:
-            auto = self._auto_plan(graph, step)
-            segments, skipped = self._scope_segments(graph, step, auto.chosen), []
+            auto, segments = self._auto_plan(graph, step, peak_before)
+            skipped = []
         else:
             segments, skipped = self._segments(graph, step.forward, step.backward)
         entries = self._rewrite(graph, segments, step)
         changed = any(e["copied"] for e in entries)
-        peak_after = estimated_peak_bytes(graph, step.fetches) if changed else peak_before
+        peak_after = estimated_peak_bytes(graph, step.fetches, batch) if changed \
+            else peak_before
         self.report = _report(entries, skipped, step.dependency, peak_before, peak_after, auto)
         return changed
 
@@ -103,25 +131,29 @@ class RematPass(Pass):
         """Dependency mode, regions and fetches, once: the planner's trial rewrites
         of copies of the graph reuse them (node names are the same there)."""
         modes = graph.dialect.dependency_modes
-        dependency = self.options.dependency or ctx.dependency or modes[0]
+        dependency = self.options.dependency or ctx.dependency or \
+            graph.dialect.default_dependency(graph)
         if dependency not in modes:
             raise GraphpassError(
                 f"--dependency {dependency} is not possible for {graph.format} graphs "
                 f"(they support: {', '.join(modes)})"
             )
         regions = ctx.analyses.regions(graph)
-        fetches = [t for s in regions.steps for t in s.train_ops or [s.train_op]]
-        fetches += [s.loss.node for s in regions.steps]
         return _Step(forward=set(regions.nodes("forward")),
                      backward=set(regions.nodes("backward")),
-                     fetches=fetches, dependency=dependency)
+                     fetches=regions.fetches, dependency=dependency)
 
     def _rewrite(self, graph: Graph, segments: list[Segment], step: _Step) -> list[dict]:
         """Plan and apply each segment in turn (a plan sees the earlier rewrites)."""
         entries = []
+        # Tupleized gradients tie a segment's gradient ops to each other, which
+        # may run against the order the reachability shortcut relies on.
+        reach = _Reach(graph, step.backward, ordered=not self.options.tupleize_grads)
         for segment in segments:
-            segment_plan = _plan(graph, segment, step.forward, step.backward)
+            segment_plan = _plan(graph, segment, step.forward, step.backward, reach)
             entries.append(self._apply(graph, segment, segment_plan, step.dependency))
+            if entries[-1]["copied"]:
+                reach.rewritten(segment_plan)
         return entries
 
     # -- marks ---------------------------------------------------------------
@@ -148,34 +180,88 @@ class RematPass(Pass):
 
     # -- the automatic planner ------------------------------------------------
 
-    def _auto_plan(self, graph: Graph, step: _Step) -> AutoPlan:
-        """Candidate scopes, judged by rewriting copies of the graph: the estimate
-        of a selection is the peak of the step with exactly that rewrite."""
-        read_back = [n for n in graph if n in step.forward and not is_generated(n)
-                     and graph.dialect.is_recomputable(graph, n)
-                     and any(u in step.backward for u in graph.data_users(n))]
+    def _auto_plan(self, graph: Graph, step: _Step,
+                   before: int) -> tuple[AutoPlan, list[Segment]]:
+        """The planner (``plan``) on the forward chain; a plan is rewritten on a copy
+        of the graph and estimated once, never per candidate."""
+        start = time.perf_counter()
+        options = self.options
+        check_batch_size(graph, step.fetches, options.batch_size)
+        sizes = Sizes(graph, options.batch_size)
+        chain = forward_chain(graph, computed_forward(graph, step.forward), step.backward,
+                              sizes, ignore_reader=is_generated)
+        budget = options.memory_budget_bytes
+        if options.memory_budget_fraction is not None:
+            budget = int(options.memory_budget_fraction * before)
+        plan = AutoPlan(options.policy, budget, len(chain.units), chain.width, "none", 0.0,
+                        before, before, max(0, before - model_peak(chain.units, ())))
 
-        def estimate(scopes: list[str]) -> int:
+        def estimate(segments: list[Segment]) -> int:
             trial = graph.copy()
-            self._rewrite(trial, self._scope_segments(trial, step, scopes), step)
-            return estimated_peak_bytes(trial, step.fetches)
+            self._rewrite(trial, segments, step)
+            return estimated_peak_bytes(trial, step.fetches, options.batch_size)
 
-        def cost(scope: str) -> int:
-            segment, = self._scope_segments(graph, step, [scope])
-            copies = _plan(graph, segment, step.forward, step.backward).copies
-            return sum(tensor_bytes(graph, Tensor(n, p)) or 0
-                       for n in copies for p in graph.used_ports(n))
+        if any(n.startswith(SCOPE) for n in graph):
+            plan.solver = "none (already rematerialized by graphpass)"
+            segments = []
+        elif options.policy == CHEAP:
+            segments = self._plan_cheap(graph, chain, sizes, plan, estimate)
+        else:
+            segments = self._plan_chain(chain, plan, estimate)
+        plan.seconds = time.perf_counter() - start
+        return plan, segments
 
-        return choose_scopes(candidate_scopes(read_back), estimate, cost,
-                             self.options.memory_budget_bytes)
+    def _plan_chain(self, chain: ForwardChain, plan: AutoPlan, estimate) -> list[Segment]:
+        """``min-peak`` or ``budget``: solve the chain, rewrite once, estimate. A
+        budget plan is searched by bisection over the model's budget, between the
+        lowest plan (known to fit) and the budget less the model's offset, keeping
+        the cheapest plan whose estimate fits; ``ROUNDS`` estimates at most."""
+        units = chain.units
+        chosen = solve_min_peak(units)
+        estimated = estimate(_chain_segments(chain, chosen))
+        if estimated >= plan.estimate_before:  # the model was wrong: recompute nothing
+            chosen, estimated = ChainPlan((), 0, 0), plan.estimate_before
+        budget = plan.budget_bytes
+        if budget is not None and estimated > budget:
+            raise GraphpassError(over_budget_message(
+                _budget_option(self.options), budget, estimated,
+                [chain.label(*r) for r in chosen.runs], plan.estimate_before))
+        if budget is not None:
+            low, high = chosen.peak, budget - plan.model_offset
+            target = high
+            for plan.rounds in range(1, ROUNDS + 1):
+                found = solve_budget(units, target)
+                if found is None or found.cost >= chosen.cost:
+                    break
+                peak = estimate(_chain_segments(chain, found))
+                if peak <= budget:
+                    chosen, estimated, low = found, peak, target
+                else:
+                    high = target
+                if high - low <= budget // 100:
+                    break
+                target = (low + high) // 2
+        plan.solver, plan.gap = "chain dp", chosen.gap
+        plan.estimate = estimated
+        plan.segments = describe_runs(chain, chosen.runs)
+        return _chain_segments(chain, chosen)
 
-    @staticmethod
-    def _scope_segments(graph: Graph, step: _Step, scopes: list[str]) -> list[Segment]:
-        """Each scope's forward nodes, exactly as ``--recompute SCOPE`` marks them."""
+    def _plan_cheap(self, graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,
+                    estimate) -> list[Segment]:
+        """``cheap``: keep what one min cut says; recompute the rest per unit."""
+        keep = frozenset(cheap_keep(graph, chain, sizes))
         segments = []
-        for scope in scopes:
-            names = _match(graph, re.escape(scope)).get(scope, [])
-            segments.append(Segment(scope, [n for n in names if n in step.forward]))
+        for label, released in cheap_groups(chain, keep):
+            segments.append(Segment(label, [], released, keep))
+            plan.segments.append({
+                "label": label, "nodes": len(_unique(t.node for t in released)),
+                "estimated_bytes_saved": sum(sizes.bytes(t) for t in released),
+                "recompute_flops": sum(sizes.flops(n) for n in _unique(t.node for t in released))})
+        plan.solver, plan.gap = "min cut (networkx max-flow)", 0.0
+        plan.estimate = estimate(segments)
+        if plan.estimate >= plan.estimate_before:  # saves nothing: recompute nothing
+            plan.estimate, plan.segments = plan.estimate_before, []
+            return []
         return segments
 
     # -- rewrite -------------------------------------------------------------
@@ -198,12 +284,26 @@ class RematPass(Pass):
         released = sorted({orig for _, _, orig in plan.rewires})
         for consumer, slot, original in plan.rewires:
             graph.set_input(consumer, slot, Tensor(copy_of[original.node], original.port))
+        for original in copy_of:  # still computed in the forward pass: exactly as before
+            if graph.users(original):
+                graph.dialect.keep_as_written(graph, original)
         if self.options.tupleize_grads:
             _tupleize(graph, segment.name, [c for c, _, _ in plan.rewires], dependency)
         entry.update(copied=len(copy_of), copies=list(copy_of.values()),
                      released=[str(t) for t in released],
                      released_bytes=sum(tensor_bytes(graph, t) or 0 for t in released))
         return entry
+
+
+def _budget_option(options: RematOptions) -> str:
+    return "--memory-budget" if options.memory_budget_fraction is not None \
+        else "--memory-budget-bytes"
+
+
+def _chain_segments(chain: ForwardChain, plan: ChainPlan) -> list[Segment]:
+    """One segment per recomputed run of units (labels for display only)."""
+    return [Segment(chain.label(first, last), chain.nodes(first, last))
+            for first, last in plan.runs]
 
 
 def _match(graph: Graph, pattern: str) -> dict[str, list[str]]:
@@ -244,37 +344,57 @@ def _hint_segments(graph: Graph, forward: set[str],
     segments = {}
     for hint, names in by_hint.items():
         parts = nx.connected_components(graph.nx.subgraph(names).to_undirected(as_view=True))
-        ordered = sorted((sorted(p, key=names.index) for p in parts),
-                         key=lambda p: names.index(p[0]))
+        position = {n: i for i, n in enumerate(names)}
+        ordered = sorted((sorted(p, key=position.__getitem__) for p in parts),
+                         key=lambda p: position[p[0]])
         for i, part in enumerate(ordered):
             segments[f"hint {hint}" + (f" #{i}" if len(ordered) > 1 else "")] = part
     return segments, skipped
 
 
-def _plan(graph: Graph, segment: Segment, forward: set[str], backward: set[str]) -> _Plan:
-    """Decide copies, rewires and triggers for one segment (graph untouched)."""
+def _plan(graph: Graph, segment: Segment, forward: set[str], backward: set[str],
+          reach: _Reach | None = None) -> _Plan:
+    """Decide copies, rewires and triggers for one segment (graph untouched).
+    ``reach``: shared by the segments of one rewrite (made here if not given)."""
     dialect = graph.dialect
-    members = set(segment.nodes)
-    recomputable = {n for n in segment.nodes if dialect.is_recomputable(graph, n)}
-    rewires = []
-    for name in segment.nodes:
-        if name not in recomputable:
-            continue
-        for port in graph.used_ports(name):
-            readers = graph.consumers(Tensor(name, port))
-            if _is_boundary(readers, members, forward):
-                continue
-            for consumer, slot in readers:
-                if consumer in backward and not is_generated(consumer):
-                    rewires.append((consumer, slot, Tensor(name, port)))
-    needed = _upstream_within(graph, {t.node for _, _, t in rewires}, recomputable)
-    copies = [n for n in segment.nodes if n in needed]
+    if segment.kept is None:
+        recomputable = {n for n in segment.nodes if dialect.is_recomputable(graph, n)}
+        released = _internal_values(graph, segment, recomputable, forward)
+
+        def recompute(tensor: Tensor) -> bool:
+            return tensor.node in recomputable
+    else:
+        released = segment.released or []
+
+        def recompute(tensor: Tensor) -> bool:
+            return tensor not in segment.kept and tensor.node in forward \
+                and not is_generated(tensor.node) and dialect.is_recomputable(graph, tensor.node)
+    rewires = [(consumer, slot, tensor) for tensor in released
+               for consumer, slot in graph.consumers(tensor)
+               if consumer in backward and not is_generated(consumer)]
+    needed = _upstream(graph, {t.node for _, _, t in rewires}, recompute)
+    if segment.kept is None:
+        copies = [n for n in segment.nodes if n in needed]
+    else:
+        copies = [n for n in graph if n in needed]
     consumers = {c for c, _, _ in rewires}
     return _Plan(copies=copies, rewires=rewires,
-                 triggers=_triggers(graph, consumers, backward))
+                 triggers=_triggers(graph, consumers, backward,
+                                    reach or _Reach(graph, backward)))
 
 
-def _triggers(graph: Graph, consumers: set[str], backward: set[str]) -> list[Tensor]:
+def _internal_values(graph: Graph, segment: Segment, recomputable: set[str],
+                     forward: set[str]) -> list[Tensor]:
+    """The values a segment recomputes: those of its recomputable nodes that no
+    forward node outside it reads (those are boundaries, kept anyway)."""
+    members = set(segment.nodes)
+    return [Tensor(name, port) for name in segment.nodes if name in recomputable
+            for port in graph.used_ports(name)
+            if not _is_boundary(graph.consumers(Tensor(name, port)), members, forward)]
+
+
+def _triggers(graph: Graph, consumers: set[str], backward: set[str],
+              reach: _Reach) -> list[Tensor]:
     """The gradient flowing into the segment: computed float backward tensors that
     the segment's gradient ops read and that do not depend on them.
 
@@ -291,7 +411,7 @@ def _triggers(graph: Graph, consumers: set[str], backward: set[str]) -> list[Ten
     every gradient downstream of its segments' own update ops).
     """
     dialect = graph.dialect
-    after = graph.descendants(consumers) | consumers
+    after = reach.downstream(consumers)
 
     def entering(nodes: set[str], sources: bool = False) -> list[Tensor]:
         return _unique(
@@ -311,19 +431,96 @@ def _triggers(graph: Graph, consumers: set[str], backward: set[str]) -> list[Ten
                  if u in backward and u not in seen}
         seen |= layer
         found = entering(layer)
-        gradients = [t for t in found if _carries_gradient(graph, t, backward)]
+        gradients = [t for t in found if reach.carries_gradient(t.node)]
         if gradients:
             return gradients
         fallback = fallback or found
     return fallback or entering(consumers, sources=True)
 
 
-def _carries_gradient(graph: Graph, tensor: Tensor, backward: set[str]) -> bool:
-    """Computed from some other backward value (not from forward values and
-    constants alone, as a ``Transpose`` of an activation or a weight is)."""
-    dialect = graph.dialect
-    return any(n in backward and not dialect.is_source(graph, n)
-               for n in graph.ancestors([tensor.node]))
+class _Reach:
+    """The two reachability questions of the trigger search, answered for the
+    graph as the earlier segments' rewrites left it, without a walk of the whole
+    graph per segment (which made rewriting quadratic in the segments).
+
+    * ``downstream(consumers)``: the nodes that depend on ``consumers``, walked
+      only as far as asked: a node depends only on nodes before it in a
+      topological order, so asking about ``x`` walks the consumers' descendants
+      that come before ``x``. A rewrite keeps the order of the original graph
+      valid as long as each segment's triggers come before its rewired
+      consumers (what copies and ties connect); checked after every segment,
+      and once it fails (or the graph has a cycle) the walk is unbounded.
+    * ``carries_gradient(name)``: computed from some backward value (not from
+      forward values and constants alone, as a ``Transpose`` of an activation
+      or a weight is). One walk before any rewrite; a rewrite adds ancestors
+      to an original node only through the copies and ties it added, which the
+      walk from ``name`` follows up to the original nodes (a rewired consumer
+      reads an activation, so it is itself computed backward).
+    """
+
+    def __init__(self, graph: Graph, backward: set[str], ordered: bool = True) -> None:
+        self.graph = graph
+        self.computed = {n for n in backward if not graph.dialect.is_source(graph, n)}
+        self.from_computed = graph.descendants(self.computed)
+        self.original = set(graph)
+        self.position: dict[str, int] | None = None
+        if ordered:
+            try:
+                self.position = {n: i for i, n in enumerate(graph.topological_order())}
+            except ValueError:  # a cycle (TF loops): no order to bound the walks by
+                pass
+
+    def downstream(self, consumers: set[str]) -> _Downstream:
+        return _Downstream(self.graph, consumers, self.position)
+
+    def rewritten(self, plan: _Plan) -> None:
+        """After ``plan`` was applied: does the original order still hold?"""
+        position = self.position
+        if position is not None and max(position[t.node] for t in plan.triggers) >= \
+                min(position[c] for c, _, _ in plan.rewires):
+            self.position = None
+
+    def carries_gradient(self, name: str) -> bool:
+        if name in self.from_computed:
+            return True
+        seen, stack = {name}, [name]
+        while stack:
+            for producer in self.graph.producers(stack.pop()):
+                if producer in self.computed or producer in self.from_computed:
+                    return True
+                if producer not in self.original and producer not in seen:
+                    seen.add(producer)
+                    stack.append(producer)
+        return False
+
+
+class _Downstream:
+    """``descendants(consumers) | consumers``, walked lazily (see ``_Reach``)."""
+
+    def __init__(self, graph: Graph, consumers: set[str],
+                 position: dict[str, int] | None) -> None:
+        self.graph = graph
+        self.position = position
+        self.members = set(consumers)
+        self.pending = sorted((self._key(c, 0), c) for c in consumers)
+
+    def _key(self, name: str, parent_key: float) -> float:
+        """Position in the order; a node a rewrite added walks with its producer."""
+        if self.position is None:
+            return 0
+        return self.position.get(name, parent_key)
+
+    def __contains__(self, name: str) -> bool:
+        if name in self.members:
+            return True
+        bound = math.inf if self.position is None else self.position.get(name, math.inf)
+        while self.pending and self.pending[0][0] <= bound:
+            key, node = heapq.heappop(self.pending)
+            for user in self.graph.users(node):
+                if user not in self.members:
+                    self.members.add(user)
+                    heapq.heappush(self.pending, (self._key(user, key), user))
+        return name in self.members
 
 
 def _is_boundary(readers: list[tuple[str, int]], members: set[str], forward: set[str]) -> bool:
@@ -332,13 +529,14 @@ def _is_boundary(readers: list[tuple[str, int]], members: set[str], forward: set
     return any(c in forward and c not in members for c, _ in readers)
 
 
-def _upstream_within(graph: Graph, names: set[str], allowed: set[str]) -> set[str]:
-    """``names`` and their data ancestors reachable without leaving ``allowed``."""
+def _upstream(graph: Graph, names: set[str], recompute) -> set[str]:
+    """``names`` and the producers of the values they read that ``recompute``
+    accepts, transitively: what must be copied to recompute ``names``."""
     seen = set(names)
     stack = list(names)
     while stack:
         for tensor in graph.inputs(stack.pop()):
-            if tensor.node in allowed and tensor.node not in seen:
+            if tensor.node not in seen and recompute(tensor):
                 seen.add(tensor.node)
                 stack.append(tensor.node)
     return seen
@@ -348,8 +546,9 @@ def _copy_nodes(graph: Graph, originals: list[str]) -> dict[str, str]:
     """Copy ``originals`` (in graph order) under ``graphpass/remat/``; inputs inside
     the copied set point at the copies, everything else at the original tensors."""
     dialect = graph.dialect
-    copy_of = {n: graph.unique_name(SCOPE + n) for n in originals}
-    for name in originals:
+    copy_of = {}
+    for name in originals:  # one at a time: a name taken here is not free for the next
+        copy_of[name] = graph.unique_name(SCOPE + name)
         dialect.copy_node(graph, name, copy_of[name])
     for name in originals:
         for slot, tensor in graph.input_slots(name).items():
@@ -378,13 +577,17 @@ def _order_by_data(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor]
     Like ``recompute_grad``, which ties the function's arguments and not the
     variables it reads, only activations are tied: tying a weight would make a
     weight-sized temporary per segment. Weights are tied only when a segment
-    reads nothing else.
+    reads nothing else. Constants are never tied: they are there from the start
+    anyway, and a tied constant is no longer one to the runtime's optimizer, which
+    would then compute the copy differently from its original (Grappler turns
+    ``x / const`` into ``x * (1 / const)`` only for a constant).
     """
     dialect = graph.dialect
     copies = set(copy_of.values())
     external = _unique(
         t for c in copy_of.values() for t in graph.inputs(c)
         if t.node not in copies and dialect.is_float(graph, t)
+        and not dialect.is_constant(graph, t.node)
     )
     if not external:
         raise GraphpassError(
@@ -392,6 +595,12 @@ def _order_by_data(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor]
             "mark a larger segment (one that reads a float tensor) or use --dependency control"
         )
     activations = [t for t in external if not dialect.is_variable_value(graph, t.node)]
+    # Who reads each external tensor, once (a scan of every copy per tensor was
+    # quadratic in the segment); copies in order, then slots as the graph lists them.
+    readers: dict[Tensor, list[tuple[str, int]]] = {}
+    for copy in copy_of.values():
+        for slot, source in graph.input_slots(copy).items():
+            readers.setdefault(source, []).append((copy, slot))
     scope = f"{SCOPE}{segment.rstrip('/')}/dep"
     signal: dict[str, Tensor] = {}
     for tensor in activations or external:
@@ -399,10 +608,8 @@ def _order_by_data(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor]
         if dtype not in signal:
             signal[dtype] = _tiny_signal(graph, f"{scope}/{dtype}", triggers, dtype)
         tied = dialect.binary(graph, f"{scope}/tie", "add", tensor, signal[dtype])
-        for copy in copy_of.values():
-            for slot, source in graph.input_slots(copy).items():
-                if source == tensor:
-                    graph.set_input(copy, slot, tied)
+        for copy, slot in readers[tensor]:
+            graph.set_input(copy, slot, tied)
 
 
 def _tiny_signal(graph: Graph, scope: str, tensors: list[Tensor], dtype: str) -> Tensor:
@@ -455,7 +662,7 @@ def _leaves(readers: list[tuple[str, int]], ops: set[str], internal: set[str]) -
 
 def _report(entries: list[dict], skipped: list[str], dependency: str, peak_before: int,
             peak_after: int, auto: AutoPlan | None = None) -> dict:
-    summary = [auto.summary()] if auto else []
+    summary = auto.summary() if auto else []
     for e in entries:
         line = f"segment {e['segment']}: "
         if e["copied"]:

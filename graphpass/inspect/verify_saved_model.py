@@ -1,0 +1,99 @@
+"""``graphpass verify`` for TF2 SavedModels whose training step is a signature.
+
+Both SavedModels are loaded with ``tf.saved_model.load`` (the way users run
+them), the rewritten one's variables are set to the original's values (so both
+start from the same point even if a checkpoint differs), and the signature is
+called ``steps`` times on the same inputs: ``--feed`` arrays, else seeded random
+values of the signature's input specs. After every call the outputs and every
+variable the signature uses are compared; each call's peak allocator bytes is
+measured as in :mod:`graphpass.inspect.equivalence` (same caveats: one process,
+so peaks are indicative; ``tools/bench_keras3.py`` measures each in its own).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from graphpass.errors import GraphpassError
+from graphpass.inspect.equivalence import (
+    VerifyOptions,
+    VerifyReport,
+    _InputMaker,
+    _peak_bytes,
+    _reset_memory_stats,
+    compare_step,
+)
+
+
+def training_signature(path: Path, requested: str | None, tag: str | None) -> str | None:
+    """The signature key whose function holds the training step, or None when the
+    SavedModel's step is at the top level (a TF1 SavedModel)."""
+    from graphpass.formats import tf_function
+    from graphpass.formats.tf_io import read_saved_model_proto
+
+    meta_graph = read_saved_model_proto(path, tag)
+    chosen = tf_function.choose_signature(meta_graph, requested, str(path))
+    if chosen is None:
+        return None
+    return next(s["signature"] for s in tf_function.signatures(meta_graph)
+                if s["function"] == chosen and (requested is None or
+                                                s["signature"] == requested))
+
+
+def verify_saved_models(original: Path, rewritten: Path, key: str,
+                        options: VerifyOptions) -> VerifyReport:
+    """Call signature ``key`` of both SavedModels ``options.steps`` times and compare."""
+    import tensorflow as tf
+
+    if options.xla:
+        raise GraphpassError("--xla is for graphs run in a Session; a SavedModel's train "
+                             "function is compiled when it was saved with jit_compile=True")
+    models = [tf.saved_model.load(str(path)) for path in (original, rewritten)]
+    functions = []
+    for path, model in zip((original, rewritten), models):
+        if key not in model.signatures:
+            raise GraphpassError(f"{path}: no signature {key!r}; it has: "
+                                 f"{', '.join(sorted(model.signatures)) or 'none'}")
+        functions.append(model.signatures[key])
+    names_a, names_b = (_variable_names(f) for f in functions)
+    common = [n for n in names_a if n in names_b]
+    for name in common:
+        names_b[name].assign(names_a[name].read_value())
+    report = VerifyReport(format="tf", compared=common,
+                          only_original=[n for n in names_a if n not in names_b],
+                          only_rewritten=[n for n in names_b if n not in names_a])
+    inputs = _InputMaker(_input_specs(functions[0]), options)
+    for step in range(1, options.steps + 1):
+        feed = {name: tf.constant(value) for name, value in inputs.next().items()}
+        outputs, peaks = [], []
+        for function in functions:
+            baseline = _reset_memory_stats(tf)
+            outputs.append({k: v.numpy() for k, v in function(**feed).items()})
+            peaks.append(_peak_bytes(tf, baseline))
+        values = {f"output {k}": (outputs[0][k], outputs[1].get(k)) for k in sorted(outputs[0])}
+        values.update({n: (names_a[n].numpy(), names_b[n].numpy()) for n in common})
+        losses = tuple([float(np.ravel(o[k])[0]) for k in sorted(o) if np.size(o[k])]
+                       for o in outputs)
+        report.steps.append(compare_step(step, values, losses, tuple(peaks), options))
+    return report
+
+
+def _variable_names(function) -> dict:
+    """The variables a signature captures, by name (``name``, ``name#2`` for repeats)."""
+    names: dict = {}
+    for variable in function.variables:
+        name, i = variable.name, 1
+        while name in names:
+            i += 1
+            name = f"{variable.name}#{i}"
+        names[name] = variable
+    return names
+
+
+def _input_specs(function) -> dict[str, tuple[str, tuple | None]]:
+    _, specs = function.structured_input_signature
+    return {name: (spec.dtype.name, tuple(spec.shape.as_list())
+                   if spec.shape.rank is not None else None)
+            for name, spec in sorted(specs.items())}

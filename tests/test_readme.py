@@ -1,0 +1,78 @@
+"""The README as a user meets it: every command of its Commands section answers
+``--help`` in plain text, and every concrete ``graphpass`` example in its code
+blocks runs and exits 0 (outputs under /tmp go to the test's own directory)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from graphpass.cli import COMMANDS, main
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+#: reStructuredText a help text must not show: ``literals``, `interpreted text`,
+#: roles (:class:`x`), directives (.. note::).
+RST = re.compile(r"`|:[a-z]+:`|^\s*\.\. \w+::", re.M)
+
+
+def code_lines() -> list[tuple[str, str]]:
+    """``(section heading, line)`` for each line of the README's code blocks
+    (fenced, or indented by four spaces)."""
+    lines, section, fenced = [], "", False
+    for line in README.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif line.startswith("#") and not fenced:
+            section = line.lstrip("#").strip()
+        elif fenced or line.startswith("    "):
+            lines.append((section, line.strip()))
+    return lines
+
+
+def commands(in_commands_section: bool) -> list[str]:
+    """``graphpass ...`` lines (the part after the last ``&&``) inside or outside the
+    Commands section."""
+    found = []
+    for section, line in code_lines():
+        line = line.rpartition("&& ")[2]
+        if line.startswith("graphpass ") and (section == "Commands") == in_commands_section:
+            found.append(line)
+    return found
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(argv)
+    return status, out.getvalue(), err.getvalue()
+
+
+def test_commands_section_lists_every_command():
+    listed = [shlex.split(line)[1] for line in commands(in_commands_section=True)]
+    assert sorted(listed) == sorted(cls.name for cls in COMMANDS)
+
+
+@pytest.mark.parametrize("argv", [["--help"]] + [[shlex.split(line)[1], "--help"]
+                                                 for line in commands(True)],
+                         ids=lambda argv: " ".join(argv))
+def test_help_is_plain_text(argv):
+    status, out, _ = _run(argv)
+    assert status == 0 and out.startswith("usage: graphpass")
+    assert not RST.search(out), RST.search(out)
+
+
+def test_readme_examples_run(tmp_path, monkeypatch):
+    examples = commands(in_commands_section=False)
+    assert len(examples) >= 4  # quick start, verify, dump and plot examples
+    monkeypatch.chdir(ROOT)
+    for line in examples:
+        argv = [arg.replace("/tmp/", f"{tmp_path}/") for arg in shlex.split(line)[1:]]
+        status, _, err = _run(argv)
+        assert status == 0, f"{line}\n{err}"
+    assert (tmp_path / "mlp_memory.svg").is_file() and (tmp_path / "mlp_dumps/memory.svg").is_file()

@@ -1,0 +1,133 @@
+"""Scale: start-up imports nothing heavy, commands import only their format's
+runtime, and the analyses do a bounded number of graph walks whatever the size
+of the graph (the structural form of "linear": a walk per candidate would make
+the count grow with the graph). Timings live in tools/bench_scale.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+HEAVY = ("tensorflow", "onnx", "onnxruntime", "networkx", "numpy")
+
+
+def imported_after(argv: list[str]) -> list[str]:
+    """The heavy top-level modules loaded by ``graphpass ARGV`` in a fresh interpreter."""
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from graphpass.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    status = main({argv!r})\n"
+        f"print(json.dumps([status, sorted(m for m in {HEAVY!r} if m in sys.modules)]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, env={"PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3",
+                                         "PATH": "/usr/bin:/bin"}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    status, modules = json.loads(done.stdout.splitlines()[-1])
+    assert status == 0
+    return modules
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["passes"], ["rewrite", "--help"]])
+def test_help_and_passes_import_no_runtime(argv):
+    assert imported_after(argv) == []
+
+
+def test_onnx_commands_never_import_tensorflow(tmp_path):
+    source = str(DATA / "onnx_mlp.onnx")
+    assert "tensorflow" not in imported_after(["inspect", source])
+    modules = imported_after(["rewrite", source, "-o", str(tmp_path / "out.onnx"),
+                              "--recompute", "block[1-2]/"])
+    assert "tensorflow" not in modules and "onnx" in modules
+
+
+def test_tf_commands_never_import_onnx(tmp_path):
+    source = str(DATA / "mlp_adam.meta")
+    modules = imported_after(["rewrite", source, "-o", str(tmp_path / "out.meta"),
+                              "--recompute", "block[1-2]/"])
+    assert "tensorflow" in modules
+    assert "onnx" not in modules and "onnxruntime" not in modules
+
+
+@pytest.mark.parametrize("name", ["mlp_adam", "conv_bn_dropout", "control_flow",
+                                  "function_library", "clipped_custom_scope"])
+def test_tf_shapes_are_the_python_importers(name):
+    """The C-importer-only inference records what ``import_graph_def`` infers."""
+    import tensorflow as tf
+
+    import graphpass
+    from graphpass.formats.tf_io import graph_def_from_graph
+
+    graph = graphpass.load(DATA / f"{name}.meta")
+    tf_graph = tf.Graph()
+    with tf_graph.as_default():
+        tf.compat.v1.import_graph_def(graph_def_from_graph(graph), name="")
+    expected = {op.name: [None if t.shape.rank is None else tuple(t.shape.as_list())
+                          for t in op.outputs] for op in tf_graph.get_operations()}
+    graph.dialect.infer_shapes(graph)
+    assert {n: graph.node(n).meta["shapes"] for n in graph} == expected
+
+
+def count_calls(monkeypatch, owner, name: str) -> list[int]:
+    """Count calls of ``owner.name`` (the counter is a one-element list)."""
+    counter = [0]
+    original = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        counter[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return counter
+
+
+def rewrite_counts(monkeypatch, tmp_path, source: Path, pattern: str) -> tuple[int, int]:
+    """(whole-graph walks, shape inferences) of ``inspect`` then ``rewrite --recompute``."""
+    from graphpass.cli import main
+    from graphpass.dialects import onnx as onnx_dialect
+    from graphpass.dialects import tf as tf_dialect
+    from graphpass.ir.graph import Graph
+
+    walks = count_calls(monkeypatch, Graph, "_reach")
+    inferences = count_calls(monkeypatch, onnx_dialect, "_infer_types")
+    tf_inferences = count_calls(monkeypatch, tf_dialect, "_infer_shapes")
+    assert main(["inspect", str(source)]) == 0
+    out = tmp_path / f"out{source.suffix}"
+    assert main(["rewrite", str(source), "-o", str(out), "--recompute", pattern,
+                 "--dependency", "data", "--quiet"]) == 0
+    monkeypatch.undo()
+    return walks[0], inferences[0] + tf_inferences[0]
+
+
+def test_onnx_walks_and_inferences_do_not_grow_with_the_graph(monkeypatch, tmp_path, capsys):
+    """4 and 24 blocks (4 and 24 segments): the same number of ancestor/descendant
+    walks and of shape inferences. A walk or an inference per candidate loss,
+    segment or added node (as before) would make the counts grow."""
+    from tools import onnx_models
+
+    counts = []
+    for blocks in (4, 24):
+        source = tmp_path / f"mlp{blocks}.onnx"
+        source.write_bytes(onnx_models.block_mlp(blocks=blocks, check=False)
+                           .model.SerializeToString())
+        counts.append(rewrite_counts(monkeypatch, tmp_path, source, "block[0-9]+/"))
+    assert counts[0] == counts[1]
+    assert counts[0][1] == 3  # inspect's; rewrite's before the segments and after them
+
+
+def test_tf_walks_and_inferences_do_not_grow_with_the_graph(monkeypatch, tmp_path, capsys):
+    from tools import tf_models
+
+    counts = []
+    for blocks in (3, 12):
+        source = tmp_path / f"mlp{blocks}.meta"
+        source.write_bytes(tf_models.block_mlp(blocks=blocks).meta_graph.SerializeToString())
+        counts.append(rewrite_counts(monkeypatch, tmp_path, source, "block[0-9]+/"))
+    assert counts[0] == counts[1]

@@ -1,0 +1,143 @@
+"""The automatic remat planner against the hand-written marks and Grappler, measured.
+
+Per model (``bench_memory.MODELS``: the 8-block MLP, tf_keras MobileNetV2 96x96
+and ResNet50 64x64 at batch 32, a transformer encoder stack, a pre-norm FFN
+stack) and variant, each graph measured in its own process
+(``tools/measure.py``: one inter-op thread, Grappler's defaults, after a
+warm-up step):
+
+* original         -- the exported training graph
+* regex            -- ``--recompute REGEX``, the hand-written block marks
+* grappler manual  -- the original with ``_recompute_hint`` on the same forward
+                      nodes and Grappler's memory optimizer in MANUAL mode
+* auto             -- ``--recompute auto`` (policy min-peak)
+* auto B           -- ``--recompute auto --memory-budget-bytes B`` for B = 0.8x,
+                      0.6x, 0.5x of the original's *measured* peak
+* cheap            -- ``--recompute auto --recompute-policy cheap``
+
+Columns: estimated peak (graphpass's simulation), measured peak (the CPU
+allocator's where oneDNN keeps statistics, else the step's allocation records)
+and its ratio to the original's, step time ratio, planning seconds, the
+solver's gap, and for budgets whether the planner said the budget is met and
+whether the measured peak is within it (+5%). A budget no plan reaches is
+reported as the planner's exit-2 message.
+
+    python tools/bench_planner.py [--models mlp,mobilenet_v2,resnet50,transformer] [--small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.bench_memory import FETCHES, MODELS, build  # noqa: E402
+
+BUDGETS = (0.8, 0.6, 0.5)
+#: Measured peak may exceed a budget the planner said it met by this much.
+TOLERANCE = 1.05
+
+
+def rewrite(original: Path, out: Path, settings: dict) -> dict:
+    """Rewrite ``original`` with ``settings`` into ``out``; the remat report, with the
+    planning seconds, or ``{"error": message}`` when the planner refuses."""
+    import graphpass
+    from graphpass.errors import GraphpassError
+
+    graph = graphpass.load(original)
+    start = time.perf_counter()
+    try:
+        report = graphpass.run_passes(graph, settings)[0].report
+    except GraphpassError as exc:
+        return {"error": str(exc)}
+    report["seconds"] = time.perf_counter() - start
+    graphpass.save(graph, out)
+    return report
+
+
+def hinted(original: Path, out: Path, regex: str) -> None:
+    """The original with ``_recompute_hint`` on the forward nodes the regex marks."""
+    import graphpass
+
+    graph = graphpass.load(original)
+    forward = set(graphpass.analyze(graph).nodes("forward"))
+    for name in list(graph):
+        if re.match(regex, name) and name in forward:
+            graph.dialect.set_attr(graph, name, "_recompute_hint", 0)
+    graphpass.save(graph, out)
+
+
+def peak(measurement) -> int:
+    """The allocator's peak where oneDNN keeps statistics, else the records' peak."""
+    return measurement.allocator_peak_bytes or measurement.peak_bytes
+
+
+def bench_model(name: str, small: bool, work: Path, steps: int) -> None:
+    from tools.measure import measure
+
+    model = build(name, small)
+    regex = MODELS[name][2]
+    original = work / f"{name}.meta"
+    original.write_bytes(model.meta_graph.SerializeToString(deterministic=True))
+    base = measure(original, FETCHES, steps=steps)
+    print_row(name, "original", {}, base, base)
+    variants = [("regex", {"recompute": [regex], "dependency": "control"}),
+                ("auto", {"recompute": ["auto"]}),
+                *[(f"auto {b}x", {"recompute": ["auto"],
+                                  "memory_budget_bytes": int(b * peak(base))}) for b in BUDGETS],
+                ("cheap", {"recompute": ["auto"], "recompute_policy": "cheap"})]
+    for label, settings in variants:
+        out = work / f"{name}_{label.replace(' ', '_')}.meta"
+        report = rewrite(original, out, settings)
+        if "error" in report:
+            print(f"{name:13s} {label:16s} planner: {report['error']}", flush=True)
+            continue
+        print_row(name, label, report, measure(out, FETCHES, steps=steps), base,
+                  settings.get("memory_budget_bytes"))
+    manual = work / f"{name}_manual.meta"
+    hinted(original, manual, regex)
+    print_row(name, "grappler manual", {},
+              measure(manual, FETCHES, steps=steps, grappler="manual"), base)
+
+
+def print_row(name, label, report, measured, base, budget=None) -> None:
+    auto = report.get("auto", {})
+    estimate = report.get("estimated_peak_bytes_after", 0)
+    gap = auto.get("gap")
+    cells = [f"{name:13s}", f"{label:16s}",
+             f"{estimate / 2**20:8.1f}" if estimate else f"{'':8s}",
+             f"{peak(measured) / 2**20:8.1f}", f"{peak(measured) / peak(base):6.2f}x",
+             f"{measured.step_s / base.step_s:6.2f}x",
+             f"{report['seconds']:6.1f}" if "seconds" in report else f"{'':6s}",
+             f"{gap:6.1%}" if gap is not None else f"{'':6s}"]
+    if budget is not None:
+        within = peak(measured) <= budget * TOLERANCE
+        cells.append(f"budget {budget / 2**20:.1f} MiB: planner says "
+                     f"{'met' if auto.get('budget_met') else 'not met'}, measured "
+                     f"{'within' if within else 'OVER'} (+5%)")
+    print(" ".join(cells), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="mlp,mobilenet_v2,resnet50,transformer")
+    parser.add_argument("--small", action="store_true", help="test sizes (fast)")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per variant")
+    args = parser.parse_args(argv)
+    print(f"{'model':13s} {'variant':16s} {'est MiB':>8s} {'meas MiB':>8s} {'peak':>7s} "
+          f"{'time':>7s} {'plan s':>6s} {'gap':>6s}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            bench_model(name, args.small, Path(tmp), args.steps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
