@@ -294,9 +294,10 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
         return [n.name for n in graph.nodes() if n.op.startswith("Placeholder")]
 
     def runtime_fed(self, graph: Graph) -> list[str]:
-        """Placeholders without a default: ``Session.run`` copies each fed array
-        into a tensor from TF's CPU allocator and holds it until the call
-        returns, however early its last reader runs."""
+        """Placeholders without a default: ``Session.run`` copies a fed array into a
+        tensor from TF's CPU allocator unless numpy's buffer happens to have
+        Eigen's 64-byte alignment (large numpy arrays do not), and holds it until
+        the call returns, however early its last reader runs."""
         return [n.name for n in graph.nodes()
                 if n.op == "Placeholder" and self.get_attr(graph, n.name, "dtype") != "resource"]
 
