@@ -16,6 +16,8 @@ setup(
         "matplotlib>=3.7",
         "tomli>=2.0; python_version<'3.11'",
     ],
-    extras_require={"test": ["pytest>=8", "ruff"]},
+    # tf-keras builds the Keras test/benchmark models (tools/keras_models.py); install it
+    # with `pip install --no-deps tf-keras` so that it does not replace tensorflow-cpu.
+    extras_require={"test": ["pytest>=8", "ruff", "tf-keras>=2.16,<2.22"]},
     entry_points={"console_scripts": ["graphpass=graphpass.cli:entry_point"]},
 )

@@ -5,10 +5,16 @@ The estimate replays the step as the runtime runs it: in the dialect's schedule
 thread; for ONNX onnxruntime's order), over only the nodes the fetches need,
 and counts what the runtime really allocates:
 
-* values known before the step are not allocated by it: what is fed or stored
-  (placeholders, variables and reads of them) and constants, including what
-  the runtime folds into constants (ops whose inputs are all constant, up to
-  ``MAX_FOLDED_BYTES``, as TF's and Grappler's constant folding do);
+* fed values the runtime copies into buffers of its own (``Dialect.runtime_fed``:
+  TF's placeholders without a default) are live for the whole step, as the
+  runtime holds them until the step returns: they are part of the peak the CPU
+  allocator measures (``MemoryProfile.fed_bytes``; TF's per-kernel allocation
+  records leave them out);
+* other values known before the step are not allocated by it: what is stored
+  (variables and reads of them), fed without a copy (onnxruntime's inputs) and
+  constants, including what the runtime folds into constants (ops whose inputs
+  are all constant, up to ``MAX_FOLDED_BYTES``, as TF's and Grappler's constant
+  folding do);
 * an output that aliases an input (Identity, Reshape, ...) shares its buffer;
 * an elementwise op that is the last reader of an input of its output's size
   writes into that input's buffer (TF's buffer forwarding), unless another
@@ -75,6 +81,7 @@ def _itemsize(dtype: str) -> int | None:
 def check_batch_size(graph: Graph, fetches: list[str], batch_size: int | None) -> None:
     """Raise a GraphpassError naming the first input the fetches need whose size is
     unknown, unless ``batch_size`` fills it (the planner cannot plan blind)."""
+    infer_shapes(graph)
     needed = graph.ancestors(_fetch_nodes(fetches)) | set(_fetch_nodes(fetches))
     for name in graph.dialect.graph_inputs(graph):
         if name not in needed:
@@ -94,9 +101,12 @@ def check_batch_size(graph: Graph, fetches: list[str], batch_size: int | None) -
 @dataclass
 class MemoryProfile:
     """One simulated step: ``timeline`` holds ``(node, live bytes)`` after each node
-    allocated its outputs (before its inputs are freed), in run order."""
+    allocated its outputs (before its inputs are freed), in run order; ``fed_bytes``:
+    the fed values in every figure (the peak of the kernels' own allocations is
+    ``peak_bytes - fed_bytes``)."""
 
     peak_bytes: int = 0
+    fed_bytes: int = 0
     peak_node: str | None = None
     timeline: list[tuple[str, int]] = field(default_factory=list)
 
@@ -189,8 +199,15 @@ class _Simulation:
     def _bytes(self, tensor: Tensor) -> int:
         return tensor_bytes(self.graph, tensor, self.batch_size) or 0
 
+    def _fed_bytes(self) -> int:
+        """Bytes of the fed values the runtime holds for the step (module docstring)."""
+        needed = set(self.order)
+        return sum(self._bytes(Tensor(name, 0))
+                   for name in self.dialect.runtime_fed(self.graph) if name in needed)
+
     def run(self) -> MemoryProfile:
-        profile = MemoryProfile()
+        profile = MemoryProfile(fed_bytes=self._fed_bytes())
+        self.live = profile.fed_bytes
         for name in self.order:
             if name in self.constant or name in self.idle:
                 continue

@@ -147,6 +147,12 @@ class Dialect(ABC):
         """What the graph is fed (TF placeholders, ONNX graph inputs)."""
         return []
 
+    def runtime_fed(self, graph: Graph) -> list[str]:
+        """The inputs whose fed values the runtime copies into buffers of its own,
+        held for the whole step (so they count in its peak memory). None by
+        default: onnxruntime's Python binding borrows a fed numpy array's memory."""
+        return []
+
     def graph_outputs(self, graph: Graph) -> list[str]:
         """What the graph produces (ONNX graph outputs; TF: nodes nobody reads)."""
         return [n for n in graph if not graph.users(n)]

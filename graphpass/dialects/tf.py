@@ -309,6 +309,14 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
     def graph_inputs(self, graph: Graph) -> list[str]:
         return [n.name for n in graph.nodes() if n.op.startswith("Placeholder")]
 
+    def runtime_fed(self, graph: Graph) -> list[str]:
+        """Placeholders without a default: ``Session.run`` copies a fed array into a
+        tensor from TF's CPU allocator unless numpy's buffer happens to have
+        Eigen's 64-byte alignment (large numpy arrays do not), and holds it until
+        the call returns, however early its last reader runs."""
+        return [n.name for n in graph.nodes()
+                if n.op == "Placeholder" and self.get_attr(graph, n.name, "dtype") != "resource"]
+
     def is_shape_only(self, graph: Graph, name: str) -> bool:
         """Reads only the shape of its input (how TF seeds gradients from the loss)."""
         return graph.node(name).op in SHAPE_ONLY_OPS

@@ -5,7 +5,9 @@ computed node of the step's schedule, the estimated live bytes (the simulation
 of ``graphpass.analysis.memory``: the runtime's order, buffer forwarding,
 aliasing, folded constants). Each line's peak is marked with its value and the
 op where it happens, the backward pass is shaded, and a measured peak
-(``graphpass verify``) is drawn as a dotted level beside its estimate.
+(``graphpass verify``) is drawn as a dotted level beside its estimate. Verify
+measures the kernels' allocations, which leave out the fed values the estimate
+counts (TF holds them over the whole step), so the level adds them back.
 
 The SVG is deterministic, so a dump of the same input is byte-identical: the
 figure uses matplotlib's non-interactive Agg canvas, a fixed ``svg.hashsalt``
@@ -18,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from graphpass.analysis.memory import format_bytes, memory_timeline
+from graphpass.analysis.memory import format_bytes, memory_profile
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
 from graphpass.options import RegionOptions
@@ -37,12 +39,14 @@ _COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
 class MemoryTimeline:
     """One graph's step: ``(node, live bytes)`` in schedule order, where its backward
     pass starts (an index into ``points``, None without one) and, when a run
-    measured it, the step's measured peak."""
+    measured it, the step's measured peak: the kernels' allocations plus the
+    ``fed_bytes`` the estimate counts in every point."""
 
     label: str
     points: list[tuple[str, int]]
     backward_start: int | None
     measured_peak_bytes: int | None = None
+    fed_bytes: int = 0
 
     @property
     def peak(self) -> tuple[int, str, int]:
@@ -68,12 +72,15 @@ def step_timeline(graph: Graph, label: str, regions: RegionOptions | None = None
     except GraphpassError as exc:
         raise GraphpassError(f"no memory plot for {label}: it needs the training step "
                              f"({exc})") from None
-    points = memory_timeline(graph, step.fetches, batch_size)
+    profile = memory_profile(graph, step.fetches, batch_size)
+    points = profile.timeline
     if not points:
         raise GraphpassError(f"no memory plot for {label}: its training step computes nothing")
     backward = [i for i, (name, _) in enumerate(points) if step.label(name) == BACKWARD]
+    if measured_peak_bytes is not None:
+        measured_peak_bytes += profile.fed_bytes
     return MemoryTimeline(label, points, backward[0] if backward else None,
-                          measured_peak_bytes)
+                          measured_peak_bytes, profile.fed_bytes)
 
 
 def write_memory_plot(timelines: list[MemoryTimeline], path: Path, title: str) -> Path:
@@ -113,7 +120,9 @@ def peak_label(timeline: MemoryTimeline) -> str:
 
 
 def measured_label(timeline: MemoryTimeline) -> str:
-    return f"{timeline.label} measured peak {format_bytes(timeline.measured_peak_bytes)}"
+    fed = f" (fed inputs {format_bytes(timeline.fed_bytes)} included)" \
+        if timeline.fed_bytes else ""
+    return f"{timeline.label} measured peak {format_bytes(timeline.measured_peak_bytes)}{fed}"
 
 
 def _unit(timelines: list[MemoryTimeline]) -> tuple[int, str]:
