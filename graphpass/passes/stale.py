@@ -192,6 +192,11 @@ def _global_step(graph: Graph, regions: Regions) -> str:
         raise GraphpassError("found no train op downstream of the apply ops (a train op ends "
                              "in an update or a NoOp); name it with --train-op")
     name = regions.global_step
+    if name is None and len(regions.step_counters) > 1:
+        raise GraphpassError(
+            f"several step counters are incremented ({', '.join(regions.step_counters)}), "
+            "one per training step; choose the one the stale check compares with "
+            "--global-step")
     if name is None:
         raise GraphpassError(
             "found no global_step: no integer variable is incremented by the optimizer; "
