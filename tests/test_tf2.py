@@ -368,7 +368,8 @@ def test_function_with_two_training_steps_is_two_steps(tmp_path, capsys):
     its updates split by the gradient computation they read into two steps, each
     with its own loss, found without flags, as two v1 train ops; each optimizer's
     ``iterations`` counts its own step, so there is no one global step. A regex
-    remat of the first model's blocks trains both bit for bit like the original."""
+    remat of the first model's blocks trains both bit for bit like the original
+    (every variable of both models and optimizers compared over 3 steps)."""
     source = keras3_models.export_two_steps(tmp_path / "two")
     assert main(["inspect", str(source), "--json"]) == 0
     regions = json.loads(capsys.readouterr().out)["regions"]
@@ -383,6 +384,11 @@ def test_function_with_two_training_steps_is_two_steps(tmp_path, capsys):
                       "Mean_1": ["AssignSubVariableOp"] * 2}, owners
     assert all(analysed.label(t.node) == "backward"
                for step in analysed.steps for t in step.gradients)
+    # Stale dropping gates a train op: two steps behind one are refused in one line.
+    assert main(["rewrite", str(source), "-o", str(tmp_path / "stale"), "--drop-stale", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "2 training steps" in err and "--loss" in err, err
+    assert not (tmp_path / "stale").exists()
     report = tmp_path / "report.json"
     _rewrite(source, tmp_path / "out", "--recompute", BLOCKS["mlp"], "--report", str(report))
     assert json.loads(report.read_text())["passes"][0]["changed"]

@@ -8,7 +8,10 @@ It works from the graph's shape, not from name scopes, so graphs built under
   input slots; whatever post-processing (clipping, all-reduce, loss scaling)
   sits between the raw gradients and the apply is backward.
 * **Train ops** are the sinks downstream of apply ops; each one is a training
-  step with its own apply ops and gradients.
+  step with its own apply ops and gradients. A function body has one train op
+  (it returns when the step is done); when its updates come from separate
+  gradient computations (two models trained in one function), the dialect
+  splits them, and each part is a step of its own, as separate train ops are.
 * **The loss** is the common ancestor of a step's gradients whose value the
   gradients do not use: every consumer of it on the way to the gradients reads
   only its shape (``Fill(Shape(loss), 1)`` is how TF seeds ``tf.gradients``).
@@ -102,7 +105,8 @@ def analyze(
     found = _label(graph, steps)
     labels = {name: found.get(name, OTHER) for name in graph}
     counters = _step_counters(graph, labels)
-    step_var = _global_step(graph, counters, global_step, len(steps))
+    split = len({s.train_op for s in steps}) < len(steps)
+    step_var = _global_step(graph, counters, global_step, len(steps) if split else 1)
     return Regions(steps=steps, global_step=step_var, labels=labels, step_counters=counters)
 
 
@@ -356,8 +360,9 @@ def _step_counters(graph: Graph, labels: dict[str, str]) -> list[str]:
 
 def _global_step(graph: Graph, variables: list[str], requested: str | None,
                  steps: int) -> str | None:
-    """The one step counter; None when there is none, or when several training steps
-    count each their own (two Keras optimizers' ``iterations``)."""
+    """The one step counter; None when there is none, or when the ``steps`` training
+    steps of one train op (a function training two models) count each their own
+    (two Keras optimizers' ``iterations``)."""
     if requested is not None:
         if requested not in graph or not graph.dialect.is_variable(graph, requested):
             what = "a node of the graph" if requested not in graph else "a variable"

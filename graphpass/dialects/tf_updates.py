@@ -23,8 +23,11 @@ learning rate and the ``iterations`` counter; sparse gradients end in
 
 A write of a trainable variable whose value reaches no gradient (it is computed
 from forward values or constants only, like a moving average) is not a gradient
-update; such a write of a variable that the loss reads is reported, since the
-analysis cannot tell which training step it belongs to.
+update. A write whose value is computed from the step's inputs alone is not one
+either (a gradient is computed from forward values: activations, weights), but
+nothing tells whose step it is: it is reported, with ``--train-op``/``--loss``
+as the way out. A function that trains two models returns two losses; its
+updates are split into one step per gradient computation (:func:`gradient_steps`).
 """
 
 from __future__ import annotations
