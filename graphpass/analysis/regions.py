@@ -52,8 +52,6 @@ class Regions:
     steps: list[TrainStep]
     global_step: str | None
     labels: dict[str, str] = field(repr=False)
-    #: Every integer variable the optimizer increments (several steps: one each).
-    step_counters: list[str] = field(default_factory=list)
 
     def label(self, name: str) -> str:
         return self.labels.get(name, OTHER)
@@ -104,10 +102,9 @@ def analyze(
     steps = [step for group in groups for step in _train_steps(graph, group, applies, loss)]
     found = _label(graph, steps)
     labels = {name: found.get(name, OTHER) for name in graph}
-    counters = _step_counters(graph, labels)
     split = len({s.train_op for s in steps}) < len(steps)
-    step_var = _global_step(graph, counters, global_step, len(steps) if split else 1)
-    return Regions(steps=steps, global_step=step_var, labels=labels, step_counters=counters)
+    step_var = _global_step(graph, labels, global_step, len(steps) if split else 1)
+    return Regions(steps=steps, global_step=step_var, labels=labels)
 
 
 def _train_ops(graph: Graph, applies: dict, requested: list[str] | None) -> list[str]:
@@ -352,23 +349,19 @@ def _backward(graph: Graph, producers: set[str], forward: set[str]) -> set[str]:
     return by_data | (by_control & graph.descendants(by_data))
 
 
-def _step_counters(graph: Graph, labels: dict[str, str]) -> list[str]:
-    """Integer variables the optimizer increments (``global_step``, ``iterations``)."""
-    increments = graph.dialect.step_increments(graph)
-    return sorted({var for inc, var in increments if labels.get(inc) == OPTIMIZER})
-
-
-def _global_step(graph: Graph, variables: list[str], requested: str | None,
+def _global_step(graph: Graph, labels: dict[str, str], requested: str | None,
                  steps: int) -> str | None:
     """The one step counter; None when there is none, or when the ``steps`` training
     steps of one train op (a function training two models) count each their own
     (two Keras optimizers' ``iterations``)."""
+    increments = graph.dialect.step_increments(graph)
+    variables = sorted({var for inc, var in increments if labels.get(inc) == OPTIMIZER})
     if requested is not None:
         if requested not in graph or not graph.dialect.is_variable(graph, requested):
             what = "a node of the graph" if requested not in graph else "a variable"
-            found = ", ".join(sorted({var for _, var in graph.dialect.step_increments(graph)}))
+            found = ", ".join(sorted({var for _, var in increments})) or "none"
             raise GraphpassError(f"--global-step {requested!r} is not {what}; "
-                                 f"step counters found: {found or 'none'}")
+                                 f"step counters found: {found}")
         return requested
     if 1 < len(variables) <= steps:
         return None

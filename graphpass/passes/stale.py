@@ -199,7 +199,8 @@ def _check_one_step_per_train_op(regions: Regions) -> None:
             raise GraphpassError(
                 f"train op {train_op!r} runs {len(found)} training steps (losses "
                 f"{', '.join(found)}); dropping stale gradients gates one step per train "
-                "op: export each step as a function of its own, or gate them as one with --loss")
+                "op: export each step as a function of its own, or gate them as one with --loss "
+                "and --global-step")
 
 
 def _global_step(graph: Graph, regions: Regions) -> str:
@@ -207,11 +208,6 @@ def _global_step(graph: Graph, regions: Regions) -> str:
         raise GraphpassError("found no train op downstream of the apply ops (a train op ends "
                              "in an update or a NoOp); name it with --train-op")
     name = regions.global_step
-    if name is None and len(regions.step_counters) > 1:
-        raise GraphpassError(
-            f"several step counters are incremented ({', '.join(regions.step_counters)}), "
-            "one per training step; choose the one the stale check compares with "
-            "--global-step")
     if name is None:
         raise GraphpassError(
             "found no global_step: no integer variable is incremented by the optimizer; "
