@@ -361,3 +361,80 @@ def test_step_returning_loss_and_metric_is_one_train_op(tmp_path, capsys):
              "--drop-stale", "0")
     assert main(["verify", str(tmp_path / "step"), str(tmp_path / "out"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"]
+
+
+def test_function_with_two_training_steps_is_two_steps(tmp_path, capsys):
+    """One train function trains two models (each its own tape, loss and optimizer):
+    its updates split by the gradient computation they read into two steps, each
+    with its own loss, found without flags, as two v1 train ops; each optimizer's
+    ``iterations`` counts its own step, so there is no one global step. A regex
+    remat of the first model's blocks trains both bit for bit like the original
+    (every variable of both models and optimizers compared over 3 steps)."""
+    source = keras3_models.export_two_steps(tmp_path / "two")
+    assert main(["inspect", str(source), "--json"]) == 0
+    regions = json.loads(capsys.readouterr().out)["regions"]
+    assert regions["losses"] == ["Mean", "Mean_1"] and regions["apply_ops"] == 10
+    assert regions["global_step"] is None
+    graph = graphpass.load(source)
+    analysed = graphpass.analyze(graph)
+    # The first model (8 blocks, SGD: w += m) and the critic (2 blocks, Adam: w -= ...).
+    owners = {str(step.loss): sorted({graph.node(a).op for a in step.applies}) * len(step.applies)
+              for step in analysed.steps}
+    assert owners == {"Mean": ["AssignAddVariableOp"] * 8,
+                      "Mean_1": ["AssignSubVariableOp"] * 2}, owners
+    assert all(analysed.label(t.node) == "backward"
+               for step in analysed.steps for t in step.gradients)
+    # Stale dropping gates a train op: two steps behind one are refused in one line.
+    assert main(["rewrite", str(source), "-o", str(tmp_path / "stale"), "--drop-stale", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "2 training steps" in err and "--loss" in err, err
+    assert not (tmp_path / "stale").exists()
+    report = tmp_path / "report.json"
+    _rewrite(source, tmp_path / "out", "--recompute", BLOCKS["mlp"], "--report", str(report))
+    assert json.loads(report.read_text())["passes"][0]["changed"]
+    _assert_trains_like(tmp_path / "out", "mlp", keras3_models.train_steps(source, "mlp"))
+
+
+def test_update_without_a_gradient_is_named(tmp_path, capsys):
+    """A step that also sets a variable the loss reads from the batch alone
+    (``scale = max|x|``): no gradient computation reaches that write, so the analysis
+    names it, in one line, with --train-op/--loss as the way out, and writes nothing;
+    with them the write is left to the optimizer and the step is the SGD updates."""
+    import tensorflow as tf
+
+    keras = tf.keras
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8,), batch_size=4)
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(8)(hidden))
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    optimizer.build(model.trainable_variables)
+
+    class Module(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.model, self.optimizer = model, optimizer
+            self.scale = tf.Variable(1.0, name="scale")
+
+        @tf.function(input_signature=[tf.TensorSpec([4, 8], tf.float32)])
+        def train(self, x):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(self.model(x) ** 2) * self.scale
+            variables = self.model.trainable_variables
+            self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+            self.scale.assign(tf.reduce_max(tf.abs(x)))
+            return {"loss": loss}
+
+    module = Module()
+    tf.saved_model.save(module, str(tmp_path / "step"), signatures={"train": module.train})
+    before = listing(tmp_path)
+    assert main(["rewrite", str(tmp_path / "step"), "-o", str(tmp_path / "out"),
+                 "--recompute", "dense"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("graphpass: error: the update ")
+    assert "'scale'" in err and "--train-op" in err and "--loss" in err, err
+    assert listing(tmp_path) == before
+    graph = graphpass.load(tmp_path / "step")
+    (step,) = graphpass.analyze(graph, loss="mul", train_ops=["graphpass/ret/identity"]).steps
+    # SGD with momentum: w += m for each of the 4 trainable variables, not the assign.
+    assert [graph.node(a).op for a in step.applies] == ["AssignAddVariableOp"] * 4

@@ -83,14 +83,14 @@ def optimizer(name: str, **options):
     return classes[name](**options)
 
 
-def _mlp(keras, size: Size):
+def _mlp(keras, size: Size, name: str = "mlp"):
     inputs = keras.Input((size.width,), batch_size=size.batch, name="x")
     h = inputs
     for i in range(1, size.blocks + 1):
         h = keras.layers.Dense(size.width, activation="relu", use_bias=False,
                                name=f"block{i}_dense")(h)
         h = keras.layers.Lambda(lambda t: keras.ops.tanh(t) * 2, name=f"block{i}_tanh")(h)
-    return keras.Model(inputs, h, name="mlp")
+    return keras.Model(inputs, h, name=name)
 
 
 def _convnet(keras, size: Size):
@@ -201,6 +201,43 @@ def build_module(model_name: str, optimizer_name: str, *, size_name: str = "test
 
     module.set_weights = set_weights
     return module
+
+
+def export_two_steps(directory: str | os.PathLike, *, seed: int = 0) -> Path:
+    """Two training steps in one ``train`` function: the ``mlp`` model trained with
+    SGD on ``mean(h * h)`` and a second one, ``critic``, trained with Adam to map
+    ``x`` to ``y``; each its own GradientTape and ``apply_gradients``. Inputs as
+    ``inputs("mlp")``; returns ``{"loss", "critic_loss"}``."""
+    tf, keras = _keras()
+    keras.utils.set_random_seed(seed)
+    size = SIZES["test"]["mlp"]
+    models = [_mlp(keras, size), _mlp(keras, Size(size.batch, size.width, 2), "critic")]
+    optimizers = [optimizer("sgd"), optimizer("adam")]
+    for model, opt in zip(models, optimizers):
+        opt.build(model.trainable_variables)
+    (x_shape, _), (y_shape, _) = input_specs("mlp", size)
+
+    class TwoSteps(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.models, self.optimizers = models, optimizers
+
+        @tf.function(input_signature=[tf.TensorSpec(x_shape, tf.float32, name="x"),
+                                      tf.TensorSpec(y_shape, tf.float32, name="y")])
+        def train(self, x, y):
+            losses = []
+            for model, opt in zip(self.models, self.optimizers):
+                with tf.GradientTape() as tape:
+                    prediction = model(x, training=True)
+                    loss = _loss(tf, model.name, y, prediction)
+                variables = model.trainable_variables
+                opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+                losses.append(loss)
+            return {"loss": losses[0], "critic_loss": losses[1]}
+
+    module = TwoSteps()
+    tf.saved_model.save(module, str(directory), signatures={"train": module.train})
+    return Path(directory)
 
 
 def _input_name(variable) -> str:

@@ -8,7 +8,10 @@ It works from the graph's shape, not from name scopes, so graphs built under
   input slots; whatever post-processing (clipping, all-reduce, loss scaling)
   sits between the raw gradients and the apply is backward.
 * **Train ops** are the sinks downstream of apply ops; each one is a training
-  step with its own apply ops and gradients.
+  step with its own apply ops and gradients. A function body has one train op
+  (it returns when the step is done); when its updates come from separate
+  gradient computations (two models trained in one function), the dialect
+  splits them, and each part is a step of its own, as separate train ops are.
 * **The loss** is the common ancestor of a step's gradients whose value the
   gradients do not use: every consumer of it on the way to the gradients reads
   only its shape (``Fill(Shape(loss), 1)`` is how TF seeds ``tf.gradients``).
@@ -20,6 +23,7 @@ It works from the graph's shape, not from name scopes, so graphs built under
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -69,7 +73,7 @@ class Regions:
     def fetches(self) -> list[str]:
         """The nodes one training step runs: every train op, then every loss."""
         fetches = [t for s in self.steps for t in s.train_ops or [s.train_op]]
-        return fetches + [s.loss.node for s in self.steps]
+        return list(dict.fromkeys(fetches + [s.loss.node for s in self.steps]))
 
 
 def analyze(
@@ -95,10 +99,11 @@ def analyze(
         )
     sinks = _train_ops(graph, applies, train_ops)
     groups = [sinks] if dialect.single_train_step and sinks else [[s] for s in sinks]
-    steps = [_train_step(graph, group, applies, loss) for group in groups]
+    steps = [step for group in groups for step in _train_steps(graph, group, applies, loss)]
     found = _label(graph, steps)
     labels = {name: found.get(name, OTHER) for name in graph}
-    step_var = _global_step(graph, labels, global_step)
+    split = len({s.train_op for s in steps}) < len(steps)
+    step_var = _global_step(graph, labels, global_step, len(steps) if split else 1)
     return Regions(steps=steps, global_step=step_var, labels=labels)
 
 
@@ -119,10 +124,20 @@ def _train_ops(graph: Graph, applies: dict, requested: list[str] | None) -> list
     return list(requested)
 
 
-def _train_step(graph: Graph, group: list[str], applies: dict, loss: str | None) -> TrainStep:
-    train_op = group[0]
+def _train_steps(graph: Graph, group: list[str], applies: dict,
+                 loss: str | None) -> list[TrainStep]:
+    """The training steps the train ops ``group`` run: one, or (no ``--loss`` given)
+    one per separate gradient computation among their apply ops, each with its
+    own loss, like separate train ops."""
     upstream = graph.ancestors(group) | set(group)
-    mine = [a for a in applies if a in upstream]
+    mine = {a: applies[a] for a in applies if a in upstream}
+    parts = graph.dialect.split_steps(graph, mine) if loss is None else [list(mine)]
+    return [_train_step(graph, group, part, applies, loss) for part in parts]
+
+
+def _train_step(graph: Graph, group: list[str], mine: list[str], applies: dict,
+                loss: str | None) -> TrainStep:
+    train_op = group[0]
     gradients = [t for a in mine for t in applies[a]]
     if loss is not None:
         loss_tensor = _tensor_arg(graph, loss, "--loss")
@@ -291,14 +306,24 @@ def _components(graph: Graph, nodes: set[str]) -> list[list[str]]:
 
 
 def _label(graph: Graph, steps: list[TrainStep]) -> dict[str, str]:
+    """Each step's forward, backward and optimizer nodes (a later step's labels win).
+    What a step's train ops wait for is its optimizer, except another step's forward
+    or backward pass when steps share train ops (two steps in one function)."""
     labels: dict[str, str] = {}
+    passes = []
     for step in steps:
         forward = graph.ancestors([step.loss.node]) | {step.loss.node}
         producers = {t.node for t in step.gradients}
-        ends = step.train_ops or [step.train_op]
-        backward = _backward(graph, producers, forward)
+        passes.append((forward, _backward(graph, producers, forward)))
+    ends_of = [step.train_ops or [step.train_op] for step in steps]
+    ends_count = Counter(t for ends in ends_of for t in ends)
+    passed = set().union(*(f | b for f, b in passes)) if max(ends_count.values(), default=0) > 1 \
+        else set()
+    for step, ends, (forward, backward) in zip(steps, ends_of, passes):
         optimizer = (graph.descendants(step.applies) | set(step.applies)
                      | graph.ancestors(ends) | set(ends)) - forward - backward
+        if any(ends_count[t] > 1 for t in ends):
+            optimizer -= passed
         for names, label in ((optimizer, OPTIMIZER), (backward, BACKWARD), (forward, FORWARD)):
             labels.update(dict.fromkeys(names, label))
     return labels
@@ -324,7 +349,11 @@ def _backward(graph: Graph, producers: set[str], forward: set[str]) -> set[str]:
     return by_data | (by_control & graph.descendants(by_data))
 
 
-def _global_step(graph: Graph, labels: dict[str, str], requested: str | None) -> str | None:
+def _global_step(graph: Graph, labels: dict[str, str], requested: str | None,
+                 steps: int) -> str | None:
+    """The one step counter; None when there is none, or when the ``steps`` training
+    steps of one train op (a function training two models) count each their own
+    (two Keras optimizers' ``iterations``)."""
     increments = graph.dialect.step_increments(graph)
     variables = sorted({var for inc, var in increments if labels.get(inc) == OPTIMIZER})
     if requested is not None:
@@ -334,6 +363,8 @@ def _global_step(graph: Graph, labels: dict[str, str], requested: str | None) ->
             raise GraphpassError(f"--global-step {requested!r} is not {what}; "
                                  f"step counters found: {found}")
         return requested
+    if 1 < len(variables) <= steps:
+        return None
     if len(variables) > 1:
         raise GraphpassError(
             f"several step counters are incremented by the optimizer ({', '.join(variables)}); "

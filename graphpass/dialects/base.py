@@ -168,6 +168,12 @@ class Dialect(ABC):
         dialect that can attribute updates only with that help overrides this."""
         return self.optimizer_applies(graph)
 
+    def split_steps(self, graph: Graph, applies: dict[str, list[Tensor]]) -> list[list[str]]:
+        """The training steps among the apply ops one train op runs: one, unless a
+        train op's updates come from separate gradient computations (a function
+        that trains two models)."""
+        return [list(applies)]
+
     def ends_train_step(self, graph: Graph, name: str) -> bool:
         """Whether a sink downstream of the apply ops can be a train op (an update
         or a grouping node, not a stray read)."""

@@ -10,6 +10,7 @@ recognisers (``tf_updates``) and XLA support (``tf_xla``) are already apart.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -367,6 +368,14 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
 
     def optimizer_applies(self, graph: Graph) -> dict[str, list[Tensor]]:
         """Apply ops (``ApplyAdam``, ``ResourceSparseApplyMomentum``, ...) -> gradients."""
+        return self._applies(graph, strict=True)
+
+    def applies_for(self, graph: Graph, train_ops: Sequence[str]) -> dict[str, list[Tensor]]:
+        """With ``--train-op``, plain-op updates that apply no gradient found are left
+        to the optimizer instead of reported."""
+        return self._applies(graph, strict=not train_ops)
+
+    def _applies(self, graph: Graph, strict: bool) -> dict[str, list[Tensor]]:
         applies = {}
         for node in graph.nodes():
             if _APPLY_OP.match(node.op) and op_def(node.op) is not None:
@@ -379,7 +388,7 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
             return applies
         from graphpass.dialects.tf_updates import plain_updates
 
-        updates = plain_updates(graph)
+        updates = plain_updates(graph, strict=strict)
         listed = graph.meta.get("signatures")
         if not updates and listed and "function" not in graph.meta:
             raise GraphpassError(
@@ -387,6 +396,15 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
                 f"{', '.join(s['signature'] for s in listed)}); export the train function "
                 "as one (signatures={'train': module.train}) or name it with --signature")
         return updates
+
+    def split_steps(self, graph: Graph, applies: dict[str, list[Tensor]]) -> list[list[str]]:
+        """Plain-op updates by the gradient computation they read (``Apply*`` ops
+        keep one step per train op, as v1 graphs always had)."""
+        if not applies or any(_APPLY_OP.match(graph.node(a).op) for a in applies):
+            return [list(applies)]
+        from graphpass.dialects.tf_updates import gradient_steps
+
+        return gradient_steps(graph, applies)
 
     def ends_train_step(self, graph: Graph, name: str) -> bool:
         op = graph.node(name).op

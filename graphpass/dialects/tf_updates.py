@@ -23,8 +23,11 @@ learning rate and the ``iterations`` counter; sparse gradients end in
 
 A write of a trainable variable whose value reaches no gradient (it is computed
 from forward values or constants only, like a moving average) is not a gradient
-update; such a write of a variable that the loss reads is reported, since the
-analysis cannot tell which training step it belongs to.
+update. A write whose value is computed from the step's inputs alone is not one
+either (a gradient is computed from forward values: activations, weights), but
+nothing tells whose step it is: it is reported, with ``--train-op``/``--loss``
+as the way out. A function that trains two models returns two losses; its
+updates are split into one step per gradient computation (:func:`gradient_steps`).
 """
 
 from __future__ import annotations
@@ -156,17 +159,20 @@ def _losses(graph: Graph, accesses: _Accesses) -> list[Tensor]:
             if graph.ancestors([t.node], follow_control=False) & accesses.reads]
 
 
-def plain_updates(graph: Graph) -> dict[str, list[Tensor]]:
+def plain_updates(graph: Graph, *, strict: bool = True) -> dict[str, list[Tensor]]:
     """``{write of a trainable variable: the gradient tensors it applies}`` for
-    optimizers that update with plain ops; empty when there is no such update."""
+    optimizers that update with plain ops; empty when there is no such update.
+
+    A write whose value is neither a gradient nor forward values (an assignment
+    from the step's inputs alone) is reported unless not ``strict`` (the user
+    named the training step): then it is left out, with the optimizer."""
     accesses = _Accesses(graph)
     if not accesses.writes:
         return {}
     losses = _losses(graph, accesses)
     if not losses:
         return {}
-    forward = graph.ancestors({t.node for t in losses}, follow_control=False) | \
-        {t.node for t in losses}
+    forward = _forward(graph, losses)
     trainable = {accesses.variable_of[r] for r in accesses.reads if r in forward} & \
         set(accesses.writes)
     state_reads = {r for r in accesses.reads if r not in forward}
@@ -175,16 +181,67 @@ def plain_updates(graph: Graph) -> dict[str, list[Tensor]]:
     for variable in sorted(trainable):
         for write in accesses.writes[variable]:
             gradients = _gradients(graph, accesses, write, optimizer_math, forward)
-            if gradients:
+            if gradients and _reads_forward_values(graph, gradients, forward):
                 updates[write] = gradients
-            elif _reads_only_forward(graph, write, optimizer_math, forward):
+            elif not gradients and _reads_only_forward(graph, write, optimizer_math, forward):
                 continue  # a moving average or a reset: not a gradient update
-            else:
+            elif strict:
                 raise GraphpassError(
-                    f"the update {write!r} of variable {variable!r} applies no gradient "
-                    "that region analysis can find; name the training step with "
-                    "--train-op and --loss")
+                    f"the update {write!r} of variable {_saved_name(graph, variable)!r} "
+                    "applies no gradient that region analysis can find; name the training "
+                    "step with --train-op and --loss")
     return updates
+
+
+def _reads_forward_values(graph: Graph, gradients: list[Tensor], forward: set[str]) -> bool:
+    """Whether the gradients are computed from forward values (activations, variable
+    reads), as a gradient computation is; a value computed from the step's inputs
+    and constants alone is not a gradient."""
+    producers = {t.node for t in gradients}
+    upstream = graph.ancestors(producers, follow_control=False) | producers
+    return any(not graph.dialect.is_source(graph, n) for n in upstream & forward)
+
+
+def _saved_name(graph: Graph, variable: str) -> str:
+    """A function argument's variable as the SavedModel names it, else ``variable``."""
+    function = graph.meta.get("function") or {}
+    return function.get("variables", {}).get(variable, variable)
+
+
+def _forward(graph: Graph, losses: list[Tensor]) -> set[str]:
+    """The losses and what they are computed from (data edges)."""
+    ends = {t.node for t in losses}
+    return graph.ancestors(ends, follow_control=False) | ends
+
+
+def gradient_steps(graph: Graph, updates: dict[str, list[Tensor]]) -> list[list[str]]:
+    """Split ``updates`` (from :func:`plain_updates`) into training steps: two updates
+    belong to one step when their gradients share gradient computation. Each
+    ``tape.gradient`` call builds its own backward ops from its own seed, so the
+    gradients of one loss are connected through them, and those of another loss
+    (a second model, a GAN's other player) are not, even where the forward passes
+    overlap. Nodes without inputs (constants, arguments) connect nothing. The steps
+    come in the order of their first update."""
+    forward = _forward(graph, _losses(graph, _Accesses(graph)))
+    producers = {t.node for tensors in updates.values() for t in tensors}
+    backward = {n for n in graph.ancestors(producers, follow_control=False) | producers
+                if n not in forward and graph.inputs(n)}
+    root: dict[str, str] = {}
+
+    def find(name: str) -> str:
+        while root.get(name, name) != name:
+            root[name] = root.get(root[name], root[name])
+            name = root[name]
+        return name
+
+    for name in backward:
+        for producer in graph.data_producers(name):
+            if producer in backward:
+                root[find(producer)] = find(name)
+    steps: dict[str, list[str]] = {}
+    for write, tensors in updates.items():
+        steps.setdefault(find(tensors[0].node), []).append(write)
+    return list(steps.values())
 
 
 def _gradients(graph: Graph, accesses: _Accesses, write: str, optimizer_math: set[str],
@@ -220,9 +277,7 @@ def update_math(graph: Graph, writes: list[str]) -> set[str]:
     values with: slot reads and writes, learning-rate arithmetic, ... -- what must
     run only if a step's update is applied."""
     accesses = _Accesses(graph)
-    losses = _losses(graph, accesses)
-    forward = graph.ancestors({t.node for t in losses}, follow_control=False) | \
-        {t.node for t in losses}
+    forward = _forward(graph, _losses(graph, accesses))
     state_reads = {r for r in accesses.reads if r not in forward}
     optimizer_math = graph.descendants(state_reads, follow_control=False) | state_reads
     seen: set[str] = set()

@@ -88,6 +88,7 @@ class StalePass(Pass):
         opts = self.options
         _check_not_rewritten(graph)
         regions = ctx.analyses.regions(graph)
+        _check_one_step_per_train_op(regions)
         global_step = _global_step(graph, regions)
         plans = [_plan(graph, step, global_step) for step in regions.steps]
         _check_plans(graph, plans, ctx.target)
@@ -189,6 +190,21 @@ def _check_not_rewritten(graph: Graph) -> None:
 
 
 # -- analysis --------------------------------------------------------------------
+
+
+def _check_one_step_per_train_op(regions: Regions) -> None:
+    """The conditional apply gates a train op; a function that returns after two
+    training steps (two losses) has one train op for both."""
+    losses: dict[str, list[str]] = {}
+    for step in regions.steps:
+        losses.setdefault(step.train_op, []).append(str(step.loss))
+    for train_op, found in losses.items():
+        if len(found) > 1:
+            raise GraphpassError(
+                f"train op {train_op!r} runs {len(found)} training steps (losses "
+                f"{', '.join(found)}); dropping stale gradients gates one step per train "
+                "op: export each step as a function of its own, or gate them as one with --loss "
+                "and --global-step")
 
 
 def _global_step(graph: Graph, regions: Regions) -> str:
