@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from graphpass.analysis.memory import tensor_bytes
 from graphpass.analysis.shapes import infer_shapes
 from graphpass.ir.graph import Graph, Tensor
@@ -47,7 +45,7 @@ class Sizes:
 
     def elements(self, tensor: Tensor) -> int | None:
         shape = self.shape(tensor)
-        return None if shape is None else int(np.prod(shape, dtype=np.int64))
+        return None if shape is None else math.prod(shape)
 
     def bytes(self, tensor: Tensor) -> int:
         """Bytes of ``tensor``; 0 when its shape or dtype is unknown."""
@@ -69,8 +67,8 @@ class Sizes:
         sizes = [self.elements(t) for t in inputs]
         if out is None or len(sizes) < 2 or None in sizes:
             return 0
-        batch = int(np.prod(out[:-2], dtype=np.int64)) if len(out) > 2 else 1
-        product = float(sizes[0]) * float(sizes[1]) * float(np.prod(out, dtype=np.float64))
+        batch = math.prod(out[:-2]) if len(out) > 2 else 1
+        product = float(sizes[0]) * float(sizes[1]) * float(math.prod(out))
         return int(2 * math.sqrt(product / max(batch, 1)))
 
     def _conv_flops(self, name: str) -> int:
@@ -78,4 +76,4 @@ class Sizes:
         y_shape, k_elements = self.shape(y), self.elements(kernel)
         if y_shape is None or k_elements is None or not y_shape[channel_axis]:
             return 0
-        return 2 * int(np.prod(y_shape, dtype=np.int64)) * k_elements // y_shape[channel_axis]
+        return 2 * math.prod(y_shape) * k_elements // y_shape[channel_axis]

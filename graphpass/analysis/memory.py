@@ -88,6 +88,9 @@ def check_batch_size(graph: Graph, fetches: list[str], batch_size: int | None) -
             continue
         for port in graph.used_ports(name) or [0]:
             tensor = Tensor(name, port)
+            dtype = graph.dialect.dtype(graph, tensor)
+            if dtype is None or _itemsize(dtype) is None:
+                continue  # a handle (a function body's resource argument), not data
             if tensor_bytes(graph, tensor, batch_size) is None:
                 shape = graph.dialect.shape(graph, tensor)
                 shown = "unknown rank" if shape is None else \

@@ -215,12 +215,15 @@ class ONNXDialect(Dialect):
 
     def updates(self, graph: Graph):
         """The step's parameter and state updates and their gradients
-        (``onnx_training.find_updates``), cached until the graph's structure
-        changes (``is_variable`` asks once per node)."""
+        (``onnx_training.find_updates``), cached per graph and its outputs
+        (``is_variable`` asks once per node). Updates are found from the graph
+        outputs upward and stop at the gradients, so a pass that adds nodes below
+        them (remat's copies, once per segment) keeps them; keying on the node
+        count made every segment redo the search and a shape inference."""
         from graphpass.analysis.shapes import infer_shapes
         from graphpass.dialects.onnx_training import find_updates
 
-        key = (id(graph), len(graph), graph.nx.number_of_edges())
+        key = (id(graph), tuple(v.name for v in graph.meta["outputs"]))
         if self._updates_cache is None or self._updates_cache[0] != key:
             infer_shapes(graph)  # the update cones compare shapes
             self._updates_cache = (key, find_updates(graph))
