@@ -34,11 +34,8 @@ TOLERANCE = 0.10
 #: Known gaps at test size (within 5% at benchmark size, tools/bench_memory.py):
 #: the pre-norm FFN stack is 9-10% under, because Grappler's arithmetic optimizer
 #: rewrites the GELU gradient's products so that two of them cannot write in
-#: place, which the estimate, walking the graph as exported, does not see; the
-#: rematerialized MobileNetV2 is ~10% under, because TF's executor holds some
-#: weight gradients until optimizer updates it delays run at the end of the step.
-KNOWN_GAPS = {("ffn", "original"): 0.12, ("ffn", "remat"): 0.12,
-              ("mobilenet_v2", "remat"): 0.12}
+#: place, which the estimate, walking the graph as exported, does not see.
+KNOWN_GAPS = {("ffn", "original"): 0.12, ("ffn", "remat"): 0.12}
 
 
 def kernels_estimate(path, batch_size: int | None = None) -> int:
@@ -60,8 +57,17 @@ def variants(tmp_path_factory):
     return get
 
 
+#: Models whose measured peak repeats from run to run at test size. The tf_keras CNNs
+#: (MobileNetV2, ResNet50) do not: at test size their weight gradients outweigh the
+#: activations, and TF's executor holds a varying set of them to the end of the step
+#: (the same graph measured 16.0 and 25.0 MiB in two runs), so comparing them with a
+#: deterministic estimate in CI would be a coin toss. Their calibration is measured at
+#: benchmark size by ``tools/bench_memory.py`` (within 5% there).
+STABLE_MODELS = ("ffn", "mlp", "transformer")
+
+
 @pytest.mark.parametrize("variant", ["original", "remat"])
-@pytest.mark.parametrize("name", sorted(bench_memory.MODELS))
+@pytest.mark.parametrize("name", STABLE_MODELS)
 def test_estimate_within_ten_percent_of_measured(variants, name, variant):
     path = variants(name)[variant]
     estimated = kernels_estimate(path)
