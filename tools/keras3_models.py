@@ -67,6 +67,9 @@ def _keras():
     from tensorflow.python.framework import ops
 
     if not tf.executing_eagerly():
+        # TF refuses to turn eager back on once graph mode created the global
+        # default graph (tf_keras graph-mode models do); drop that graph first.
+        tf.compat.v1.reset_default_graph()
         ops.enable_eager_execution()
     return tf, tf.keras
 
