@@ -514,8 +514,14 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
 
     def keep_as_written(self, graph: Graph, name: str) -> None:
         """``_grappler_do_not_remove`` puts the node in Grappler's preserve set, which
-        the remapper's fusions (and the other optimizers) never rewrite or remove."""
-        graph.node(name).attrs[DO_NOT_REWRITE_ATTR] = _attr(True)
+        the remapper's fusions (and the other optimizers) never rewrite or remove.
+
+        Not in a function body: there the preserve set also stops rewrites Grappler
+        makes to the function as exported (keeping the ``AddV2`` nodes of a Keras 3
+        transformer's layer norms changed its weights in the last bit), so a kept
+        original would compute differently, not as before (tests/test_tf2.py)."""
+        if not self.in_function_body(graph):
+            graph.node(name).attrs[DO_NOT_REWRITE_ATTR] = _attr(True)
 
     def _op(self, graph, name, op, inputs, control_inputs=(), device="", output_shapes=None,
             **attrs) -> Tensor:
