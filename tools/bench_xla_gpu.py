@@ -31,8 +31,11 @@ runtime between clusters and the apply ops are not in it). Ratios are to the ori
 in the same run. On a CPU jax the totals reproduce ``bench_remat.py --xla``'s XLA
 column, which is how the path was checked without a GPU.
 
-    python tools/bench_xla_gpu.py export --dir hlo_out       # here, ~2-4 min on 2 cores
+    python tools/bench_xla_gpu.py export --dir hlo_out       # here, ~4 min on 2 cores
     python3 tools/bench_xla_gpu.py measure --dir hlo_out     # on the GPU machine
+
+The export is about 0.5 MiB (weights are parameters, not constants); ``hlo_out`` is an
+ignored folder that travels to the device machine named in the device tool's ``carry``.
 
 jax is not a dependency of graphpass: install it only where ``measure`` runs (a CPU
 jax, ``pip install jax jaxlib``, in its own virtual environment, checks the path).
