@@ -169,11 +169,18 @@ def xla_total_bytes(dump_dir: Path) -> int | None:
     return max(totals) if totals else None
 
 
-def run_worker(name: str, spec: dict, steps: int, xla: bool, work: Path) -> dict:
+def dump_dir(work: Path, name: str) -> Path:
+    """Where ``run_worker`` has XLA dump variant ``name``'s modules."""
+    return work / f"xla_{name.replace(' ', '_').replace('.', '_')}"
+
+
+def run_worker(name: str, spec: dict, steps: int, xla: bool, work: Path,
+               dump_flags: str = "") -> dict:
+    """Run one variant in its own process; ``dump_flags`` are added to XLA's dump flags."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    dump = work / f"xla_{name.replace(' ', '_').replace('.', '_')}"
+    dump = dump_dir(work, name)
     if xla:
-        env["XLA_FLAGS"] = f"--xla_dump_to={dump}"
+        env["XLA_FLAGS"] = f"--xla_dump_to={dump} {dump_flags}".strip()
     out = subprocess.run(
         [sys.executable, __file__, "--worker", json.dumps(spec), "--steps", str(steps)]
         + (["--xla"] if xla else []),
