@@ -240,9 +240,11 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
         if node.op in SOURCE_OPS:
             return True
         # `W/read`: an Identity of a ref variable is the variable's value.
+        return node.op == "Identity" and self._reads_ref_variable(graph, name)
+
+    def _reads_ref_variable(self, graph: Graph, name: str) -> bool:
         inputs = graph.inputs(name)
-        return node.op == "Identity" and bool(inputs) and \
-            graph.node(inputs[0].node).op in REF_VARIABLE_OPS
+        return bool(inputs) and graph.node(inputs[0].node).op in REF_VARIABLE_OPS
 
     def is_variable(self, graph: Graph, name: str) -> bool:
         node = graph.node(name)
@@ -304,8 +306,7 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
         node = graph.node(name)
         if self.is_variable(graph, name) or node.op == "ReadVariableOp":
             return True
-        inputs = graph.inputs(name) if node.op == "Identity" else []
-        return bool(inputs) and graph.node(inputs[0].node).op in REF_VARIABLE_OPS
+        return node.op == "Identity" and self._reads_ref_variable(graph, name)
 
     def graph_inputs(self, graph: Graph) -> list[str]:
         return [n.name for n in graph.nodes() if n.op.startswith("Placeholder")]

@@ -220,13 +220,10 @@ def graph_from_function(fdef, functions: dict, meta: dict) -> Graph:
             node.meta["shapes"] = [shape_tuple(p) for p in shapes.list.shape]
     outputs = _OutputNames(graph, functions)
     for node_def in fdef.node_def:
-        slot = 0
-        for text in node_def.input:
-            if text.startswith("^"):
-                graph.add_control_input(node_def.name, text[1:])
-            else:
-                graph.set_input(node_def.name, slot, outputs.tensor(text))
-                slot += 1
+        inputs = node_def.input
+        graph.connect(node_def.name,
+                      [outputs.tensor(t) for t in inputs if not t.startswith("^")],
+                      [t[1:] for t in inputs if t.startswith("^")])
     for index, arg in enumerate(fdef.signature.output_arg):
         graph.add_node(RESULT_SCOPE + arg.name, RESULT_OP, [outputs.tensor(fdef.ret[arg.name])],
                        attrs=_retval_attrs(arg.type, index))

@@ -193,13 +193,10 @@ def _check_attrs(node_def) -> None:
 
 
 def _connect(graph: Graph, node_def) -> None:
-    slot = 0
-    for text in node_def.input:
-        if text.startswith("^"):
-            graph.add_control_input(node_def.name, text[1:])
-            continue
-        graph.set_input(node_def.name, slot, parse_tensor_name(text))
-        slot += 1
+    """A NodeDef's inputs: data inputs, then ``^``-prefixed control inputs."""
+    inputs = node_def.input
+    graph.connect(node_def.name, [parse_tensor_name(t) for t in inputs if not t.startswith("^")],
+                  [t[1:] for t in inputs if t.startswith("^")])
 
 
 def graph_def_from_graph(graph: Graph):

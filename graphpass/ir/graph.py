@@ -105,6 +105,8 @@ class Graph:
         self._g = nx.MultiDiGraph()
         self._control_order = itertools.count()
         self._dialect = None
+        self._version = 0  # bumped by every structural edit (see ``version``)
+        self._order_cache: tuple[int, list[str]] | None = None
 
     # -- reading -----------------------------------------------------------
 
@@ -112,6 +114,14 @@ class Graph:
     def nx(self) -> nx.MultiDiGraph:
         """The underlying multigraph, for read-only algorithms in analyses."""
         return self._g
+
+    @property
+    def version(self) -> int:
+        """Changes whenever a node or an edge is added or removed, so a result
+        computed from the structure (a topological order, a lowered GraphDef)
+        can be reused while it is unchanged. Attribute and metadata edits do
+        not count: nothing cached by version reads them."""
+        return self._version
 
     @property
     def dialect(self):
@@ -132,84 +142,83 @@ class Graph:
         return iter(self._g)
 
     def node(self, name: str) -> Node:
-        try:
-            return Node(name, self._g.nodes[name])
+        try:  # networkx's node dict itself: its NodeView costs a call per lookup
+            return Node(name, self._g._node[name])
         except KeyError:
             raise KeyError(f"no node named {name!r} in the graph") from None
 
     def nodes(self) -> Iterator[Node]:
-        for name, data in self._g.nodes(data=True):
+        for name, data in self._g._node.items():
             yield Node(name, data)
 
-    def _in_edges(self, name: str) -> Iterator[tuple[str, dict]]:
-        """``(producer, edge data)`` for every in-edge of ``name``."""
-        return self._edges(self._g._pred, name)
-
-    def _out_edges(self, name: str) -> Iterator[tuple[str, dict]]:
-        """``(consumer, edge data)`` for every out-edge of ``name``."""
-        return self._edges(self._g._succ, name)
-
     @staticmethod
-    def _edges(adjacency: dict, name: str) -> Iterator[tuple[str, dict]]:
-        """Read networkx's adjacency dicts directly (read-only): the edge views
-        cost an object per call, which dominated reading and writing large graphs."""
+    def _adjacent(adjacency: dict, name: str) -> dict[str, dict]:
+        """``other -> {edge key: edge data}`` from networkx's ``_pred`` or ``_succ``
+        (read-only): the edge views cost an object per call, which dominated
+        reading and writing large graphs."""
         try:
-            keyed_by_other = adjacency[name]
+            return adjacency[name]
         except KeyError:
             raise KeyError(f"no node named {name!r} in the graph") from None
-        for other, keyed in keyed_by_other.items():
-            for data in keyed.values():
-                yield other, data
 
     def inputs(self, name: str) -> list[Tensor]:
         """Data inputs of ``name`` in slot order."""
-        edges = [
-            (d["dst_port"], src, d["src_port"]) for src, d in self._in_edges(name)
-            if not d["control"]
-        ]
-        edges.sort()
-        return [Tensor(src, port) for _, src, port in edges]
+        slots = self.input_slots(name)
+        return [slots[slot] for slot in sorted(slots)]
 
     def input_slots(self, name: str) -> dict[int, Tensor]:
-        """Data inputs of ``name`` by slot (ONNX may leave optional slots empty)."""
+        """Data inputs of ``name`` by slot (ONNX may leave optional slots empty).
+
+        A data edge's key is its slot (``set_input``), so the keys alone tell
+        data from control edges and give the slot."""
         return {
-            d["dst_port"]: Tensor(src, d["src_port"])
-            for src, d in self._in_edges(name)
-            if not d["control"]
+            key: Tensor(src, data["src_port"])
+            for src, keyed in self._adjacent(self._g._pred, name).items()
+            for key, data in keyed.items()
+            if key != CONTROL_KEY
         }
 
     def control_inputs(self, name: str) -> list[str]:
         """Control inputs of ``name`` in the order they were added."""
-        edges = [(d["order"], src) for src, d in self._in_edges(name) if d["control"]]
+        edges = [(keyed[CONTROL_KEY]["order"], src)
+                 for src, keyed in self._adjacent(self._g._pred, name).items()
+                 if CONTROL_KEY in keyed]
         edges.sort()
         return [src for _, src in edges]
 
     def consumers(self, tensor: Tensor) -> list[tuple[str, int]]:
         """``(consumer, slot)`` pairs reading ``tensor``."""
+        port = tensor.port
         return [
-            (dst, d["dst_port"])
-            for dst, d in self._out_edges(tensor.node)
-            if not d["control"] and d["src_port"] == tensor.port
+            (dst, key)
+            for dst, keyed in self._adjacent(self._g._succ, tensor.node).items()
+            for key, data in keyed.items()
+            if key != CONTROL_KEY and data["src_port"] == port
         ]
 
     def data_producers(self, name: str) -> list[str]:
-        return _unique(src for src, d in self._in_edges(name) if not d["control"])
+        return [src for src, keyed in self._adjacent(self._g._pred, name).items()
+                if _has_data_edge(keyed)]
 
     def data_users(self, name: str) -> list[str]:
-        return _unique(dst for dst, d in self._out_edges(name) if not d["control"])
+        return [dst for dst, keyed in self._adjacent(self._g._succ, name).items()
+                if _has_data_edge(keyed)]
 
     def control_users(self, name: str) -> list[str]:
-        return _unique(dst for dst, d in self._out_edges(name) if d["control"])
+        return [dst for dst, keyed in self._adjacent(self._g._succ, name).items()
+                if CONTROL_KEY in keyed]
 
     def users(self, name: str) -> list[str]:
-        return _unique(self._g.successors(name))
+        return list(self._adjacent(self._g._succ, name))
 
     def producers(self, name: str) -> list[str]:
-        return _unique(self._g.predecessors(name))
+        return list(self._adjacent(self._g._pred, name))
 
     def used_ports(self, name: str) -> list[int]:
         """Output ports of ``name`` that some node reads."""
-        return sorted({d["src_port"] for _, d in self._out_edges(name) if not d["control"]})
+        return sorted({data["src_port"]
+                       for keyed in self._adjacent(self._g._succ, name).values()
+                       for key, data in keyed.items() if key != CONTROL_KEY})
 
     # -- editing -----------------------------------------------------------
 
@@ -228,6 +237,7 @@ class Graph:
         """Add a node; its inputs must already exist (add producers first)."""
         if name in self._g:
             raise ValueError(f"node {name!r} already exists; use graph.unique_name()")
+        self._version += 1
         self._g.add_node(
             name,
             op=op,
@@ -237,16 +247,32 @@ class Graph:
             outputs=list(outputs or []),
             meta={},
         )
+        self.connect(name, inputs, control_inputs)
+        return self.node(name)
+
+    def connect(self, name: str, inputs: Iterable[Tensor] = (),
+                control_inputs: Iterable[str] = ()) -> None:
+        """Give ``name``, which has no inputs yet, its data inputs (slots 0, 1, ...)
+        and control inputs: ``add_node``'s wiring, for readers, which add every
+        node before any edge (a file may name an input before its producer).
+        Unlike ``set_input`` it looks for no edge to replace, a search that made
+        reading a node with n inputs take n^2 steps (the global norm's ``AddN``)."""
+        if self._g._pred[name]:
+            raise ValueError(f"node {name!r} already has inputs; use set_input")
         for slot, tensor in enumerate(inputs):
-            self.set_input(name, slot, tensor)
+            self._add_data_edge(name, slot, tensor)
         for src in control_inputs:
             self.add_control_input(name, src)
-        return self.node(name)
 
     def set_input(self, name: str, slot: int, tensor: Tensor) -> None:
         """Point input ``slot`` of ``name`` at ``tensor`` (replacing what was there)."""
-        self._require(tensor.node, f"input {slot} of {name!r}")
         self.clear_input(name, slot)
+        self._add_data_edge(name, slot, tensor)
+
+    def _add_data_edge(self, name: str, slot: int, tensor: Tensor) -> None:
+        """The edge of input ``slot`` of ``name``, which is empty."""
+        self._require(tensor.node, f"input {slot} of {name!r}")
+        self._version += 1
         self._g.add_edge(
             tensor.node, name, key=slot, src_port=tensor.port, dst_port=slot, control=False
         )
@@ -255,12 +281,14 @@ class Graph:
         """Leave input ``slot`` of ``name`` empty (ONNX optional inputs)."""
         # A data edge's key is its slot (set_input), so look the slot up per producer.
         for src in [s for s, keyed in self._g._pred[name].items() if slot in keyed]:
+            self._version += 1
             self._g.remove_edge(src, name, slot)
 
     def add_control_input(self, name: str, src: str) -> None:
         """Make ``name`` run after ``src``; adding an existing one is a no-op."""
         self._require(src, f"control input of {name!r}")
         if not self._g.has_edge(src, name, CONTROL_KEY):
+            self._version += 1
             self._g.add_edge(
                 src,
                 name,
@@ -273,6 +301,7 @@ class Graph:
 
     def remove_control_input(self, name: str, src: str) -> None:
         if self._g.has_edge(src, name, CONTROL_KEY):
+            self._version += 1
             self._g.remove_edge(src, name, CONTROL_KEY)
 
     def replace_uses(
@@ -291,6 +320,7 @@ class Graph:
         users = self.users(name)
         if users:
             raise ValueError(f"cannot remove {name!r}: still used by {users[:5]}")
+        self._version += 1
         self._g.remove_node(name)
 
     def unique_name(self, base: str) -> str:
@@ -301,8 +331,7 @@ class Graph:
         """An independent copy of the structure; attr values are shared (never mutated)."""
         other = Graph(self.format, dict(self.meta))
         other._g = self._g.copy()
-        for name in other._g:
-            data = other._g.nodes[name]
+        for data in other._g._node.values():
             data["attrs"] = dict(data["attrs"])
             data["meta"] = dict(data["meta"])
             data["outputs"] = list(data["outputs"])
@@ -327,8 +356,7 @@ class Graph:
             for other, keyed in adjacency[queue.popleft()].items():
                 if other in seen:
                     continue
-                # Control edges are keyed CONTROL_KEY; any other key is a data edge.
-                if follow_control or len(keyed) > 1 or CONTROL_KEY not in keyed:
+                if follow_control or _has_data_edge(keyed):
                     seen.add(other)
                     queue.append(other)
         return seen
@@ -337,39 +365,51 @@ class Graph:
         """Nodes in dependency order; ties broken by insertion order (deterministic).
 
         ``ignore_edge(src, dst)`` drops loop back-edges (TF ``NextIteration``).
-        Raises ``ValueError`` naming a node on a cycle if there is one.
+        Raises ``ValueError`` naming a node on a cycle if there is one. The order
+        over all edges is kept until the structure changes (``version``): the
+        checker between passes and the passes themselves ask for the same one.
         """
-        index = {name: i for i, name in enumerate(self._g)}
-        indegree = dict.fromkeys(self._g, 0)
-        kept = []
-        for src, dst in self._g.edges():
-            if ignore_edge is None or not ignore_edge(src, dst):
-                indegree[dst] += 1
-                kept.append((src, dst))
-        successors: dict[str, list[str]] = {}
-        for src, dst in kept:
-            successors.setdefault(src, []).append(dst)
+        if ignore_edge is not None:
+            return self._sorted(ignore_edge)
+        if self._order_cache is None or self._order_cache[0] != self._version:
+            self._order_cache = (self._version, self._sorted(None))
+        return list(self._order_cache[1])
+
+    def _sorted(self, ignore_edge: Callable[[str, str], bool] | None) -> list[str]:
+        """Kahn's algorithm over networkx's ``_succ``, the ready nodes in a heap of
+        their insertion indexes."""
         import heapq
 
-        ready = [(index[n], n) for n, deg in indegree.items() if deg == 0]
-        heapq.heapify(ready)
+        names = list(self._g._succ)
+        index = {name: i for i, name in enumerate(names)}
+        indegree = dict.fromkeys(names, 0)
+        successors: dict[str, list[tuple[str, int]]] = {}
+        for src, users in self._g._succ.items():
+            kept = [(dst, len(keyed)) for dst, keyed in users.items()
+                    if ignore_edge is None or not ignore_edge(src, dst)]
+            successors[src] = kept
+            for dst, edges in kept:
+                indegree[dst] += edges
+        ready = [i for i, name in enumerate(names) if indegree[name] == 0]  # sorted: a heap
         order = []
         while ready:
-            _, name = heapq.heappop(ready)
+            name = names[heapq.heappop(ready)]
             order.append(name)
-            for dst in successors.get(name, ()):
-                indegree[dst] -= 1
+            for dst, edges in successors[name]:
+                indegree[dst] -= edges
                 if indegree[dst] == 0:
-                    heapq.heappush(ready, (index[dst], dst))
-        if len(order) != len(indegree):
+                    heapq.heappush(ready, index[dst])
+        if len(order) != len(names):
             stuck = next(n for n, deg in indegree.items() if deg > 0)
             raise ValueError(f"the graph has a cycle through {stuck!r}")
         return order
 
     def _require(self, name: str, what: str) -> None:
-        if name not in self._g:
+        if name not in self._g._node:
             raise GraphpassError(f"{what} names {name!r}, which is not a node of the graph")
 
 
-def _unique(items: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys(items))
+def _has_data_edge(keyed: dict) -> bool:
+    """Whether the edges between two nodes (networkx's ``{key: data}``) include a
+    data edge: control edges are keyed ``CONTROL_KEY``, data edges by their slot."""
+    return len(keyed) > 1 or CONTROL_KEY not in keyed

@@ -44,19 +44,34 @@ def verify(graph: Graph, after: str = "input") -> None:
     if problem:
         raise error(f"{where}: {problem}{fix}")
     try:
-        graph.topological_order(ignore_edge=lambda s, d: dialect.is_back_edge(graph, s, d))
+        _check_acyclic(graph)
     except ValueError as exc:
         raise error(f"{where}: {exc}{fix}") from None
+
+
+def _check_acyclic(graph: Graph) -> None:
+    """Raise ``ValueError`` on a cycle other than through loop back-edges. The
+    order over all edges is tried first: it is the one passes ask for, and the
+    graph keeps it until its structure changes; only a graph with loops needs
+    the order without their back-edges."""
+    try:
+        graph.topological_order()
+    except ValueError:
+        graph.topological_order(
+            ignore_edge=lambda s, d: graph.dialect.is_back_edge(graph, s, d))
 
 
 def port_problem(graph: Graph) -> str | None:
     """The first input that reads an output port its producer does not have."""
     dialect = graph.dialect
+    limits: dict[str, int | None] = {}  # per producer: most nodes have several readers
     for node in graph.nodes():
         for tensor in graph.inputs(node.name):
             if tensor.port < 0 or tensor.port > MAX_PORT:
                 return f"node {node.name!r} reads {tensor}, an output port out of range"
-            limit = dialect.num_outputs(graph, tensor.node)
+            if tensor.node not in limits:
+                limits[tensor.node] = dialect.num_outputs(graph, tensor.node)
+            limit = limits[tensor.node]
             if limit is not None and tensor.port >= limit:
                 return (f"node {node.name!r} reads {tensor}, but {tensor.node!r} "
                         f"has only {limit} output{'s' if limit != 1 else ''}")
