@@ -162,9 +162,13 @@ class Graph:
             raise KeyError(f"no node named {name!r} in the graph") from None
 
     def inputs(self, name: str) -> list[Tensor]:
-        """Data inputs of ``name`` in slot order."""
-        slots = self.input_slots(name)
-        return [slots[slot] for slot in sorted(slots)]
+        """Data inputs of ``name`` in slot order (a data edge's key is its slot)."""
+        edges = [(key, src, data["src_port"])
+                 for src, keyed in self._adjacent(self._g._pred, name).items()
+                 for key, data in keyed.items() if key != CONTROL_KEY]
+        if len(edges) > 1:
+            edges.sort()
+        return [Tensor(src, port) for _, src, port in edges]
 
     def input_slots(self, name: str) -> dict[int, Tensor]:
         """Data inputs of ``name`` by slot (ONNX may leave optional slots empty).

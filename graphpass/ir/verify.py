@@ -62,16 +62,32 @@ def _check_acyclic(graph: Graph) -> None:
 
 
 def port_problem(graph: Graph) -> str | None:
-    """The first input that reads an output port its producer does not have."""
+    """The first input that reads an output port its producer does not have.
+
+    Checked per producer (the ports read from it against its output count);
+    only a graph that fails is scanned reader by reader, to name the first."""
+    if all(_ports_in_range(graph, name) for name in graph):
+        return None
+    return _first_bad_read(graph)
+
+
+def _ports_in_range(graph: Graph, name: str) -> bool:
+    ports = graph.used_ports(name)
+    if not ports:
+        return True
+    if ports[0] < 0 or ports[-1] > MAX_PORT:
+        return False
+    limit = graph.dialect.num_outputs(graph, name)
+    return limit is None or ports[-1] < limit
+
+
+def _first_bad_read(graph: Graph) -> str | None:
     dialect = graph.dialect
-    limits: dict[str, int | None] = {}  # per producer: most nodes have several readers
     for node in graph.nodes():
         for tensor in graph.inputs(node.name):
             if tensor.port < 0 or tensor.port > MAX_PORT:
                 return f"node {node.name!r} reads {tensor}, an output port out of range"
-            if tensor.node not in limits:
-                limits[tensor.node] = dialect.num_outputs(graph, tensor.node)
-            limit = limits[tensor.node]
+            limit = dialect.num_outputs(graph, tensor.node)
             if limit is not None and tensor.port >= limit:
                 return (f"node {node.name!r} reads {tensor}, but {tensor.node!r} "
                         f"has only {limit} output{'s' if limit != 1 else ''}")
