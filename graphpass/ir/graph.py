@@ -106,6 +106,10 @@ class Graph:
         self._control_order = itertools.count()
         self._dialect = None
         self._version = 0  # bumped by every structural edit (see ``version``)
+        # One Node view per node, made when it is added: analyses ask for nodes
+        # millions of times on large graphs, and making a view each time was
+        # most of the cost of asking.
+        self._views: dict[str, Node] = {}
         self._order_cache: tuple[int, list[str]] | None = None
 
     # -- reading -----------------------------------------------------------
@@ -142,14 +146,13 @@ class Graph:
         return iter(self._g)
 
     def node(self, name: str) -> Node:
-        try:  # networkx's node dict itself: its NodeView costs a call per lookup
-            return Node(name, self._g._node[name])
+        try:
+            return self._views[name]
         except KeyError:
             raise KeyError(f"no node named {name!r} in the graph") from None
 
     def nodes(self) -> Iterator[Node]:
-        for name, data in self._g._node.items():
-            yield Node(name, data)
+        return iter(self._views.values())
 
     @staticmethod
     def _adjacent(adjacency: dict, name: str) -> dict[str, dict]:
@@ -251,6 +254,7 @@ class Graph:
             outputs=list(outputs or []),
             meta={},
         )
+        self._views[name] = Node(name, self._g._node[name])
         self.connect(name, inputs, control_inputs)
         return self.node(name)
 
@@ -326,6 +330,7 @@ class Graph:
             raise ValueError(f"cannot remove {name!r}: still used by {users[:5]}")
         self._version += 1
         self._g.remove_node(name)
+        del self._views[name]
 
     def unique_name(self, base: str) -> str:
         """``base`` if free, else ``base_1``, ``base_2``, ... (deterministic)."""
@@ -335,10 +340,11 @@ class Graph:
         """An independent copy of the structure; attr values are shared (never mutated)."""
         other = Graph(self.format, dict(self.meta))
         other._g = self._g.copy()
-        for data in other._g._node.values():
+        for name, data in other._g._node.items():
             data["attrs"] = dict(data["attrs"])
             data["meta"] = dict(data["meta"])
             data["outputs"] = list(data["outputs"])
+            other._views[name] = Node(name, data)
         other._control_order = itertools.count(next(self._control_order))
         return other
 
