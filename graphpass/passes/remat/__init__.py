@@ -64,8 +64,7 @@ class RematPass(Pass):
         entries = rewrite_segments(graph, segments, step,
                                    self.options.tupleize_grads)
         changed = any(e["copied"] for e in entries)
-        peak_after = estimated_peak_bytes(graph, step.fetches, batch) if changed \
-            else peak_before
+        peak_after = _peak_after(graph, step, batch, changed, peak_before, auto)
         self.report = _report(entries, skipped, step.dependency, peak_before, peak_after, auto)
         return changed
 
@@ -84,6 +83,18 @@ class RematPass(Pass):
         return Step(forward=set(regions.nodes("forward")),
                      backward=set(regions.nodes("backward")),
                      fetches=regions.fetches, dependency=dependency)
+
+
+def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
+                peak_before: int, auto: AutoPlan | None) -> int:
+    """The estimate after the rewrite. The planner estimated this very rewrite
+    (the same segments, rewritten the same way on a copy), so its figure is
+    reused: a second estimate of a large graph took as long as the first."""
+    if not changed:
+        return peak_before
+    if auto is not None:
+        return auto.estimate
+    return estimated_peak_bytes(graph, step.fetches, batch)
 
 
 def _report(entries: list[dict], skipped: list[str], dependency: str, peak_before: int,
