@@ -122,9 +122,8 @@ class Graph:
     @property
     def version(self) -> int:
         """Changes whenever a node or an edge is added or removed, so a result
-        computed from the structure (a topological order, a lowered GraphDef)
-        can be reused while it is unchanged. Attribute and metadata edits do
-        not count: nothing cached by version reads them."""
+        computed from the structure alone (the topological order) can be reused
+        while it is unchanged. Attribute and metadata edits do not count."""
         return self._version
 
     @property
