@@ -833,10 +833,19 @@ def _infer_shapes(graph: Graph, batch_size: int | None = None) -> None:
     data in Python for every op, which was three quarters of its time and
     decides no shape (tools/bench_scale.py).
     """
-    import tensorflow as tf
-    from tensorflow.python.client import pywrap_tf_session as c_api
-    from tensorflow.python.framework import ops
+    shapes = _imported_shapes(_serialized_graph_def(graph, batch_size))
+    for node in graph.nodes():
+        inferred = _with_recorded_shapes(node, shapes.get(node.name, []))
+        if batch_size is None:
+            node.meta["shapes"] = inferred
+        else:
+            node.meta.setdefault("batch_shapes", {})[batch_size] = inferred
 
+
+def _serialized_graph_def(graph: Graph, batch_size: int | None) -> bytes:
+    """The graph lowered to a GraphDef, as the bytes TF's importer reads; the
+    proto itself is gone before the import starts (it was a tenth of the peak
+    memory of a 150k-node rewrite)."""
     from graphpass.formats.tf_io import graph_def_from_graph
 
     graph_def = graph_def_from_graph(graph)
@@ -845,9 +854,20 @@ def _infer_shapes(graph: Graph, batch_size: int | None = None) -> None:
             dims = node.attr["shape"].shape.dim if node.op.startswith("Placeholder") else []
             if dims and dims[0].size < 0:
                 dims[0].size = batch_size
+    return graph_def.SerializeToString()
+
+
+def _imported_shapes(data: bytes) -> dict[str, list]:
+    """Output shapes by node name of the GraphDef ``data``, from TF's C importer
+    (none for the nodes it could not take)."""
+    import tensorflow as tf
+    from tensorflow.python.client import pywrap_tf_session as c_api
+    from tensorflow.python.framework import ops
+
     tf_graph = tf.Graph()
     options = c_api.TF_NewImportGraphDefOptions()
-    buffer = c_api.TF_NewBufferFromString(graph_def.SerializeToString())
+    buffer = c_api.TF_NewBufferFromString(data)
+    del data  # the buffer holds a copy
     shapes: dict[str, list] = {}
     try:
         with tf_graph._c_graph.get() as c_graph:
@@ -862,12 +882,7 @@ def _infer_shapes(graph: Graph, batch_size: int | None = None) -> None:
     finally:
         c_api.TF_DeleteBuffer(buffer)
         c_api.TF_DeleteImportGraphDefOptions(options)
-    for node in graph.nodes():
-        inferred = _with_recorded_shapes(node, shapes.get(node.name, []))
-        if batch_size is None:
-            node.meta["shapes"] = inferred
-        else:
-            node.meta.setdefault("batch_shapes", {})[batch_size] = inferred
+    return shapes
 
 
 def shape_tuple(proto) -> tuple | None:
