@@ -77,3 +77,45 @@ def test_unknown_node_is_a_key_error_not_an_empty_answer():
     for method in (graph.inputs, graph.control_inputs, graph.data_users):
         with pytest.raises(KeyError, match="no node named 'xd'"):
             method("xd")
+
+
+def test_connect_wires_a_new_node_and_refuses_one_with_inputs():
+    graph = _graph()
+    graph.add_node("e", "AddN")
+    graph.connect("e", [Tensor("c"), Tensor("d")], ["a"])
+    assert graph.inputs("e") == [Tensor("c"), Tensor("d")]
+    assert graph.control_inputs("e") == ["a"]
+    _both_directions_agree(graph)
+    with pytest.raises(ValueError, match="already has inputs"):
+        graph.connect("e", [Tensor("a")])
+
+
+def test_topological_order_follows_every_structural_edit():
+    graph = _graph()
+    assert graph.topological_order() == ["a", "b", "c", "d"]
+    version = graph.version
+    graph.add_node("first", "Placeholder")
+    graph.set_input("a", 0, Tensor("first"))  # a now runs after a later-added node
+    assert graph.version > version
+    assert graph.topological_order() == ["b", "first", "a", "c", "d"]
+    order = graph.topological_order()
+    order.clear()  # the caller's copy: the kept order is untouched
+    assert graph.topological_order() == ["b", "first", "a", "c", "d"]
+    graph.add_control_input("b", "d")  # a cycle
+    with pytest.raises(ValueError, match="cycle"):
+        graph.topological_order()
+
+
+def test_node_views_follow_removal_and_copy():
+    graph = _graph()
+    graph.add_node("e", "Identity", [Tensor("d")])
+    graph.remove_node("e")
+    with pytest.raises(KeyError):
+        graph.node("e")
+    graph.add_node("e", "Neg", [Tensor("c")])
+    assert graph.node("e").op == "Neg"
+    assert [n.name for n in graph.nodes()] == ["a", "b", "c", "d", "e"]
+    copy = graph.copy()
+    copy.node("e").attrs["T"] = 1
+    assert "T" not in graph.node("e").attrs
+    assert [n.name for n in copy.nodes()] == list(copy)
