@@ -20,7 +20,8 @@ and counts what the runtime really allocates:
   writes into that input's buffer (TF's buffer forwarding), unless another
   live value still holds that buffer;
 * a buffer is freed when its last holder's last reader has run; fetched
-  values live to the end of the step.
+  values and the values the dialect says the step returns whatever is fetched
+  (``Dialect.returned_values``: ONNX's graph outputs) live to the end of the step.
 
 Unknown sizes count as zero, so the estimate is a lower bound on what it can
 see; ``batch_size`` gives the inputs' unknown batch dimension (``check_batch_size``
@@ -140,8 +141,10 @@ def _fetch_nodes(fetches: list[str]) -> list[str]:
 
 
 def _kept(graph: Graph, fetches: list[str]) -> set[Tensor]:
-    """Fetched tensors (``loss:0``): returned to the caller, so they outlive the step."""
-    return {graph.dialect.parse_tensor(graph, f) for f in fetches if ":" in f}
+    """Fetched tensors (``loss:0``) and the dialect's returned values: handed to
+    the caller, so they outlive the step."""
+    return {graph.dialect.parse_tensor(graph, f) for f in fetches if ":" in f} | \
+        set(graph.dialect.returned_values(graph))
 
 
 class _Buffer:
@@ -160,6 +163,9 @@ class _Simulation:
                  batch_size: int | None) -> None:
         self.graph, self.dialect, self.order = graph, graph.dialect, order
         self.kept, self.batch_size = kept, batch_size
+        self.kept_of: dict[str, list[Tensor]] = {}
+        for tensor in sorted(kept):
+            self.kept_of.setdefault(tensor.node, []).append(tensor)
         self.idle = self._control_only(targets)
         self.constant = self._constants()
         self.readers: dict[Tensor, int] = {}  # reads by the nodes that really run
@@ -217,8 +223,8 @@ class _Simulation:
             inputs = self.graph.input_slots(name)
             for port in self.graph.used_ports(name):
                 self._output(name, Tensor(name, port), inputs)
-            for tensor in self.kept:
-                if tensor.node == name and tensor not in self.buffers:
+            for tensor in self.kept_of.get(name, ()):
+                if tensor not in self.buffers:
                     self._output(name, tensor, inputs)
             profile.timeline.append((name, self.live))
             if self.live > profile.peak_bytes:

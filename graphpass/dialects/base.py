@@ -157,6 +157,12 @@ class Dialect(ABC):
         """What the graph produces (ONNX graph outputs; TF: nodes nobody reads)."""
         return [n for n in graph if not graph.users(n)]
 
+    def returned_values(self, graph: Graph) -> list[Tensor]:
+        """Computed values the runtime hands to the caller whatever is fetched, so
+        they stay allocated from their producer to the end of the step. None by
+        default (a TF step returns only what is fetched, named with a port)."""
+        return []
+
     # -- training structure (used by graphpass.analysis.regions) ------------------
 
     @abstractmethod
