@@ -75,7 +75,7 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, options: RematOptions,
     the cheapest plan whose estimate fits; ``ROUNDS`` estimates at most."""
     units = chain.units
     chosen, estimated, plan.rounds = refine_min_peak(units, plan.model_offset, trial,
-                                                     options.batch_size)
+                                                     options.batch_size, plan.budget_bytes)
     if estimated >= plan.estimate_before:  # the model was wrong: recompute nothing
         chosen, estimated = ChainPlan((), 0, 0), plan.estimate_before
     budget = plan.budget_bytes

@@ -45,10 +45,12 @@ Trial = Callable[[tuple[tuple[int, int], ...]], tuple[Graph, list[list[str]], Me
 
 
 def refine_min_peak(units: list[Unit], offset: int, trial: Trial,
-                    batch_size: int | None = None) -> tuple[ChainPlan, int, int]:
+                    batch_size: int | None = None, enough: int | None = None
+                    ) -> tuple[ChainPlan, int, int]:
     """The min-peak plan with the lowest estimate found (module docstring); its
     estimate and how many estimates it took. ``offset``: what the model does not
-    see of the original step (its estimate less the model's figure)."""
+    see of the original step (its estimate less the model's figure); ``enough``:
+    an estimate that ends the search (a budget: the plan only has to meet it)."""
     leftovers: dict[int, int] = {}
     per_run = 0
     best: tuple[int, ChainPlan] | None = None
@@ -67,7 +69,8 @@ def refine_min_peak(units: list[Unit], offset: int, trial: Trial,
         if best is None or estimated < best[0]:
             best = (estimated, chosen)
         miss = estimated - chosen.peak - offset
-        if not chosen.runs or miss <= TOLERANCE * estimated:
+        if not chosen.runs or miss <= TOLERANCE * estimated or \
+                (enough is not None and best[0] <= enough):
             break
         found = _leftovers(graph, chosen.runs, copies, profile, batch_size)
         new = {last: held for last, held in found.items() if held > leftovers.get(last, 0)}
