@@ -8,8 +8,9 @@ work first, so a copy only a weight gradient reads (a Keras 3 attention's
 ``softmax @ value``, recomputed for its output projection's weight gradient)
 waits to the end of the step, and with it the copies it reads (the 2 MiB
 softmax). Where a run *ends* decides this: its gradient reaches the end first.
-The same is true of the starved gradients themselves (bias gradients, layer-norm
-``Sum`` reductions wait to the end too), which every run boundary adds to.
+Gradients starve the same way (bias gradients and layer-norm ``Sum`` reductions
+hold their inputs to the end); on the Keras 3 transformer more, shorter runs left
+more of them waiting.
 
 So the planner rewrites the plan on a copy and simulates it (``estimate``), and
 while the estimate misses the model's figure, it
@@ -17,9 +18,8 @@ while the estimate misses the model's figure, it
 * charges each run's *leftovers* (bytes of its copies still held when the
   backward pass starts recomputing the next run) to runs ending at the same
   unit, so the solver looks for other ends;
-* once no run leaves anything behind, spreads the rest of the miss over the
-  runs as a cost per run, so the solver prefers fewer, longer runs (the
-  starved gradients come per run boundary);
+* once no run leaves anything new behind, spreads the rest of the miss over
+  the runs as a cost per run, so the solver prefers fewer, longer runs;
 
 and solves the chain again, at most ``ROUNDS`` estimates in all, keeping the plan
 with the lowest estimate. A plan the model got right (within ``TOLERANCE``)
