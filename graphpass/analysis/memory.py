@@ -131,8 +131,28 @@ def memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = No
     infer_shapes(graph)
     targets = _fetch_nodes(fetches)
     needed = graph.ancestors(targets) | set(targets)
-    order = graph.dialect.schedule(graph, needed)
-    return _Simulation(graph, order, targets, _kept(graph, fetches), batch_size).run()
+    known = _known_before(graph, needed, batch_size)
+    order = graph.dialect.schedule(graph, needed, known, frozenset(targets))
+    return _Simulation(graph, order, targets, known, _kept(graph, fetches), batch_size).run()
+
+
+def _known_before(graph: Graph, needed: set[str], batch_size: int | None) -> frozenset[str]:
+    """Nodes whose outputs exist before the step: stored, fed or folded values
+    (module docstring). The runtime's schedule treats them as run first."""
+    dialect = graph.dialect
+    order = [n for n in graph.topological_order(
+        ignore_edge=lambda s, d: dialect.is_back_edge(graph, s, d)) if n in needed]
+    stored = {n for n in order
+              if dialect.is_source(graph, n) or dialect.is_variable_value(graph, n)}
+    known = {n for n in order if dialect.is_constant(graph, n)}
+    for name in order:
+        if name in known or not dialect.is_foldable(graph, name):
+            continue
+        if all(t.node in known for t in graph.inputs(name)) and all(
+                (tensor_bytes(graph, Tensor(name, p), batch_size) or 0) <= MAX_FOLDED_BYTES
+                for p in graph.used_ports(name)):
+            known.add(name)
+    return frozenset(stored | known)
 
 
 def _fetch_nodes(fetches: list[str]) -> list[str]:
@@ -156,12 +176,12 @@ class _Buffer:
 class _Simulation:
     """Walks the schedule once, allocating and freeing buffers (module docstring)."""
 
-    def __init__(self, graph: Graph, order: list[str], targets: list[str], kept: set[Tensor],
-                 batch_size: int | None) -> None:
+    def __init__(self, graph: Graph, order: list[str], targets: list[str],
+                 constant: frozenset[str], kept: set[Tensor], batch_size: int | None) -> None:
         self.graph, self.dialect, self.order = graph, graph.dialect, order
         self.kept, self.batch_size = kept, batch_size
         self.idle = self._control_only(targets)
-        self.constant = self._constants()
+        self.constant = constant
         self.readers: dict[Tensor, int] = {}  # reads by the nodes that really run
         for name in order:
             if name not in self.idle and name not in self.constant:
@@ -182,22 +202,6 @@ class _Simulation:
             if all(user in idle or user not in needed for user in graph.data_users(name)):
                 idle.add(name)
         return idle
-
-    def _constants(self) -> set[str]:
-        """Nodes whose outputs exist before the step: stored, fed or folded values."""
-        graph, dialect = self.graph, self.dialect
-        stored = {n for n in self.order
-                  if dialect.is_source(graph, n) or dialect.is_variable_value(graph, n)}
-        known = {n for n in self.order if dialect.is_constant(graph, n)}
-        for name in self.order:
-            if name in known or not dialect.is_foldable(graph, name):
-                continue
-            inputs = graph.inputs(name)
-            if all(t.node in known for t in inputs) and all(
-                    (self._bytes(Tensor(name, p)) or 0) <= MAX_FOLDED_BYTES
-                    for p in graph.used_ports(name)):
-                known.add(name)
-        return stored | known
 
     def _bytes(self, tensor: Tensor) -> int:
         return tensor_bytes(self.graph, tensor, self.batch_size) or 0
