@@ -20,9 +20,10 @@ warm-up step):
 Columns: estimated peak (graphpass's simulation), the step's allocation records'
 peak plus the fed values (what the estimate simulates: the kernels' own
 allocations), measured peak (the CPU allocator's where oneDNN keeps
-statistics, else the records plus the fed values) and its ratio to the original's, step time ratio, planning seconds, the
-solver's gap, and for budgets whether the planner said the budget is met and
-whether the measured peak is within it (+5%). A budget no plan reaches is
+statistics, else the records plus the fed values) and its ratio to the
+original's, step time ratio, planning seconds, the solver's gap, and for
+budgets whether the planner said the budget is met and whether the measured
+peak is within it (+5%). A budget no plan reaches is
 reported as the planner's exit-2 message.
 
     python tools/bench_planner.py [--models mlp,mobilenet_v2,resnet50,transformer] [--small]
@@ -139,7 +140,8 @@ def print_row(name, label, report, measured, base, budget=None) -> None:
     gap = auto.get("gap")
     cells = [f"{name:13s}", f"{label:16s}",
              f"{estimate / 2**20:8.1f}" if estimate else f"{'':8s}",
-             f"{records(measured) / 2**20:8.1f}", f"{peak(measured) / 2**20:8.1f}", f"{peak(measured) / peak(base):6.2f}x",
+             f"{records(measured) / 2**20:8.1f}", f"{peak(measured) / 2**20:8.1f}",
+             f"{peak(measured) / peak(base):6.2f}x",
              f"{measured.step_s / base.step_s:6.2f}x",
              f"{report['seconds']:6.1f}" if "seconds" in report else f"{'':6s}",
              f"{gap:6.1%}" if gap is not None else f"{'':6s}"]
