@@ -139,20 +139,21 @@ def memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = No
 
 def _known_before(graph: Graph, needed: set[str], batch_size: int | None) -> frozenset[str]:
     """Nodes whose outputs exist before the step: stored, fed or folded values
-    (module docstring). The runtime's schedule treats them as run first."""
+    (module docstring), found forward from the constants (a node folds once the
+    last of its inputs is known). The runtime's schedule treats them as run first."""
     dialect = graph.dialect
-    order = [n for n in graph.topological_order(
-        ignore_edge=lambda s, d: dialect.is_back_edge(graph, s, d)) if n in needed]
-    stored = {n for n in order
+    stored = {n for n in needed
               if dialect.is_source(graph, n) or dialect.is_variable_value(graph, n)}
-    known = {n for n in order if dialect.is_constant(graph, n)}
-    for name in order:
-        if name in known or not dialect.is_foldable(graph, name):
-            continue
-        if all(t.node in known for t in graph.inputs(name)) and all(
-                (tensor_bytes(graph, Tensor(name, p), batch_size) or 0) <= MAX_FOLDED_BYTES
-                for p in graph.used_ports(name)):
-            known.add(name)
+    known = {n for n in needed if dialect.is_constant(graph, n)}
+    stack = list(known)
+    while stack:
+        for user in graph.data_users(stack.pop()):
+            if user in needed and user not in known and dialect.is_foldable(graph, user) \
+                    and all(t.node in known for t in graph.inputs(user)) and all(
+                        (tensor_bytes(graph, Tensor(user, p), batch_size) or 0)
+                        <= MAX_FOLDED_BYTES for p in graph.used_ports(user)):
+                known.add(user)
+                stack.append(user)
     return frozenset(stored | known)
 
 
