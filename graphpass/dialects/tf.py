@@ -10,7 +10,7 @@ recognisers (``tf_updates``) and XLA support (``tf_xla``) are already apart.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -965,11 +965,13 @@ class GrapplerView:
       after a variable read): their users read their input directly and wait on
       their control inputs (``bypassed``: out of the executor's graph).
 
-    Both rewrites repeat until nothing changes, as the optimizer's work list does.
+    Conversion and bypass repeat until nothing changes, as the optimizer's work
+    list does.
     """
 
     def __init__(self, graph: Graph, nodes: set[str], known: frozenset[str],
-                 fetched: frozenset[str], is_back_edge, is_stateful) -> None:
+                 fetched: frozenset[str], is_back_edge: Callable[[str, str], bool],
+                 is_stateful: Callable[[str], bool]) -> None:
         self.graph, self.fetched, self.is_stateful = graph, fetched, is_stateful
         self.known = known
         self.members = [n for n in graph if n in nodes]
@@ -1124,7 +1126,7 @@ def with_bypassed(graph: Graph, order: list[str], bypassed: set[str]) -> list[st
 
 
 def executor_order(graph: Graph, nodes: set[str], successors: dict[str, list[str]],
-                   inline) -> list[str]:
+                   inline: Callable[[str], bool]) -> list[str]:
     """Simulate TF's executor on ``nodes`` with one inter-op thread (see
     ``TFDialect.schedule``); ``inline(n)``: n's kernel is inexpensive."""
     from collections import deque
