@@ -35,11 +35,15 @@ class Dialect(ABC):
         """True for loop back-edges, which topological orders ignore."""
         return False
 
-    def schedule(self, graph: Graph, nodes: set[str] | None = None) -> list[str]:
+    def schedule(self, graph: Graph, nodes: set[str] | None = None,
+                 known: frozenset[str] = frozenset(), fetched: frozenset[str] = frozenset()
+                 ) -> list[str]:
         """``nodes`` (default: every node), in the order the format's runtime executes
         them when only those run (the memory estimate walks it): here topological,
         ties broken by graph order, so nodes a pass appended run as late as their
-        users allow."""
+        users allow. ``known``: nodes whose values exist before the step (stored,
+        constant, folded), ``fetched``: the step's targets; a runtime that rewrites
+        the graph before running it (TF's Grappler) needs them, others ignore them."""
         order = graph.topological_order(ignore_edge=lambda s, d: self.is_back_edge(graph, s, d))
         return order if nodes is None else [n for n in order if n in nodes]
 

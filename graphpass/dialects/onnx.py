@@ -111,7 +111,9 @@ class ONNXDialect(Dialect):
     def num_outputs(self, graph: Graph, name: str) -> int | None:
         return len(graph.node(name).outputs)
 
-    def schedule(self, graph: Graph, nodes: set[str] | None = None) -> list[str]:
+    def schedule(self, graph: Graph, nodes: set[str] | None = None,
+                 known: frozenset[str] = frozenset(), fetched: frozenset[str] = frozenset()
+                 ) -> list[str]:
         """onnxruntime's default order for the model the writer emits (a DFS from the
         leaves; see ``onnx_order.ort_schedule``), not a plain topological order."""
         order = ort_schedule(graph)
