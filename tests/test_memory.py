@@ -169,3 +169,55 @@ def test_timeline_follows_schedule_and_peak(variants):
     lives = np.array([live for _, live in profile.timeline])
     assert profile.peak_bytes == lives.max()
     assert names[int(lives.argmax())] == profile.peak_node
+
+
+def _tuple_graph():
+    """Two products joined by ``tf.tuple`` (a NoOp and two Identities, as every
+    gradient's ``tuple/control_dependency`` is), read by ``u`` (the first) and an
+    assignment (the second); ``f`` fills ``x``'s static shape, a folded value."""
+    import tensorflow as tf
+
+    tf1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [256, 256], name="x")
+        w = tf1.get_variable("w", [256, 256], use_resource=True)
+        a = tf.matmul(x, x, name="a")
+        b = tf.matmul(x, w.read_value(), name="b")
+        first, second = tf.tuple([a, b], name="pair")
+        f = tf.fill(tf.shape(x, name="shape"), 1.0, name="f")
+        u = tf.tanh(first + f, name="u")
+        assign = w.assign(second, name="assign")
+        with tf.control_dependencies([assign]):
+            tf.identity(tf.reduce_sum(u), name="total")
+    return graph_from_graph_def(graph.as_graph_def(), {})
+
+
+def test_schedule_follows_the_graph_grappler_hands_the_executor():
+    """The dependency optimizer bypasses ``tf.tuple``'s NoOp and Identities, so ``u``
+    reads ``a`` and waits on ``b`` by a control edge, and the assignment reads ``b``;
+    constant folding makes ``f`` (and the ``Shape`` it reads) run first, waiting on
+    nothing; the fetched ``total`` is kept."""
+    from graphpass.analysis.memory import _known_before
+    from graphpass.dialects.tf import GrapplerView
+
+    graph = _tuple_graph()
+    needed = graph.ancestors(["total"]) | {"total"}
+    known = _known_before(graph, needed, None)
+    assert {"shape", "f"} <= known
+    view = GrapplerView(graph, needed, known, frozenset({"total"}),
+                        lambda s, d: False, lambda n: graph.dialect.is_stateful(graph, n))
+    view.optimize()
+    bypassed = {"pair/control_dependency", "pair/control_dependency_1", "pair/group_deps"}
+    assert bypassed <= view.bypassed and "total" not in view.bypassed
+    successors = view.successors()
+    assert "add" in successors["a"] and "add" in successors["b"]
+    assert ("a", False) in view.inputs["add"] and ("b", True) in view.inputs["add"]
+    assert successors["b"][0] == "assign"  # data edges first, then control edges
+    assert view.inputs["f"] == [] and view.inputs["shape"] == []
+    order = graph.dialect.schedule(graph, needed, known, frozenset({"total"}))
+    assert sorted(order) == sorted(needed)  # bypassed nodes stay in the walk
+    position = {n: i for i, n in enumerate(order)}
+    for name in order:  # after the producers of their inputs, bypassed ones too
+        assert all(position[p] < position[name] for p in graph.producers(name)
+                   if p in position and p not in known and name not in known)

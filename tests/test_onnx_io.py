@@ -21,7 +21,8 @@ from graphpass.analysis.regions import BACKWARD, FORWARD, OPTIMIZER
 from graphpass.analysis.shapes import infer_shapes
 from graphpass.cli import main
 from graphpass.errors import GraphpassError
-from graphpass.formats.onnx_io import INITIALIZER, INPUT, graph_from_model, model_from_graph
+from graphpass.formats.onnx_io import graph_from_model, model_from_graph
+from graphpass.formats.onnx_order import INITIALIZER, INPUT
 from graphpass.ir.graph import Tensor
 from graphpass.ir.verify import verify
 from tools import onnx_models

@@ -18,7 +18,8 @@ import pytest
 
 import graphpass
 from graphpass.cli import main
-from graphpass.formats.onnx_io import READ_INDEX, SOURCE_OPS, graph_from_model, ort_schedule
+from graphpass.formats.onnx_io import graph_from_model
+from graphpass.formats.onnx_order import READ_INDEX, SOURCE_OPS, file_order, ort_schedule
 from graphpass.passes.remat.marks import SCOPE
 from tools import onnx_models
 
@@ -166,6 +167,62 @@ def test_writer_puts_leaves_last_only_in_rewritten_graphs(built, tmp_path):
     assert all(READ_INDEX in n.meta for n in untouched.nodes() if not n.op.startswith("graphpass"))
     graphpass.save(untouched, tmp_path / "round_trip.onnx")
     assert (tmp_path / "round_trip.onnx").read_bytes() == (tmp_path / "step.onnx").read_bytes()
+
+
+def test_leaf_order_does_not_depend_on_where_the_file_computes_shared_scalars(tmp_path):
+    """Adam's bias-corrected rate (from the step counter) is read by every update:
+    listed after the backward pass, as the generator writes it, or before the
+    forward pass, the rewritten file ends with the same leaves, the update whose
+    gradient is ready first last (ORT's walk starts there)."""
+    from tools.onnx_optimizers import Optimizer
+
+    built = onnx_models.block_mlp(batch=4, width=8, blocks=4, optimizer=Optimizer("adam")).model
+    nodes = list(built.graph.node)
+    scalars = {t.name for t in built.graph.initializer if not t.dims} | {"adam/step"}
+    prelude = []
+    for node in nodes:
+        if all(value in scalars for value in node.input):
+            prelude.append(node)
+            scalars.update(node.output)
+    # each block's update math listed first block first, after everything else
+    updates = [n for i in range(1, 5) for n in nodes if n.name.startswith(f"adam/block{i}/")]
+    rest = [n for n in nodes if n not in updates and n not in prelude]
+    late, early = onnx.ModelProto(), onnx.ModelProto()
+    for model, order in ((late, rest + prelude + updates), (early, prelude + rest + updates)):
+        model.CopyFrom(built)
+        del model.graph.node[:]
+        model.graph.node.extend(order)
+        onnx.checker.check_model(model)
+    tails = []
+    for model in (late, early):
+        graph = graph_from_model(model)
+        graphpass.run_passes(graph, {"recompute": ["block[1-3]/"]})
+        order = [n for n in file_order(graph) if graph.node(n).op not in SOURCE_OPS]
+        tails.append([n for n in order if not graph.users(n)])
+    assert tails[0] == tails[1]
+    assert tails[0][-2:] == ["adam/block4/update", "loss"]
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_estimate_is_the_peak_over_the_order_ort_executes(kind, tmp_path):
+    """The estimate counts what ORT allocates: graph outputs (updated parameters and
+    optimizer state) live from their producer to the end of the step, a weight
+    gradient's ``Transpose`` fused into its MatMul is never allocated. Checked
+    against the liveness of ORT's optimized graph over its executed order."""
+    from tools.bench_onnx_remat import _executed_order_peak
+    from tools.onnx_optimizers import Optimizer
+
+    mlp = onnx_models.block_mlp(batch=64, width=128, optimizer=Optimizer(kind, lr=0.01),
+                                params_as_inputs=True, check=False)
+    source = tmp_path / "step.onnx"
+    onnx.save(mlp.model, source)
+    target, result = _rewrite(mlp.model, tmp_path, "--recompute", MARKS["block_mlp"])
+    optimized = target.with_suffix(".optimized.onnx")
+    _ort_session(target, optimized)
+    spec = {"model": str(target), "fetches": [mlp.loss, *mlp.carried.values()], "threads": 1}
+    executed = _executed_order_peak(spec, str(optimized), mlp.feeds)
+    estimate = result["report"]["estimated_peak_bytes_after"]
+    assert abs(estimate / executed - 1) <= 0.05, (estimate, executed)
 
 
 def test_peak_over_ort_executed_order_is_at_most_070x(tmp_path):

@@ -34,7 +34,10 @@ RTOL = 1e-6
 
 
 def _mlp(kind: str, **options) -> onnx_models.Built:
-    return onnx_models.block_mlp(batch=8, width=16, blocks=4,
+    """Batch 4x the width: activations outweigh the parameters, as at benchmark
+    sizes (at batch 8 the updated parameters and state the step returns are most
+    of its peak, and recomputation has little to release)."""
+    return onnx_models.block_mlp(batch=64, width=16, blocks=4,
                                  optimizer=Optimizer(kind, lr=0.01, **options))
 
 
@@ -95,6 +98,22 @@ def test_inspect_finds_loss_gradients_and_updates_without_flags(kind, tmp_path):
     assert set(updates.state) == set(built.state)
     producers = {out: n.name for n in built.model.graph.node for out in n.output}
     assert {producers[u] for u in built.carried.values()} <= set(regions["updates"])
+
+
+@pytest.mark.parametrize("kind,options,counter", [
+    ("adam", {}, "adam/step"), ("adamw", {"schedule": True}, "schedule/step"),
+    ("sgd", {"schedule": True}, "schedule/step"), ("momentum", {}, None),
+])
+def test_inspect_shows_the_step_counter_as_global_step(kind, options, counter, tmp_path):
+    """A one-element state input counted up by a constant (``t' = t + 1``) is the
+    global step; a step without one has none."""
+    regions = _inspect(_mlp(kind, **options).model, tmp_path)["regions"]
+    assert regions["global_step"] == counter
+
+
+def test_the_preview_ops_step_input_is_the_global_step(tmp_path):
+    built = onnx_models.transformer(blocks=1, optimizer=Optimizer("preview_adagrad", lr=0.01))
+    assert _inspect(built.model, tmp_path)["regions"]["global_step"] == "optimizer/step"
 
 
 @pytest.mark.parametrize("kind", ["momentum", "adam", "adamw", "rmsprop"])
@@ -185,16 +204,18 @@ def test_rewrite_trains_identically_for_every_optimizer(kind, recompute, tmp_pat
     built = _mlp(kind)
     rewritten, result = _rewrite(built, tmp_path, "--recompute", recompute)
     assert result["changed"]
-    _assert_lowers_the_estimate(result)
+    _assert_lowers_the_estimate(result, 0.9 if kind in PREVIEW_OPTIMIZERS else 0.8)
     onnx.checker.check_model(rewritten, full_check=True)
     _assert_trains_identically(built, rewritten)
 
 
-def _assert_lowers_the_estimate(result: dict) -> None:
-    """Every optimizer's updates can run as soon as their gradients exist (Adam's
-    bias correction is computed up front), so the recomputation pays off."""
+def _assert_lowers_the_estimate(result: dict, ratio: float = 0.8) -> None:
+    """Standard-op updates run as soon as their gradients exist (the writer orders
+    them so, wherever the file computes Adam's shared bias correction), so the
+    recomputation pays off. A preview op is one node reading every gradient: they
+    all live to the end of the step, so less is released (``ratio`` 0.9)."""
     report = result["report"]
-    assert report["estimated_peak_bytes_after"] < 0.8 * report["estimated_peak_bytes_before"]
+    assert report["estimated_peak_bytes_after"] < ratio * report["estimated_peak_bytes_before"]
 
 
 @pytest.mark.parametrize("kind", ["momentum", "adam"])
@@ -217,7 +238,10 @@ def test_transformer_with_a_preview_op_trains_identically_after_remat(tmp_path):
 @pytest.mark.parametrize("recompute", ["auto", "block[1-2]/"])
 @pytest.mark.parametrize("kind", ["sgd", "adamw", "rmsprop"])
 def test_transformer_block_stack_trains_identically_after_remat(kind, recompute, tmp_path):
-    built = onnx_models.transformer(blocks=3, optimizer=Optimizer(kind, lr=0.01))
+    """Batch 4, sequence 32: activations outweigh the parameters (see ``_mlp``).
+    Rate 0.001: at 0.01 RMSprop's first steps overshoot at this size."""
+    built = onnx_models.transformer(batch=4, seq=32, blocks=3,
+                                    optimizer=Optimizer(kind, lr=0.001))
     regions = _inspect(built.model, tmp_path)["regions"]
     assert regions["losses"] == ["loss"]
     assert set(regions["gradients"]) == _expected_gradients(built)

@@ -294,3 +294,28 @@ def test_onnx_budget_is_met(tmp_path):
     result = graphpass.run_passes(graph, {"recompute": ["auto"],
                                           "memory_budget_bytes": budget})[0]
     assert result.changed and result.report["estimated_peak_bytes_after"] <= budget
+
+
+@pytest.mark.parametrize("fraction", [0.6, 0.5])
+def test_budget_holds_when_measured(tmp_path, fraction):
+    """The step TF really runs stays within a budget the planner says it meets
+    (+5%), the budget a fraction of the original's *measured* peak: the allocation
+    records' peak plus the fed values, which the estimate simulates (present with
+    oneDNN on or off). The MLP at test size (``tools/bench_memory.py --small``)."""
+    from graphpass.analysis.memory import memory_profile
+    from tools import bench_memory
+    from tools.measure import measure
+
+    original = tmp_path / "mlp.meta"
+    original.write_bytes(bench_memory.build("mlp", True).meta_graph.SerializeToString())
+    fed = memory_profile(graphpass.load(original), bench_memory.FETCHES).fed_bytes
+    before = measure(original, bench_memory.FETCHES, steps=1).peak_bytes + fed
+    budget = int(fraction * before)
+    graph = graphpass.load(original)
+    report = graphpass.run_passes(graph, {"recompute": ["auto"],
+                                          "memory_budget_bytes": budget})[0].report
+    assert report["auto"]["budget_met"]
+    rewritten = tmp_path / "auto.meta"
+    graphpass.save(graph, rewritten)
+    after = measure(rewritten, bench_memory.FETCHES, steps=1).peak_bytes + fed
+    assert after <= 1.05 * budget, (after, budget, report["estimated_peak_bytes_after"])

@@ -18,7 +18,7 @@ process:
 * original         -- the generated training step, untouched
 * original, leaves -- the same nodes with the leaves (loss, updates) in the order
                       graphpass's writer gives a rewritten graph (see
-                      ``graphpass.formats.onnx_io``): how much of the saving is
+                      ``graphpass.formats.onnx_order``): how much of the saving is
                       onnxruntime's schedule alone
 * graphpass data   -- ``graphpass rewrite --recompute 'block[1-7]/'`` (data mode,
                       the only one ONNX has; blocks 1..n-1 marked)
@@ -128,7 +128,8 @@ def _leaves_reordered(model):
     """``model`` with its nodes in the order graphpass's writer emits a rewritten graph."""
     import onnx
 
-    from graphpass.formats.onnx_io import emission_order, graph_from_model, ort_leaf_order
+    from graphpass.formats.onnx_io import graph_from_model
+    from graphpass.formats.onnx_order import emission_order, ort_leaf_order
 
     graph = graph_from_model(model)
     protos = {(n.name, tuple(n.output)): n for n in model.graph.node}

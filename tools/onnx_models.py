@@ -217,9 +217,7 @@ def _training_model(b: _Builder, name: str, data_inputs: list, loss: str,
     """Add the optimizer's updates, make the model, and keep the parameters as
     inputs or initializers. Updated parameters and state are graph outputs,
     each replacing the input or initializer it updates (same shape)."""
-    first = len(b.nodes)
     added = apply_optimizer(b, optimizer, gradients)
-    _hoist_scalar_prelude(b, first, added)
     outputs = [helper.make_tensor_value_info(loss, FLOAT, [])] + [
         helper.make_tensor_value_info(u, FLOAT, b.params[p].shape)
         for p, u in added.updates.items()]
@@ -239,22 +237,6 @@ def _training_model(b: _Builder, name: str, data_inputs: list, loss: str,
     model = b.model(name, inputs, outputs, initializers, opset=opset, domains=domains)
     return Built(model, feeds, loss=loss, gradients=dict(gradients), updates=added.updates,
                  state=added.state, optimizer=optimizer)
-
-
-def _hoist_scalar_prelude(b: _Builder, first: int, added) -> None:
-    """Move the optimizer's scalar computations from inputs and initializers alone
-    (Adam's bias-corrected rate from the step counter, a scheduled rate) before
-    the forward pass, where an exporter computes them: emitted after the backward,
-    they would be the last value every update waits for."""
-    scalars = {t.name for t in b.initializers if not t.dims}
-    scalars |= {name for name, value in added.state_values.items() if not value.shape}
-    prelude = []
-    for node in b.nodes[first:]:
-        if all(value in scalars for value in node.input):
-            prelude.append(node)
-            scalars.update(node.output)
-    hoisted = {id(node) for node in prelude}
-    b.nodes[:] = prelude + [n for n in b.nodes if id(n) not in hoisted]
 
 
 def _elem_type(value: np.ndarray) -> int:

@@ -174,13 +174,18 @@ def _adamw(b, scope, param, grad, lr, slots, added):
 
 def _adam_rate(b: _Builder, lr: str, added: _Update) -> str:
     """``lr sqrt(1 - b2^t) / (1 - b1^t)`` with ``t`` the incremented step counter,
-    shared by every parameter (the counter is one state input)."""
-    if "adam/rate" in {n.name for n in b.nodes}:
+    shared by every parameter (the counter is one state input, the schedule's
+    when the rate is scheduled: a step has one global step)."""
+    names = {n.name for n in b.nodes}
+    if "adam/rate" in names:
         return "adam/rate"
-    step = added.add_state("adam/step", np.float32(0))
-    t = b.op("Add", [step, b.const("adam/one", 1.0)], "adam/next_step")
-    added.state[step] = t
-    one = "adam/one"
+    one = b.const("adam/one", 1.0)
+    if "schedule/next_step" in names:  # one step counter: the schedule's
+        t = "schedule/next_step"
+    else:
+        step = added.add_state("adam/step", np.float32(0))
+        t = b.op("Add", [step, one], "adam/next_step")
+        added.state[step] = t
     power1 = b.op("Pow", [b.const("adam/beta1", BETA1), t], "adam/beta1_t")
     power2 = b.op("Pow", [b.const("adam/beta2", BETA2), t], "adam/beta2_t")
     correction = b.op("Div", [b.op("Sqrt", [b.op("Sub", [one, power2], "adam/one_minus_b2t")],
@@ -270,7 +275,8 @@ def reference_step(opt: Optimizer, params: dict[str, np.ndarray],
     nexts = {s: v + 1 for s, v in state.items() if s.endswith("step")}
     # Adam's bias correction: standard ops use the incremented counter, the preview
     # op its input T (and none at T = 0).
-    counter = state.get("adam/step", state.get("optimizer/step"))
+    counter = next((state[k] for k in ("adam/step", "schedule/step", "optimizer/step")
+                    if k in state), None)
     t = None if counter is None else float(counter) + (not opt.preview)
     prefix = "optimizer" if opt.preview else opt.kind
     kind = opt.kind.removeprefix("preview_")

@@ -19,6 +19,12 @@ meaningless names analyse alike:
   a value read by every layer (an attention mask) widens all cuts by one.
 * **Units**: the ops between consecutive cuts. Recomputing a run of units
   releases what the backward reads inside it and keeps what crosses its ends.
+* **Returned values** (``Dialect.returned_values``: an ONNX step's updated
+  parameters and optimizer state) are allocated by the backward pass and live
+  to the end of the step, so they pile up as it proceeds. Each unit is charged
+  their share by the bytes of the variables its ops read (a unit reading a
+  quarter of the parameters gets a quarter of them); a variable read by several
+  units goes to the first, where its gradient is complete.
 
 One sweep over the forward ops and their edges (plus a sort): linear in the
 graph's size, with no walk per candidate.
@@ -67,6 +73,7 @@ class Unit:
     cut_saved_bytes: int = 0  # what crosses the cut after the unit, saved anyway
     cut_free_bytes: int = 0  # ... and what crosses it but the backward does not read
     flops: int = 0  # recomputing every recomputable op here
+    returned_bytes: int = 0  # returned values the backward allocates here (module docstring)
 
 
 @dataclass
@@ -140,8 +147,28 @@ def forward_chain(graph: Graph, nodes: list[str], backward: set[str],
                     sum(flops_at[start:end + 1]))
         units.append(unit)
         start = end + 1
+    _charge_returned(graph, order, units, sizes)
     saved.sort(key=lambda v: (-v.bytes, position[v.tensor.node], v.tensor.port))
     return ForwardChain(order, [u for u in units if u.end > u.start], width, saved)
+
+
+def _charge_returned(graph: Graph, order: list[str], units: list[Unit], sizes: Sizes) -> None:
+    """Share the step's returned bytes among the units by the variables they read."""
+    dialect = graph.dialect
+    returned = sum(sizes.bytes(t) for t in dialect.returned_values(graph))
+    if not returned:
+        return
+    charged: dict[str, int] = {}  # variable -> first unit reading it
+    for index, unit in enumerate(units):
+        for name in order[unit.start:unit.end]:
+            for tensor in graph.inputs(name):
+                if dialect.is_variable(graph, tensor.node):
+                    charged.setdefault(tensor.node, index)
+    weights = {v: sizes.bytes(Tensor(v, 0)) for v in charged}
+    total = sum(weights.values())
+    for variable, index in charged.items():
+        if total:
+            units[index].returned_bytes += returned * weights[variable] // total
 
 
 def _as_late_as_possible(graph: Graph, nodes: list[str]) -> list[str]:

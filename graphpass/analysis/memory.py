@@ -2,7 +2,8 @@
 
 The estimate replays the step as the runtime runs it: in the dialect's schedule
 (``Dialect.schedule``: for TF the executor's own order with one inter-op
-thread; for ONNX onnxruntime's order), over only the nodes the fetches need,
+thread, on the graph Grappler hands it, where the values known before the step
+run first; for ONNX onnxruntime's order), over only the nodes the fetches need,
 and counts what the runtime really allocates:
 
 * fed values the runtime copies into buffers of its own (``Dialect.runtime_fed``:
@@ -20,7 +21,8 @@ and counts what the runtime really allocates:
   writes into that input's buffer (TF's buffer forwarding), unless another
   live value still holds that buffer;
 * a buffer is freed when its last holder's last reader has run; fetched
-  values live to the end of the step.
+  values and the values the dialect says the step returns whatever is fetched
+  (``Dialect.returned_values``: ONNX's graph outputs) live to the end of the step.
 
 Unknown sizes count as zero, so the estimate is a lower bound on what it can
 see; ``batch_size`` gives the inputs' unknown batch dimension (``check_batch_size``
@@ -131,8 +133,29 @@ def memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = No
     infer_shapes(graph)
     targets = _fetch_nodes(fetches)
     needed = graph.ancestors(targets) | set(targets)
-    order = graph.dialect.schedule(graph, needed)
-    return _Simulation(graph, order, targets, _kept(graph, fetches), batch_size).run()
+    known = _known_before(graph, needed, batch_size)
+    order = graph.dialect.schedule(graph, needed, known, frozenset(targets))
+    return _Simulation(graph, order, targets, known, _kept(graph, fetches), batch_size).run()
+
+
+def _known_before(graph: Graph, needed: set[str], batch_size: int | None) -> frozenset[str]:
+    """Nodes whose outputs exist before the step: stored, fed or folded values
+    (module docstring), found forward from the constants (a node folds once the
+    last of its inputs is known). The runtime's schedule treats them as run first."""
+    dialect = graph.dialect
+    stored = {n for n in needed
+              if dialect.is_source(graph, n) or dialect.is_variable_value(graph, n)}
+    known = {n for n in needed if dialect.is_constant(graph, n)}
+    stack = list(known)
+    while stack:
+        for user in graph.data_users(stack.pop()):
+            if user in needed and user not in known and dialect.is_foldable(graph, user) \
+                    and all(t.node in known for t in graph.inputs(user)) and all(
+                        (tensor_bytes(graph, Tensor(user, p), batch_size) or 0)
+                        <= MAX_FOLDED_BYTES for p in graph.used_ports(user)):
+                known.add(user)
+                stack.append(user)
+    return frozenset(stored | known)
 
 
 def _fetch_nodes(fetches: list[str]) -> list[str]:
@@ -140,8 +163,10 @@ def _fetch_nodes(fetches: list[str]) -> list[str]:
 
 
 def _kept(graph: Graph, fetches: list[str]) -> set[Tensor]:
-    """Fetched tensors (``loss:0``): returned to the caller, so they outlive the step."""
-    return {graph.dialect.parse_tensor(graph, f) for f in fetches if ":" in f}
+    """Fetched tensors (``loss:0``) and the dialect's returned values: handed to
+    the caller, so they outlive the step."""
+    return {graph.dialect.parse_tensor(graph, f) for f in fetches if ":" in f} | \
+        set(graph.dialect.returned_values(graph))
 
 
 class _Buffer:
@@ -156,12 +181,15 @@ class _Buffer:
 class _Simulation:
     """Walks the schedule once, allocating and freeing buffers (module docstring)."""
 
-    def __init__(self, graph: Graph, order: list[str], targets: list[str], kept: set[Tensor],
-                 batch_size: int | None) -> None:
+    def __init__(self, graph: Graph, order: list[str], targets: list[str],
+                 constant: frozenset[str], kept: set[Tensor], batch_size: int | None) -> None:
         self.graph, self.dialect, self.order = graph, graph.dialect, order
         self.kept, self.batch_size = kept, batch_size
+        self.kept_of: dict[str, list[Tensor]] = {}
+        for tensor in sorted(kept):
+            self.kept_of.setdefault(tensor.node, []).append(tensor)
         self.idle = self._control_only(targets)
-        self.constant = self._constants()
+        self.constant = constant
         self.readers: dict[Tensor, int] = {}  # reads by the nodes that really run
         for name in order:
             if name not in self.idle and name not in self.constant:
@@ -183,22 +211,6 @@ class _Simulation:
                 idle.add(name)
         return idle
 
-    def _constants(self) -> set[str]:
-        """Nodes whose outputs exist before the step: stored, fed or folded values."""
-        graph, dialect = self.graph, self.dialect
-        stored = {n for n in self.order
-                  if dialect.is_source(graph, n) or dialect.is_variable_value(graph, n)}
-        known = {n for n in self.order if dialect.is_constant(graph, n)}
-        for name in self.order:
-            if name in known or not dialect.is_foldable(graph, name):
-                continue
-            inputs = graph.inputs(name)
-            if all(t.node in known for t in inputs) and all(
-                    (self._bytes(Tensor(name, p)) or 0) <= MAX_FOLDED_BYTES
-                    for p in graph.used_ports(name)):
-                known.add(name)
-        return stored | known
-
     def _bytes(self, tensor: Tensor) -> int:
         return tensor_bytes(self.graph, tensor, self.batch_size) or 0
 
@@ -217,8 +229,8 @@ class _Simulation:
             inputs = self.graph.input_slots(name)
             for port in self.graph.used_ports(name):
                 self._output(name, Tensor(name, port), inputs)
-            for tensor in self.kept:
-                if tensor.node == name and tensor not in self.buffers:
+            for tensor in self.kept_of.get(name, ()):
+                if tensor not in self.buffers:
                     self._output(name, tensor, inputs)
             profile.timeline.append((name, self.live))
             if self.live > profile.peak_bytes:

@@ -35,11 +35,15 @@ class Dialect(ABC):
         """True for loop back-edges, which topological orders ignore."""
         return False
 
-    def schedule(self, graph: Graph, nodes: set[str] | None = None) -> list[str]:
+    def schedule(self, graph: Graph, nodes: set[str] | None = None,
+                 known: frozenset[str] = frozenset(), fetched: frozenset[str] = frozenset()
+                 ) -> list[str]:
         """``nodes`` (default: every node), in the order the format's runtime executes
         them when only those run (the memory estimate walks it): here topological,
         ties broken by graph order, so nodes a pass appended run as late as their
-        users allow."""
+        users allow. ``known``: nodes whose values exist before the step (stored,
+        constant, folded), ``fetched``: the step's targets; a runtime that rewrites
+        the graph before running it (TF's Grappler) needs them, others ignore them."""
         order = graph.topological_order(ignore_edge=lambda s, d: self.is_back_edge(graph, s, d))
         return order if nodes is None else [n for n in order if n in nodes]
 
@@ -156,6 +160,12 @@ class Dialect(ABC):
     def graph_outputs(self, graph: Graph) -> list[str]:
         """What the graph produces (ONNX graph outputs; TF: nodes nobody reads)."""
         return [n for n in graph if not graph.users(n)]
+
+    def returned_values(self, graph: Graph) -> list[Tensor]:
+        """Computed values the runtime hands to the caller whatever is fetched, so
+        they stay allocated from their producer to the end of the step. None by
+        default (a TF step returns only what is fetched, named with a port)."""
+        return []
 
     # -- training structure (used by graphpass.analysis.regions) ------------------
 

@@ -26,6 +26,7 @@ method short; training structure is already apart (``onnx_training``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
@@ -33,13 +34,8 @@ from weakref import WeakKeyDictionary
 
 from graphpass.dialects.base import Dialect
 from graphpass.errors import GraphpassError
-from graphpass.formats.onnx_io import (
-    INITIALIZER,
-    INPUT,
-    SOURCE_OPS,
-    model_from_graph,
-    ort_schedule,
-)
+from graphpass.formats.onnx_io import model_from_graph
+from graphpass.formats.onnx_order import INITIALIZER, INPUT, SOURCE_OPS, ort_schedule
 from graphpass.ir.graph import Graph, Tensor, fresh_name, parse_tensor_name
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -53,6 +49,8 @@ RANDOM_OPS = frozenset({
 # Ops that run subgraphs; treated as stateful (their bodies are not analysed).
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
+# Ops whose output onnxruntime's CPU kernels place in their input's buffer (``Alias(0, 0)``).
+ALIAS_OPS = frozenset({"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 # The cost model's op classes (Dialect.op_class); Conv's kernel is input 1, NCHW.
 MATMUL_OPS = frozenset({"MatMul", "Gemm", "Einsum", "MatMulInteger"})
 CONV_OPS = frozenset({"Conv", "ConvTranspose"})
@@ -113,9 +111,11 @@ class ONNXDialect(Dialect):
     def num_outputs(self, graph: Graph, name: str) -> int | None:
         return len(graph.node(name).outputs)
 
-    def schedule(self, graph: Graph, nodes: set[str] | None = None) -> list[str]:
+    def schedule(self, graph: Graph, nodes: set[str] | None = None,
+                 known: frozenset[str] = frozenset(), fetched: frozenset[str] = frozenset()
+                 ) -> list[str]:
         """onnxruntime's default order for the model the writer emits (a DFS from the
-        leaves; see ``onnx_io.ort_schedule``), not a plain topological order."""
+        leaves; see ``onnx_order.ort_schedule``), not a plain topological order."""
         order = ort_schedule(graph)
         return order if nodes is None else [n for n in order if n in nodes]
 
@@ -163,6 +163,27 @@ class ONNXDialect(Dialect):
     def is_shape_only(self, graph: Graph, name: str) -> bool:
         return graph.node(name).op in SHAPE_ONLY_OPS
 
+    def output_alias(self, graph: Graph, name: str, port: int) -> int | None:
+        """onnxruntime's aliasing kernels (``ALIAS_OPS``), and a ``Transpose`` of the
+        last two axes read only by ``MatMul``s: ORT's ``MatmulTransposeFusion``
+        folds it into them (``FusedMatMul`` with ``transA``/``transB``), so its
+        output is never allocated and the MatMuls read its input instead (the
+        ``input^T @ grad`` of every weight gradient)."""
+        node = graph.node(name)
+        if port != 0 or node.domain not in DEFAULT_DOMAINS:
+            return None
+        if node.op in ALIAS_OPS or (node.op == "Transpose" and self._fused_transpose(graph, name)):
+            return 0
+        return None
+
+    def _fused_transpose(self, graph: Graph, name: str) -> bool:
+        perm = self.get_attr(graph, name, "perm")
+        users = graph.data_users(name)
+        return perm is not None and len(perm) >= 2 and \
+            list(perm) == [*range(len(perm) - 2), len(perm) - 1, len(perm) - 2] and \
+            bool(users) and all(graph.node(u).op == "MatMul" for u in users) and \
+            not set(graph.node(name).outputs) & _output_names(graph)
+
     def is_variable(self, graph: Graph, name: str) -> bool:
         """An input or initializer that the step updates: a trained parameter or
         optimizer state; frozen weights of an inference model are constants."""
@@ -178,6 +199,14 @@ class ONNXDialect(Dialect):
         wanted = [v.name for v in graph.meta["outputs"]]
         producers = {value: n.name for n in graph.nodes() for value in n.outputs if value}
         return list(dict.fromkeys(producers[v] for v in wanted if v in producers))
+
+    def returned_values(self, graph: Graph) -> list[Tensor]:
+        """Every graph output an op computes: onnxruntime allocates it as the step's
+        result and frees it only when the caller drops it (each updated parameter and
+        piece of optimizer state of a training step lives to the end of the step)."""
+        from graphpass.dialects.onnx_training import computed_outputs
+
+        return computed_outputs(graph)
 
     def constant_value(self, graph: Graph, tensor: Tensor) -> Any:
         """The numpy value of an initializer or ``Constant`` output, else None."""
@@ -212,6 +241,21 @@ class ONNXDialect(Dialect):
         infer_shapes(graph)
         return named_updates(graph, list(train_ops)).applies if train_ops else \
             self.optimizer_applies(graph)
+
+    def step_increments(self, graph: Graph) -> list[tuple[str, str]]:
+        """``(increment, counter)`` for each optimizer state update that counts a
+        one-element input or initializer up by a constant (``t' = t + 1``, Adam's
+        step, the preview ops' ``T``): candidates for the global step."""
+        found = []
+        for source, update in self.updates(graph).state.items():
+            inputs = graph.inputs(update)
+            counted = [t for t in inputs if t.node != source]
+            shape = self.shape(graph, Tensor(source, 0))
+            if graph.node(update).op in ("Add", "Sum") and len(inputs) == 2 and \
+                    len(counted) == 1 and self.constant_value(graph, counted[0]) is not None and \
+                    shape is not None and math.prod(shape) == 1:
+                found.append((update, source))
+        return found
 
     def updates(self, graph: Graph):
         """The step's parameter and state updates and their gradients

@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from graphpass.formats.onnx_io import INPUT, SOURCE_OPS
+from graphpass.formats.onnx_order import INPUT, SOURCE_OPS
 from graphpass.ir.graph import Graph, Tensor
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -94,7 +94,7 @@ def find_updates(graph: Graph) -> Updates:
     equally well, ``problem`` says so, naming the candidates.
     """
     updates = _preview_updates(graph)
-    cones = [c for c in (_cone(graph, t) for t in _computed_outputs(graph)) if c.sources]
+    cones = [c for c in (_cone(graph, t) for t in computed_outputs(graph)) if c.sources]
     replaced, ambiguous = _attribute(graph, cones)
     in_cones = {t.node for c in cones for t in c.tensors}
     readers_outside = {s for s in {s for c in cones for s in c.sources}
@@ -119,7 +119,7 @@ def named_updates(graph: Graph, train_ops: list[str]) -> Updates:
     """The updates a user named (``--train-op``): each named node's outputs are
     parameter updates whose gradients are their cones' leaves."""
     updates = _preview_updates(graph)
-    outputs = set(_computed_outputs(graph))
+    outputs = set(computed_outputs(graph))
     for name in train_ops:
         if name not in graph or name in updates.applies:
             continue
@@ -153,7 +153,7 @@ def _preview_updates(graph: Graph) -> Updates:
     return updates
 
 
-def _computed_outputs(graph: Graph) -> list[Tensor]:
+def computed_outputs(graph: Graph) -> list[Tensor]:
     """The model's outputs that an op computes, in output order."""
     producers = {value: Tensor(n.name, port) for n in graph.nodes()
                  if n.op not in SOURCE_OPS for port, value in enumerate(n.outputs) if value}

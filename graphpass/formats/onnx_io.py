@@ -41,28 +41,10 @@ without an input slot. Each such capture becomes a control edge from the
 producer: it keeps the producer alive and ordered before the reader. ONNX has
 no syntax for control edges, so the writer uses them only for ordering.
 
-Node order: ONNX requires a topological order. The writer keeps the IR's
-insertion order (the file's order for nodes read) and emits a node that is not
-yet placed just before its first reader: an untouched graph keeps its node
-order exactly, and a node a pass appended lands right before the node that
-needs it (or at the end if nothing reads it). See :func:`emission_order`.
-
-Leaves of a rewritten graph: onnxruntime does not run a model in file order.
-Its default schedule is a depth-first walk from the *leaves* (nodes nobody
-reads: the loss, each SGD update), starting from the leaf that comes *last* in
-the file. On a training step whose updates are listed first-block-last, that
-walk runs the whole backward pass for the first block's update before any other
-update, so every block's weight-gradient inputs stay alive to the end and a
-per-segment recomputation saves nothing. So when the graph holds nodes a pass
-added, the writer emits the leaves last, the one whose inputs are ready
-earliest in the node order at the very end, so that ORT's walk follows the
-node order (:func:`ort_leaf_order`). A graph no pass added to keeps its order.
-
-Long because reader and writer are one round trip over the conventions stated
-above (source nodes, the read index, fields carried untouched), which both
-sides must agree on. The seam to cut next is the node order (``emission_order``
-to ``ort_leaf_order``), together with those conventions in a module of their
-own so that the writer and the order do not import each other.
+Node order: the writer emits nodes in :func:`graphpass.formats.onnx_order.file_order`
+(an untouched graph keeps its order exactly; a rewritten one is ordered for
+onnxruntime's schedule); that module also holds the schedule itself and the
+conventions above (source ops, the read index), shared with the dialect.
 """
 
 from __future__ import annotations
@@ -72,13 +54,8 @@ from pathlib import Path
 
 from graphpass.errors import GraphpassError
 from graphpass.formats.files import atomic_output, check_output_path
+from graphpass.formats.onnx_order import INITIALIZER, INPUT, READ_INDEX, SOURCE_OPS, file_order
 from graphpass.ir.graph import Graph, Tensor, fresh_name
-
-INPUT = "graphpass.Input"
-INITIALIZER = "graphpass.Initializer"
-SOURCE_OPS = frozenset({INPUT, INITIALIZER})
-# node.meta key set on every node read from a file (a pass's new nodes lack it).
-READ_INDEX = "onnx_read_index"
 
 # NodeProto fields the IR models; any other field rides along in meta["onnx_extras"].
 _MODELLED_NODE_FIELDS = ("input", "output", "name", "op_type", "domain", "attribute")
@@ -299,108 +276,6 @@ def model_from_graph(graph: Graph):
             "a pass removed their producer without rewiring the output"
         )
     return model
-
-
-def emission_order(graph: Graph) -> list[str]:
-    """Insertion order, each node preceded by whichever of its producers (data or
-    control) are not placed yet, depth first. Raises ``ValueError`` on a cycle."""
-    done: set[str] = set()
-    order: list[str] = []
-    for root in graph:
-        if root in done:
-            continue
-        stack = [(root, iter(graph.producers(root)))]
-        active = {root}
-        while stack:
-            name, producers = stack[-1]
-            for producer in producers:
-                if producer in done:
-                    continue
-                if producer in active:
-                    raise ValueError(f"the graph has a cycle through {producer!r}")
-                active.add(producer)
-                stack.append((producer, iter(graph.producers(producer))))
-                break
-            else:
-                stack.pop()
-                active.discard(name)
-                done.add(name)
-                order.append(name)
-    return order
-
-
-def file_order(graph: Graph) -> list[str]:
-    """The order the writer emits nodes in (source nodes included, where they fall):
-    :func:`emission_order`, and for a graph a pass added nodes to, leaves last
-    (:func:`ort_leaf_order`)."""
-    order = emission_order(graph)
-    if any(READ_INDEX not in n.meta for n in graph.nodes() if n.op not in SOURCE_OPS):
-        order = ort_leaf_order(graph, order)
-    return order
-
-
-def ort_schedule(graph: Graph) -> list[str]:
-    """The order onnxruntime runs the written model in, by default: a depth-first
-    walk from the leaves, the last leaf of the file first, each node's producers
-    latest-in-file first, a node running once its producers have (its
-    ``GraphViewer`` order). Source nodes come first. ORT's own rewrites (fusions)
-    can move a few nodes; the order of the rest stands."""
-    order = file_order(graph)
-    index = {name: i for i, name in enumerate(order)}
-    sources = [n for n in order if graph.node(n).op in SOURCE_OPS]
-    stack = [(n, False) for n in order if n not in sources and not graph.users(n)]
-    visited: set[str] = set()
-    schedule = []
-    while stack:
-        name, leaving = stack.pop()
-        if leaving:
-            schedule.append(name)
-            continue
-        if name in visited:
-            continue
-        visited.add(name)
-        stack.append((name, True))
-        producers = sorted((p for p in graph.producers(name) if graph.node(p).op not in SOURCE_OPS),
-                           key=index.__getitem__)
-        stack.extend((p, False) for p in producers if p not in visited)
-    return sources + schedule
-
-
-def ort_leaf_order(graph: Graph, order: list[str]) -> list[str]:
-    """``order`` with its leaves moved to the end, latest-ready first.
-
-    A leaf is ready once the shared values its private cone reads exist (its
-    private cone: the leaf and the ancestors only it uses, such as an update's
-    ``Mul(lr, grad)`` and the weight-gradient MatMul). onnxruntime walks from
-    the last leaf of the file first, so the leaf ready earliest goes last.
-    """
-    position = {name: i for i, name in enumerate(order)}
-    leaves = [n for n in order if not graph.users(n) and graph.node(n).op not in SOURCE_OPS]
-    readiness = {leaf: _ready_position(graph, leaf, position) for leaf in leaves}
-    moved = set(leaves)
-    tail = sorted(leaves, key=lambda n: (readiness[n], position[n]), reverse=True)
-    return [n for n in order if n not in moved] + tail
-
-
-def _ready_position(graph: Graph, leaf: str, position: dict[str, int]) -> int:
-    """The latest position of a value ``leaf``'s private cone reads from outside it."""
-    private = {leaf}
-    users_seen: dict[str, int] = {}
-    stack = [leaf]
-    ready = -1
-    while stack:
-        for producer in graph.producers(stack.pop()):
-            if graph.node(producer).op in SOURCE_OPS:
-                continue
-            users_seen[producer] = users_seen.get(producer, 0) + 1
-            if users_seen[producer] == len(graph.users(producer)):
-                private.add(producer)
-                stack.append(producer)
-    for name in private:
-        for producer in graph.producers(name):
-            if producer not in private and graph.node(producer).op not in SOURCE_OPS:
-                ready = max(ready, position[producer])
-    return ready
 
 
 def _node_proto(graph: Graph, node):

@@ -8,7 +8,7 @@ import time
 
 from graphpass.analysis.cost import Sizes
 from graphpass.analysis.forward import ForwardChain, computed_forward, forward_chain
-from graphpass.analysis.memory import check_batch_size, estimated_peak_bytes
+from graphpass.analysis.memory import check_batch_size, estimated_peak_bytes, memory_profile
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
 from graphpass.options import CHEAP, RematOptions
@@ -23,8 +23,8 @@ from graphpass.passes.remat.plan import (
     model_peak,
     over_budget_message,
     solve_budget,
-    solve_min_peak,
 )
+from graphpass.passes.remat.refine import refine_min_peak
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
 
 
@@ -43,10 +43,18 @@ def auto_plan(graph: Graph, step: Step, options: RematOptions,
     plan = AutoPlan(options.policy, budget, len(chain.units), chain.width, "none", 0.0,
                     before, before, max(0, before - model_peak(chain.units, ())))
 
-    def estimate(segments: list[Segment]) -> int:
+    def rewritten(segments: list[Segment]) -> tuple[Graph, list[dict]]:
         trial = graph.copy()
-        rewrite_segments(trial, segments, step, options.tupleize_grads)
-        return estimated_peak_bytes(trial, step.fetches, options.batch_size)
+        return trial, rewrite_segments(trial, segments, step, options.tupleize_grads)
+
+    def estimate(segments: list[Segment]) -> int:
+        return estimated_peak_bytes(rewritten(segments)[0], step.fetches, options.batch_size)
+
+    def trial(runs: tuple[tuple[int, int], ...]):
+        """A chain plan rewritten on a copy: the copy, each run's copies, the step."""
+        copy, entries = rewritten(_chain_segments(chain, ChainPlan(runs, 0, 0)))
+        return (copy, [e["copies"] for e in entries],
+                memory_profile(copy, step.fetches, options.batch_size))
 
     if any(n.startswith(SCOPE) for n in graph):
         plan.solver = "none (already rematerialized by graphpass)"
@@ -54,19 +62,20 @@ def auto_plan(graph: Graph, step: Step, options: RematOptions,
     elif options.policy == CHEAP:
         segments = _plan_cheap(graph, chain, sizes, plan, estimate)
     else:
-        segments = _plan_chain(chain, plan, options, estimate)
+        segments = _plan_chain(chain, plan, options, estimate, trial)
     plan.seconds = time.perf_counter() - start
     return plan, segments
 
 def _plan_chain(chain: ForwardChain, plan: AutoPlan, options: RematOptions,
-                estimate) -> list[Segment]:
-    """``min-peak`` or ``budget``: solve the chain, rewrite once, estimate. A
+                estimate, trial) -> list[Segment]:
+    """``min-peak`` or ``budget``: solve the chain for the lowest peak, checked
+    against the estimate (``refine``: rounds where the model was wrong). A
     budget plan is searched by bisection over the model's budget, between the
     lowest plan (known to fit) and the budget less the model's offset, keeping
     the cheapest plan whose estimate fits; ``ROUNDS`` estimates at most."""
     units = chain.units
-    chosen = solve_min_peak(units)
-    estimated = estimate(_chain_segments(chain, chosen))
+    chosen, estimated, plan.rounds = refine_min_peak(units, plan.model_offset, trial,
+                                                     options.batch_size, plan.budget_bytes)
     if estimated >= plan.estimate_before:  # the model was wrong: recompute nothing
         chosen, estimated = ChainPlan((), 0, 0), plan.estimate_before
     budget = plan.budget_bytes

@@ -12,6 +12,8 @@ incremental model instead of trial rewrites:
   bytes kept before it, the step needs ``P + input + saved(a..e)`` at that
   point, and ``P + kept(a..e)`` after it; a kept unit keeps what the backward
   reads of it;
+  and while it runs, what the step returns (an ONNX step's updated parameters
+  and state) allocated by the gradients of the units after it is live too;
   the model's peak is the largest such figure (Chen et al.'s chain model) plus
   a constant for what the model does not see (gradients, temporaries):
   the gap between the calibrated estimate of the original step
@@ -120,6 +122,7 @@ class _Prefix:
         self.saved = _prefix(u.saved_bytes for u in units)
         self.pinned = _prefix(u.pinned_bytes for u in units)
         self.flops = _prefix(u.flops for u in units)
+        self.returned = _prefix(u.returned_bytes for u in units)
 
     def entry(self, first: int) -> int:
         """Bytes crossing into a run from the unit before that the backward does not
@@ -127,8 +130,10 @@ class _Prefix:
         return self.units[first - 1].cut_free_bytes if first else 0
 
     def live(self, first: int, last: int) -> int:
-        """Bytes live while the run's gradient runs: all of it recomputed, and its input."""
-        return self.saved[last + 1] - self.saved[first] + self.entry(first)
+        """Bytes live while the run's gradient runs: all of it recomputed, its input,
+        and the values returned by the gradients of the units after it."""
+        return self.saved[last + 1] - self.saved[first] + self.entry(first) + \
+            self.returned[-1] - self.returned[last + 1]
 
     def kept(self, first: int, last: int) -> int:
         """Bytes the run keeps from the forward pass when recomputed: its input, its
@@ -214,7 +219,8 @@ def _quantum(units: list[Unit], budget: int) -> int:
 
 
 def _figures(unit: Unit) -> tuple[int, ...]:
-    return (unit.saved_bytes, unit.pinned_bytes, unit.cut_saved_bytes, unit.cut_free_bytes)
+    return (unit.saved_bytes, unit.pinned_bytes, unit.cut_saved_bytes, unit.cut_free_bytes,
+            unit.returned_bytes)
 
 
 def _divides(quantum: int, units: list[Unit]) -> bool:
