@@ -28,6 +28,10 @@ class Dialect(ABC):
     #: All train ops form one training step (ONNX: each updated parameter is a graph
     #: output of its own, with no op grouping them); else each train op is a step.
     single_train_step: bool = False
+    #: The runtime plans buffers ahead as onnxruntime does: a freed buffer waits, still
+    #: allocated, for the next value of its exact shape, and returned values never share
+    #: one (the memory estimate models it; see ``analysis.memory``).
+    reuses_freed_buffers: bool = False
 
     # -- structure ---------------------------------------------------------
 
