@@ -15,6 +15,8 @@ and counts what the runtime really allocates:
   constants, including what the runtime folds into constants (ops whose inputs
   are all constant, up to ``MAX_FOLDED_BYTES``, as TF's and Grappler's constant
   folding do);
+* a kernel's temporaries (``Dialect.scratch_shapes``: onnxruntime's ``Where``)
+  count at its own step only;
 * an output that aliases an input (Identity, Reshape, ...) shares its buffer;
 * an elementwise op that is the last reader of an input of its output's size
   writes into that input's buffer (TF's buffer forwarding), unless another
@@ -240,7 +242,7 @@ class _Simulation:
             for tensor in self.kept_of.get(name, ()):
                 if tensor not in self.buffers:
                     self._output(name, tensor, inputs)
-            profile.timeline.append((name, self.live))
+            profile.timeline.append((name, self.live + self._scratch(name)))
             if self.live > profile.peak_bytes:
                 profile.peak_bytes, profile.peak_node = self.live, name
             for tensor in inputs.values():
@@ -298,6 +300,17 @@ class _Simulation:
                     and self.readers[tensor] == 1 and tensor not in self.kept:
                 return buffer
         return None
+
+    def _scratch(self, name: str) -> int:
+        """Bytes of the temporaries ``name``'s kernel holds while it runs
+        (``Dialect.scratch_shapes``), on top of its inputs and outputs."""
+        total = 0
+        for tensor, shape in self.dialect.scratch_shapes(self.graph, name):
+            dtype = self.dialect.dtype(self.graph, tensor)
+            itemsize = _itemsize(dtype) if dtype is not None else None
+            if itemsize is not None and all(d is not None and d >= 0 for d in shape):
+                total += math.prod(shape) * itemsize
+        return total
 
     def _shape_key(self, tensor: Tensor) -> tuple | None:
         """What a freed buffer and a new value must share for ORT to reuse it: the

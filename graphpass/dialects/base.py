@@ -111,6 +111,11 @@ class Dialect(ABC):
         """The input slot whose buffer output ``port`` shares (Identity, Reshape), or None."""
         return None
 
+    def scratch_shapes(self, graph: Graph, name: str) -> list[tuple[Tensor, tuple]]:
+        """Temporary tensors ``name``'s kernel allocates while it runs, besides its
+        outputs, each as ``(tensor whose dtype it has, shape)``; freed when it returns."""
+        return []
+
     def forwardable_inputs(self, graph: Graph, name: str) -> tuple[int, ...]:
         """Input slots whose buffer ``name`` may reuse for its output 0 when it is
         their last reader (elementwise kernels writing in place)."""

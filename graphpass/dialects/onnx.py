@@ -210,6 +210,24 @@ class ONNXDialect(Dialect):
         return shape is not None and math.prod(shape) == 1 and \
             self.constant_value(graph, tensor) is not None
 
+    def scratch_shapes(self, graph: Graph, name: str) -> list[tuple[Tensor, tuple]]:
+        """onnxruntime's CPU ``Where`` broadcasts twice before it writes its output:
+        ``condition ? X : 0`` and ``condition ? 0 : Y``, each a tensor of its own of
+        the condition and that operand broadcast together (a ReLU gradient
+        ``Where(x > 0, g, 0)`` holds two more tensors of ``g``'s size meanwhile)."""
+        node = graph.node(name)
+        inputs = graph.input_slots(name)
+        if node.op != "Where" or node.domain not in DEFAULT_DOMAINS or len(inputs) != 3:
+            return []
+        condition = self.shape(graph, inputs[0])
+        scratch = []
+        for slot in (1, 2):
+            operand = self.shape(graph, inputs[slot])
+            if condition is None or operand is None:
+                return []
+            scratch.append((Tensor(name, 0), _broadcast(condition, operand)))
+        return scratch
+
     def forwardable_inputs(self, graph: Graph, name: str) -> tuple[int, ...]:
         """Input 0 of onnxruntime's in-place kernels (``INPLACE_OPS``): its allocation
         planner gives their output the input's buffer when this read is its last."""
@@ -485,6 +503,13 @@ class ONNXDialect(Dialect):
     def stop_gradient(self, graph: Graph, name: str, tensor: Tensor) -> Tensor:
         """An ``Identity``: ONNX has no StopGradient, and its backward is already built."""
         return self._op(graph, name, "Identity", [tensor])
+
+
+def _broadcast(a: tuple, b: tuple) -> tuple:
+    """Numpy-style broadcast of two static shapes (unknown dims stay None)."""
+    rank = max(len(a), len(b))
+    a, b = (1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b)
+    return tuple(y if x == 1 else x for x, y in zip(a, b))
 
 
 def _metadata_props(node) -> dict[str, str]:
