@@ -47,6 +47,9 @@ The "plan MiB" column is a second, independent figure: the liveness peak of
 the step's tensors (static sizes from ONNX shape inference) over the order in
 which onnxruntime executed the optimized graph's nodes (from its profiler;
 the optimized graph is the one ORT writes to ``optimized_model_filepath``).
+"est MiB" is graphpass's own estimate of each step's peak
+(``analysis.memory``, the remat report's ``estimated_peak_bytes_before/after``),
+printed beside the measurements to show how well it predicts them.
 Ratios are against the original, measured in the same run.
 
     python tools/bench_onnx_remat.py [--model mlp|transformer] [--optimizer KIND,...|all]
@@ -103,19 +106,22 @@ def build_variants(args, work: Path, optimizer: str) -> dict[str, dict]:
     onnx.save(built.model, original)
     spec = {"feeds": str(feeds), "fetches": [built.loss, *built.carried.values()],
             "threads": args.threads}
-    variants = {"original": dict(spec, model=str(original), nodes_added=0)}
+    variants = {"original": dict(spec, model=str(original), nodes_added=0, estimate=None)}
     if "leaves" in args.variants:
         leaves = work / "original_leaves.onnx"
         onnx.save(_leaves_reordered(built.model), leaves)
-        variants["original, leaves"] = dict(spec, model=str(leaves), nodes_added=0)
+        variants["original, leaves"] = dict(spec, model=str(leaves), nodes_added=0,
+                                            estimate=None)
     for name, marks in (("graphpass data", [mark(args)]), ("graphpass auto", ["auto"])):
         if name.split()[-1] not in args.variants:
             continue
         graph = graphpass.load(original)
-        results = graphpass.run_passes(graph, {"recompute": marks})
+        report = graphpass.run_passes(graph, {"recompute": marks})[0].report
         path = work / f"{name.replace(' ', '_')}.onnx"
         graphpass.save(graph, path)
-        variants[name] = dict(spec, model=str(path), nodes_added=results[0].report["nodes_added"])
+        variants[name] = dict(spec, model=str(path), nodes_added=report["nodes_added"],
+                              estimate=report["estimated_peak_bytes_after"])
+        variants["original"]["estimate"] = report["estimated_peak_bytes_before"]
     return variants
 
 
@@ -323,16 +329,25 @@ def print_table(args, optimizer: str, variants: dict, results: dict) -> None:
     pattern = "pattern_peak" in base
     print(f"{'variant':16s} {'peak MiB':>9s} {'peak':>7s} "
           + (f"{'pattern MiB':>11s} {'pattern':>7s} " if pattern else "")
-          + f"{'plan MiB':>9s} {'plan':>7s} {'step ms':>8s} {'time':>6s} {'nodes+':>6s} "
-          f"{'loss':>12s}")
+          + f"{'plan MiB':>9s} {'plan':>7s} {'est MiB':>8s} {'est':>6s} {'step ms':>8s} "
+          f"{'time':>6s} {'nodes+':>6s} {'loss':>12s}")
     for name, r in results.items():
         print(f"{name:16s} {r['peak'] / 2**20:9.1f} {r['peak'] / base['peak']:6.2f}x "
               + (f"{r['pattern_peak'] / 2**20:11.1f} "
                  f"{r['pattern_peak'] / base['pattern_peak']:6.2f}x " if pattern else "")
               + f"{r['plan_peak'] / 2**20:9.1f} {r['plan_peak'] / base['plan_peak']:6.2f}x "
-              f"{r['step_s'] * 1e3:8.1f} {r['step_s'] / base['step_s']:5.2f}x "
+              + _estimate_columns(variants[name]["estimate"], variants["original"]["estimate"])
+              + f"{r['step_s'] * 1e3:8.1f} {r['step_s'] / base['step_s']:5.2f}x "
               f"{variants[name]['nodes_added']:6d} {r['loss']:12.6g}")
     print()
+
+
+def _estimate_columns(estimate: int | None, original: int | None) -> str:
+    """graphpass's estimated peak (``estimated_peak_bytes_*`` of the remat report)
+    and its ratio, beside the measured ones; blank for the reordered original."""
+    if estimate is None or original is None:
+        return f"{'':>8s} {'':>6s} "
+    return f"{estimate / 2**20:8.1f} {estimate / original:5.2f}x "
 
 
 if __name__ == "__main__":

@@ -16,13 +16,23 @@ and counts what the runtime really allocates:
   constants, including what the runtime folds into constants (ops whose inputs
   are all constant, up to ``MAX_FOLDED_BYTES``, as TF's and Grappler's constant
   folding do);
+* a kernel's temporaries (``Dialect.scratch_shapes``: onnxruntime's ``Where``)
+  count at its own step only;
 * an output that aliases an input (Identity, Reshape, ...) shares its buffer;
 * an elementwise op that is the last reader of an input of its output's size
   writes into that input's buffer (TF's buffer forwarding), unless another
   live value still holds that buffer;
 * a buffer is freed when its last holder's last reader has run; fetched
   values and the values the dialect says the step returns whatever is fetched
-  (``Dialect.returned_values``: ONNX's graph outputs) live to the end of the step.
+  (``Dialect.returned_values``: ONNX's graph outputs) live to the end of the step;
+* a runtime that plans its buffers ahead (``Dialect.reuses_freed_buffers``:
+  onnxruntime's allocation planner) puts a freed buffer on a free list instead,
+  most recently freed first; the next value of exactly its shape and element size
+  (not a returned value, not a scalar) takes it over, and it stays allocated
+  from its first value's production to its last value's last read, gap included
+  (ORT frees a buffer after the last read of any value planned into it). A
+  buffer no later value takes is freed where its last value died. Returned
+  values always get a buffer of their own, never an input's.
 
 Unknown sizes count as zero, so the estimate is a lower bound on what it can
 see; ``batch_size`` gives the inputs' unknown batch dimension (``check_batch_size``
@@ -170,12 +180,13 @@ def _kept(graph: Graph, fetches: list[str]) -> set[Tensor]:
 
 
 class _Buffer:
-    """An allocation: its size and how many live values hold it."""
+    """An allocation: its size, how many live values hold it, and (where the runtime
+    reuses freed buffers) the shape key a later value must match to take it over."""
 
-    __slots__ = ("size", "holders")
+    __slots__ = ("size", "holders", "key")
 
-    def __init__(self, size: int) -> None:
-        self.size, self.holders = size, 0
+    def __init__(self, size: int, key: tuple | None = None) -> None:
+        self.size, self.holders, self.key = size, 0, key
 
 
 class _Simulation:
@@ -197,6 +208,11 @@ class _Simulation:
                     self.readers[tensor] = self.readers.get(tensor, 0) + 1
         self.buffers: dict[Tensor, _Buffer] = {}
         self.live = 0
+        # Planned reuse: shape key -> freed buffers (most recent last), and the step
+        # after which each waiting buffer was freed.
+        self.planned = self.dialect.reuses_freed_buffers
+        self.free: dict[tuple, list[_Buffer]] = {}
+        self.freed_at: dict[_Buffer, int] = {}
 
     def _control_only(self, targets: list[str]) -> set[str]:
         """Stateless nodes whose values nothing that runs reads (they only order
@@ -232,17 +248,33 @@ class _Simulation:
             for tensor in self.kept_of.get(name, ()):
                 if tensor not in self.buffers:
                     self._output(name, tensor, inputs)
-            profile.timeline.append((name, self.live))
+            profile.timeline.append((name, self.live + self._scratch(name)))
             if self.live > profile.peak_bytes:
                 profile.peak_bytes, profile.peak_node = self.live, name
             for tensor in inputs.values():
                 self.readers[tensor] -= 1
                 if self.readers[tensor] == 0:
-                    self._release(tensor)
+                    self._release(tensor, len(profile.timeline) - 1)
             for port in self.graph.used_ports(name):
                 if not self.readers.get(Tensor(name, port)):
-                    self._release(Tensor(name, port))
+                    self._release(Tensor(name, port), len(profile.timeline) - 1)
+        if self.planned:
+            self._free_unclaimed(profile)
         return profile
+
+    def _free_unclaimed(self, profile: MemoryProfile) -> None:
+        """Buffers still waiting on the free list at the end were freed for real
+        when their last value died: take them out of the timeline from the next
+        step on, and find the peak again."""
+        drop = [0] * (len(profile.timeline) + 1)
+        for buffer, step in self.freed_at.items():
+            drop[step + 1] += buffer.size
+        freed, profile.peak_bytes, profile.peak_node = 0, 0, None
+        for i, (name, live) in enumerate(profile.timeline):
+            freed += drop[i]
+            profile.timeline[i] = (name, live - freed)
+            if live - freed > profile.peak_bytes:
+                profile.peak_bytes, profile.peak_node = live - freed, name
 
     def _output(self, name: str, tensor: Tensor, inputs: dict[int, Tensor]) -> None:
         """Give ``tensor`` a buffer: its aliased input's, a forwarded input's, or new."""
@@ -253,9 +285,13 @@ class _Simulation:
                 return
         else:
             size = self._bytes(tensor)
-            buffer = self._forwarded(name, size, inputs) if tensor.port == 0 else None
+            buffer = None
+            if not (self.planned and tensor in self.kept):  # ORT allocates outputs anew
+                buffer = self._forwarded(name, size, inputs) if tensor.port == 0 else None
+                if buffer is None and self.planned:
+                    buffer = self._reused(tensor)
             if buffer is None:
-                buffer = _Buffer(size)
+                buffer = _Buffer(size, self._shape_key(tensor) if self.planned else None)
                 self.live += size
         buffer.holders += 1
         self.buffers[tensor] = buffer
@@ -271,14 +307,54 @@ class _Simulation:
                 return buffer
         return None
 
-    def _release(self, tensor: Tensor) -> None:
+    def _scratch(self, name: str) -> int:
+        """Bytes of the temporaries ``name``'s kernel holds while it runs
+        (``Dialect.scratch_shapes``), on top of its inputs and outputs."""
+        total = 0
+        for tensor, shape in self.dialect.scratch_shapes(self.graph, name):
+            dtype = self.dialect.dtype(self.graph, tensor)
+            itemsize = _itemsize(dtype) if dtype is not None else None
+            if itemsize is not None and all(d is not None and d >= 0 for d in shape):
+                total += math.prod(shape) * itemsize
+        return total
+
+    def _shape_key(self, tensor: Tensor) -> tuple | None:
+        """What a freed buffer and a new value must share for ORT to reuse it: the
+        exact shape (not just the size) and the element size; None for scalars
+        and unknown shapes, which ORT never reuses."""
+        dialect = self.dialect
+        shape, dtype = dialect.shape(self.graph, tensor), dialect.dtype(self.graph, tensor)
+        if shape is not None and self.batch_size is not None and \
+                any(d is None or d < 0 for d in shape):
+            shape = dialect.batch_shape(self.graph, tensor, self.batch_size)
+        if not shape or dtype is None or any(d is None or d < 0 for d in shape):
+            return None
+        return tuple(shape), _itemsize(dtype)
+
+    def _reused(self, tensor: Tensor) -> _Buffer | None:
+        """The most recently freed buffer of ``tensor``'s shape key, if any waits."""
+        waiting = self.free.get(self._shape_key(tensor)) if self.free else None
+        if not waiting:
+            return None
+        buffer = waiting.pop()
+        del self.freed_at[buffer]
+        return buffer
+
+    def _release(self, tensor: Tensor, step: int) -> None:
+        """Drop ``tensor``'s hold on its buffer; the last holder frees it, or with
+        planned reuse puts it on the free list (still allocated) after ``step``."""
         if tensor in self.kept:
             return
         buffer = self.buffers.pop(tensor, None)
         if buffer is None:
             return
         buffer.holders -= 1
-        if buffer.holders == 0:
+        if buffer.holders > 0:
+            return
+        if self.planned and buffer.key is not None:
+            self.free.setdefault(buffer.key, []).append(buffer)
+            self.freed_at[buffer] = step
+        else:
             self.live -= buffer.size
 
 

@@ -28,6 +28,10 @@ class Dialect(ABC):
     #: All train ops form one training step (ONNX: each updated parameter is a graph
     #: output of its own, with no op grouping them); else each train op is a step.
     single_train_step: bool = False
+    #: The runtime plans buffers ahead as onnxruntime does: a freed buffer waits, still
+    #: allocated, for the next value of its exact shape, and returned values never share
+    #: one (the memory estimate models it; see ``analysis.memory``).
+    reuses_freed_buffers: bool = False
 
     # -- structure ---------------------------------------------------------
 
@@ -110,6 +114,11 @@ class Dialect(ABC):
     def output_alias(self, graph: Graph, name: str, port: int) -> int | None:
         """The input slot whose buffer output ``port`` shares (Identity, Reshape), or None."""
         return None
+
+    def scratch_shapes(self, graph: Graph, name: str) -> list[tuple[Tensor, tuple]]:
+        """Temporary tensors ``name``'s kernel allocates while it runs, besides its
+        outputs, each as ``(tensor whose dtype it has, shape)``; freed when it returns."""
+        return []
 
     def forwardable_inputs(self, graph: Graph, name: str) -> tuple[int, ...]:
         """Input slots whose buffer ``name`` may reuse for its output 0 when it is

@@ -51,6 +51,12 @@ CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
 # Ops whose output onnxruntime's CPU kernels place in their input's buffer (``Alias(0, 0)``).
 ALIAS_OPS = frozenset({"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+# Ops whose CPU kernels may write their output into input 0's buffer (``MayInplace(0, 0)``:
+# the activations, Clip, Softmax); the elementwise arithmetic ops may not.
+INPLACE_OPS = frozenset({
+    "Relu", "LeakyRelu", "Tanh", "Sigmoid", "HardSigmoid", "Elu", "Selu", "Softplus",
+    "Softsign", "ThresholdedRelu", "Clip", "Softmax",
+})
 # The cost model's op classes (Dialect.op_class); Conv's kernel is input 1, NCHW.
 MATMUL_OPS = frozenset({"MatMul", "Gemm", "Einsum", "MatMulInteger"})
 CONV_OPS = frozenset({"Conv", "ConvTranspose"})
@@ -102,6 +108,7 @@ class ONNXDialect(Dialect):
     allows_empty_input_slots = True
     dependency_modes = ("data",)
     single_train_step = True
+    reuses_freed_buffers = True
 
     def __init__(self) -> None:
         self._updates_cache: tuple | None = None
@@ -174,7 +181,60 @@ class ONNXDialect(Dialect):
             return None
         if node.op in ALIAS_OPS or (node.op == "Transpose" and self._fused_transpose(graph, name)):
             return 0
+        if node.op in ("Mul", "Div"):
+            return self._fused_scale(graph, name)
         return None
+
+    def _fused_scale(self, graph: Graph, name: str) -> int | None:
+        """The scaled input's slot when ORT's ``MatMulScaleFusion`` folds this
+        product with a scalar constant into a MatMul (``FusedMatMul`` with ``alpha``):
+        its only reader is a MatMul (it scales an operand), or its scaled input is
+        a MatMul's output read only here (it scales the result). Either way no
+        buffer of its own: the MatMul reads or writes the scaled input's."""
+        inputs = graph.input_slots(name)
+        if len(inputs) != 2 or set(graph.node(name).outputs) & _output_names(graph):
+            return None
+        slots = [s for s in (0, 1) if not self._scalar_constant(graph, inputs[s])]
+        if len(slots) != 1 or (graph.node(name).op == "Div" and slots != [0]):
+            return None
+        slot, scaled = slots[0], inputs[slots[0]]
+        users = graph.data_users(name)
+        if len(users) == 1 and graph.node(users[0]).op == "MatMul" and \
+                list(graph.inputs(users[0])).count(Tensor(name, 0)) == 1:
+            return slot
+        producer = graph.node(scaled.node)
+        if producer.op == "MatMul" and graph.data_users(scaled.node) == [name]:
+            return slot
+        return None
+
+    def _scalar_constant(self, graph: Graph, tensor: Tensor) -> bool:
+        shape = self.shape(graph, tensor)
+        return shape is not None and math.prod(shape) == 1 and \
+            self.constant_value(graph, tensor) is not None
+
+    def scratch_shapes(self, graph: Graph, name: str) -> list[tuple[Tensor, tuple]]:
+        """onnxruntime's CPU ``Where`` broadcasts twice before it writes its output:
+        ``condition ? X : 0`` and ``condition ? 0 : Y``, each a tensor of its own of
+        the condition and that operand broadcast together (a ReLU gradient
+        ``Where(x > 0, g, 0)`` holds two more tensors of ``g``'s size meanwhile)."""
+        node = graph.node(name)
+        inputs = graph.input_slots(name)
+        if node.op != "Where" or node.domain not in DEFAULT_DOMAINS or len(inputs) != 3:
+            return []
+        condition = self.shape(graph, inputs[0])
+        scratch = []
+        for slot in (1, 2):
+            operand = self.shape(graph, inputs[slot])
+            if condition is None or operand is None:
+                return []
+            scratch.append((Tensor(name, 0), _broadcast(condition, operand)))
+        return scratch
+
+    def forwardable_inputs(self, graph: Graph, name: str) -> tuple[int, ...]:
+        """Input 0 of onnxruntime's in-place kernels (``INPLACE_OPS``): its allocation
+        planner gives their output the input's buffer when this read is its last."""
+        node = graph.node(name)
+        return (0,) if node.op in INPLACE_OPS and node.domain in DEFAULT_DOMAINS else ()
 
     def _fused_transpose(self, graph: Graph, name: str) -> bool:
         perm = self.get_attr(graph, name, "perm")
@@ -445,6 +505,13 @@ class ONNXDialect(Dialect):
     def stop_gradient(self, graph: Graph, name: str, tensor: Tensor) -> Tensor:
         """An ``Identity``: ONNX has no StopGradient, and its backward is already built."""
         return self._op(graph, name, "Identity", [tensor])
+
+
+def _broadcast(a: tuple, b: tuple) -> tuple:
+    """Numpy-style broadcast of two static shapes (unknown dims stay None)."""
+    rank = max(len(a), len(b))
+    a, b = (1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b)
+    return tuple(y if x == 1 else x for x, y in zip(a, b))
 
 
 def _metadata_props(node) -> dict[str, str]:
