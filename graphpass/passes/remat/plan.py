@@ -307,13 +307,20 @@ def describe_runs(chain: ForwardChain, runs: tuple[tuple[int, int], ...]) -> lis
 # -- the cheap policy ----------------------------------------------------------
 
 
+#: A value this many times smaller than its op's inputs is not worth recomputing.
+REDUCTION = 4
+
+
 def cheap_keep(graph: Graph, chain: ForwardChain, sizes) -> set[Tensor]:
     """The forward values to keep when only cheap ops may be recomputed: one minimum
     cut (source: values that must be computed in the forward pass; sink: values
     gradient ops read; capacity: bytes). Values computed from shapes and stored
     values alone (a layer norm's ``ones(Shape(x))``) are kept as they are: they
     are small, and Grappler folds them in the original but not in a copy that
-    waits on a trigger, which changes the arithmetic."""
+    waits on a trigger, which changes the arithmetic. A value much smaller than
+    what its op reads (a layer norm's mean and variance) is kept too: releasing it
+    saves little and recomputes the whole op (PyTorch's partitioner bans such
+    reductions by the same 4x rule)."""
     import networkx as nx
 
     dialect = graph.dialect
@@ -325,10 +332,11 @@ def cheap_keep(graph: Graph, chain: ForwardChain, sizes) -> set[Tensor]:
         banned = name in static or not dialect.is_recomputable(graph, name) or \
             dialect.op_class(graph, name) != "cheap" or _folds_constant(graph, name)
         inputs = [t for t in graph.inputs(name) if t.node in members]
+        read = sum(sizes.bytes(t) for t in graph.inputs(name))
         for port in graph.used_ports(name):
             tensor = Tensor(name, port)
             flow.add_edge(("in", tensor), ("out", tensor), capacity=sizes.bytes(tensor))
-            if banned:
+            if banned or REDUCTION * sizes.bytes(tensor) < read:
                 flow.add_edge("source", ("in", tensor))
             for source in inputs:
                 flow.add_edge(("out", source), ("in", tensor))
