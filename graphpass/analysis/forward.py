@@ -25,6 +25,13 @@ meaningless names analyse alike:
   their share by the bytes of the variables its ops read (a unit reading a
   quarter of the parameters gets a quarter of them); a variable read by several
   units goes to the first, where its gradient is complete.
+* **Kernel temporaries** (``Dialect.scratch_shapes``: onnxruntime's ``Where``,
+  a ReLU gradient, holds two more tensors of its output's size while it runs)
+  are charged to the unit whose gradient runs them: the earliest unit whose
+  values the gradient op reads, directly or through other gradient ops. What
+  else is live at that op (the unit's own saved values and those before it, not
+  those after it, whose gradients have run) decides where a run of recomputed
+  units had better end.
 
 One sweep over the forward ops and their edges (plus a sort): linear in the
 graph's size, with no walk per candidate.
@@ -36,6 +43,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from graphpass.analysis.cost import Sizes
+from graphpass.analysis.memory import scratch_bytes
 from graphpass.ir.graph import Graph, Tensor
 
 #: Fewest cuts wanted before the cut width is raised (a plan needs choices).
@@ -74,6 +82,7 @@ class Unit:
     cut_free_bytes: int = 0  # ... and what crosses it but the backward does not read
     flops: int = 0  # recomputing every recomputable op here
     returned_bytes: int = 0  # returned values the backward allocates here (module docstring)
+    scratch_bytes: int = 0  # the largest kernel temporaries of its gradient ops (docstring)
 
 
 @dataclass
@@ -148,6 +157,7 @@ def forward_chain(graph: Graph, nodes: list[str], backward: set[str],
         units.append(unit)
         start = end + 1
     _charge_returned(graph, order, units, sizes)
+    _charge_scratch(graph, order, units, backward)
     saved.sort(key=lambda v: (-v.bytes, position[v.tensor.node], v.tensor.port))
     return ForwardChain(order, [u for u in units if u.end > u.start], width, saved)
 
@@ -169,6 +179,31 @@ def _charge_returned(graph: Graph, order: list[str], units: list[Unit], sizes: S
     for variable, index in charged.items():
         if total:
             units[index].returned_bytes += returned * weights[variable] // total
+
+
+def _charge_scratch(graph: Graph, order: list[str], units: list[Unit],
+                    backward: set[str]) -> None:
+    """Charge each unit the largest temporaries (``Dialect.scratch_shapes``) of the
+    gradient ops that run once the backward pass has reached it: an op reading
+    forward values of several units, directly or through other gradient ops, goes
+    to the earliest of them, the last one the backward reaches."""
+    scratch = {n: b for n in backward if (b := scratch_bytes(graph, n))}
+    if not scratch:
+        return
+    unit_of = {}
+    for index, unit in enumerate(units):
+        for name in order[unit.start:unit.end]:
+            unit_of[name] = index
+    reached: dict[str, int] = {}  # gradient op -> earliest unit it reads
+    for name in graph.topological_order():
+        if name not in backward:
+            continue
+        sources = [unit_of[t.node] for t in graph.inputs(name) if t.node in unit_of] + \
+            [reached[p] for p in graph.data_producers(name) if p in reached]
+        if not sources:
+            continue
+        reached[name] = index = min(sources)
+        units[index].scratch_bytes = max(units[index].scratch_bytes, scratch.get(name, 0))
 
 
 def _as_late_as_possible(graph: Graph, nodes: list[str]) -> list[str]:

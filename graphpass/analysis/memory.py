@@ -179,6 +179,19 @@ def _kept(graph: Graph, fetches: list[str]) -> set[Tensor]:
         set(graph.dialect.returned_values(graph))
 
 
+def scratch_bytes(graph: Graph, name: str) -> int:
+    """Bytes of the temporaries ``name``'s kernel holds while it runs
+    (``Dialect.scratch_shapes``), on top of its inputs and outputs."""
+    dialect = graph.dialect
+    total = 0
+    for tensor, shape in dialect.scratch_shapes(graph, name):
+        dtype = dialect.dtype(graph, tensor)
+        itemsize = _itemsize(dtype) if dtype is not None else None
+        if itemsize is not None and all(d is not None and d >= 0 for d in shape):
+            total += math.prod(shape) * itemsize
+    return total
+
+
 class _Buffer:
     """An allocation: its size, how many live values hold it, and (where the runtime
     reuses freed buffers) the shape key a later value must match to take it over."""
@@ -248,7 +261,7 @@ class _Simulation:
             for tensor in self.kept_of.get(name, ()):
                 if tensor not in self.buffers:
                     self._output(name, tensor, inputs)
-            profile.timeline.append((name, self.live + self._scratch(name)))
+            profile.timeline.append((name, self.live + scratch_bytes(self.graph, name)))
             if self.live > profile.peak_bytes:
                 profile.peak_bytes, profile.peak_node = self.live, name
             for tensor in inputs.values():
@@ -306,17 +319,6 @@ class _Simulation:
                     and self.readers[tensor] == 1 and tensor not in self.kept:
                 return buffer
         return None
-
-    def _scratch(self, name: str) -> int:
-        """Bytes of the temporaries ``name``'s kernel holds while it runs
-        (``Dialect.scratch_shapes``), on top of its inputs and outputs."""
-        total = 0
-        for tensor, shape in self.dialect.scratch_shapes(self.graph, name):
-            dtype = self.dialect.dtype(self.graph, tensor)
-            itemsize = _itemsize(dtype) if dtype is not None else None
-            if itemsize is not None and all(d is not None and d >= 0 for d in shape):
-                total += math.prod(shape) * itemsize
-        return total
 
     def _shape_key(self, tensor: Tensor) -> tuple | None:
         """What a freed buffer and a new value must share for ORT to reuse it: the

@@ -12,6 +12,10 @@ incremental model instead of trial rewrites:
   bytes kept before it, the step needs ``P + input + saved(a..e)`` at that
   point, and ``P + kept(a..e)`` after it; a kept unit keeps what the backward
   reads of it;
+  a gradient op's kernel temporaries (``Unit.scratch_bytes``: onnxruntime's
+  ``Where``) come on top of what is live when it runs: at unit ``u``'s gradient
+  the run's values from ``a`` to ``u`` (those after ``u`` have been read), so
+  of two equally narrow ends the one that keeps less live there wins;
   and while it runs, what the step returns (an ONNX step's updated parameters
   and state) allocated by the gradients of the units after it is live too;
   the model's peak is the largest such figure (Chen et al.'s chain model) plus
@@ -123,6 +127,9 @@ class _Prefix:
         self.pinned = _prefix(u.pinned_bytes for u in units)
         self.flops = _prefix(u.flops for u in units)
         self.returned = _prefix(u.returned_bytes for u in units)
+        # what a run from unit 0 holds at unit u's gradient: its values up to u, u's scratch
+        self.busiest = _RangeMax([self.saved[i + 1] + u.scratch_bytes
+                                  for i, u in enumerate(units)])
 
     def entry(self, first: int) -> int:
         """Bytes crossing into a run from the unit before that the backward does not
@@ -130,9 +137,10 @@ class _Prefix:
         return self.units[first - 1].cut_free_bytes if first else 0
 
     def live(self, first: int, last: int) -> int:
-        """Bytes live while the run's gradient runs: all of it recomputed, its input,
-        and the values returned by the gradients of the units after it."""
-        return self.saved[last + 1] - self.saved[first] + self.entry(first) + \
+        """Bytes live while the run's gradient runs: all of it recomputed (at its
+        busiest unit: what is recomputed up to it and its gradient's scratch), its
+        input, and the values returned by the gradients of the units after it."""
+        return self.busiest(first, last) - self.saved[first] + self.entry(first) + \
             self.returned[-1] - self.returned[last + 1]
 
     def kept(self, first: int, last: int) -> int:
@@ -159,6 +167,7 @@ def model_peak(units: list[Unit], runs: tuple[tuple[int, int], ...]) -> int:
             unit = last + 1
         else:
             kept += units[unit].saved_bytes
+            peak = max(peak, kept + units[unit].scratch_bytes)
             unit += 1
     return max(peak, kept)
 
@@ -220,7 +229,7 @@ def _quantum(units: list[Unit], budget: int) -> int:
 
 def _figures(unit: Unit) -> tuple[int, ...]:
     return (unit.saved_bytes, unit.pinned_bytes, unit.cut_saved_bytes, unit.cut_free_bytes,
-            unit.returned_bytes)
+            unit.returned_bytes, unit.scratch_bytes)
 
 
 def _divides(quantum: int, units: list[Unit]) -> bool:
@@ -248,8 +257,9 @@ def _chain_dp(units: list[Unit], budget: int, quantum: int,
         if not len(reached):
             continue
         lowest = int(reached[0])
-        _relax(cost, back, first, first + 1, steps(units[first].saved_bytes), cap, 0,
-               (first, -1))
+        kept = units[first].saved_bytes
+        _relax(cost, back, first, first + 1, steps(kept),
+               cap - steps(kept + units[first].scratch_bytes), 0, (first, -1))
         for last in range(first, count):
             if lowest + steps(sums.saved[last + 1] - sums.saved[first]) > cap:
                 break
@@ -285,6 +295,24 @@ def _relax(cost: list, back: list, source: int, target: int, shift: int, limit: 
         rows = back[target][shift:shift + size]
         rows[better, 0], rows[better, 1] = step
         rows[better, 2] = np.flatnonzero(better)
+
+
+class _RangeMax:
+    """The largest of ``values[first..last]`` in O(1) (a sparse table: row ``k``
+    holds the maxima of the windows of ``2**k`` values)."""
+
+    def __init__(self, values: list[int]) -> None:
+        self.rows = [values]
+        width = 1
+        while 2 * width <= len(values):
+            row = self.rows[-1]
+            self.rows.append([max(row[i], row[i + width]) for i in range(len(row) - width)])
+            width *= 2
+
+    def __call__(self, first: int, last: int) -> int:
+        level = (last - first + 1).bit_length() - 1
+        row = self.rows[level]
+        return max(row[first], row[last - (1 << level) + 1])
 
 
 def _prefix(values) -> list[int]:
