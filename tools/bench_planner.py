@@ -93,7 +93,14 @@ def records(measurement) -> int:
 FED_BYTES = [0]
 
 
-def bench_model(name: str, small: bool, work: Path, steps: int) -> None:
+VARIANTS = ("regex", "auto", "budgets", "auto=regex", "cheap", "manual")
+
+
+def bench_model(name: str, small: bool, work: Path, steps: int,
+                wanted: frozenset[str] = frozenset(VARIANTS)) -> None:
+    """The original and the ``wanted`` variants of one model, each measured in its own
+    process (a subset reruns only what a change touched; ratios stay to this run's
+    original)."""
     from tools.measure import measure
 
     model = build(name, small)
@@ -103,15 +110,23 @@ def bench_model(name: str, small: bool, work: Path, steps: int) -> None:
     FED_BYTES[0] = fed_bytes(original)
     base = measure(original, FETCHES, steps=steps)
     print_row(name, "original", {}, base, base)
-    out = work / f"{name}_regex.meta"
-    report = rewrite(original, out, {"recompute": [regex], "dependency": "control"})
-    hand = measure(out, FETCHES, steps=steps)
-    print_row(name, "regex", report, hand, base)
-    variants = [("auto", {"recompute": ["auto"]}),
-                *[(f"auto {b}x", {"recompute": ["auto"],
-                                  "memory_budget_bytes": int(b * peak(base))}) for b in BUDGETS],
-                ("auto = regex", {"recompute": ["auto"], "memory_budget_bytes": peak(hand)}),
-                ("cheap", {"recompute": ["auto"], "recompute_policy": "cheap"})]
+    variants = []
+    if wanted & {"regex", "auto=regex"}:
+        out = work / f"{name}_regex.meta"
+        report = rewrite(original, out, {"recompute": [regex], "dependency": "control"})
+        hand = measure(out, FETCHES, steps=steps)
+        print_row(name, "regex", report, hand, base)
+    if "auto" in wanted:
+        variants.append(("auto", {"recompute": ["auto"]}))
+    if "budgets" in wanted:
+        variants += [(f"auto {b}x", {"recompute": ["auto"],
+                                     "memory_budget_bytes": int(b * peak(base))})
+                     for b in BUDGETS]
+    if "auto=regex" in wanted:
+        variants.append(("auto = regex", {"recompute": ["auto"],
+                                          "memory_budget_bytes": peak(hand)}))
+    if "cheap" in wanted:
+        variants.append(("cheap", {"recompute": ["auto"], "recompute_policy": "cheap"}))
     for label, settings in variants:
         out = work / f"{name}_{label.replace(' ', '_').replace('=', 'eq')}.meta"
         report = rewrite(original, out, settings)
@@ -120,6 +135,8 @@ def bench_model(name: str, small: bool, work: Path, steps: int) -> None:
             continue
         print_row(name, label, report, measure(out, FETCHES, steps=steps), base,
                   settings.get("memory_budget_bytes"))
+    if "manual" not in wanted:
+        return
     manual = work / f"{name}_manual.meta"
     hinted(original, manual, regex)
     print_row(name, "grappler manual", {},
@@ -158,13 +175,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="mlp,mobilenet_v2,resnet50,transformer")
     parser.add_argument("--small", action="store_true", help="test sizes (fast)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per variant")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated subset of {', '.join(VARIANTS)}")
     args = parser.parse_args(argv)
+    wanted = frozenset(args.variants.split(","))
+    if not wanted <= set(VARIANTS):
+        parser.error(f"unknown variants {sorted(wanted - set(VARIANTS))}; "
+                     f"choose from {', '.join(VARIANTS)}")
     print(f"{'model':13s} {'variant':16s} {'est MiB':>8s} {'rec MiB':>8s} {'meas MiB':>8s} "
           f"{'peak':>7s} "
           f"{'time':>7s} {'plan s':>6s} {'gap':>6s}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
-            bench_model(name, args.small, Path(tmp), args.steps)
+            bench_model(name, args.small, Path(tmp), args.steps, wanted)
     return 0
 
 
