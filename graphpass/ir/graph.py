@@ -12,6 +12,10 @@ kept untouched in ``Node.attrs``; the IR never interprets them. Reading and
 building them is the dialect's job (``graphpass.dialects.base``).
 
 Passes use the methods here and never call networkx mutators themselves.
+
+Long because the one class holds every accessor and mutator the passes use,
+and each must keep the invariant above; split over modules, the invariant
+would be too.
 """
 
 from __future__ import annotations

@@ -12,13 +12,12 @@ from graphpass.analysis.memory import check_batch_size, estimated_peak_bytes, me
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
 from graphpass.options import CHEAP, RematOptions
+from graphpass.passes.remat.cheap import cheap_groups, cheap_keep
 from graphpass.passes.remat.marks import SCOPE, Segment, is_generated, unique
 from graphpass.passes.remat.plan import (
     ROUNDS,
     AutoPlan,
     ChainPlan,
-    cheap_groups,
-    cheap_keep,
     describe_runs,
     model_peak,
     over_budget_message,

@@ -35,13 +35,7 @@ Policies (``--recompute-policy``):
   then rewritten once and estimated; if the estimate misses the budget the
   model's budget is lowered by the miss and the chain solved again (at most
   ``ROUNDS`` times).
-* ``cheap``: recompute only cheap ops (the dialect's ``op_class``: elementwise,
-  activations, normalisation, reshapes); which values to keep is one minimum
-  cut over tensor bytes (networkx max-flow), as PyTorch's min-cut partitioner
-  does: the source feeds every value that may not be recomputed, every value a
-  gradient op reads drains to the sink, each value is an edge of capacity its
-  bytes. The recomputed values are grouped per unit, so each group is
-  recomputed when its own gradient arrives.
+* ``cheap``: one minimum cut over tensor bytes (``remat/cheap.py``).
 """
 
 from __future__ import annotations
@@ -50,7 +44,6 @@ import math
 from dataclasses import dataclass, field
 
 from graphpass.analysis.forward import ForwardChain, Unit
-from graphpass.ir.graph import Graph, Tensor
 from graphpass.units import format_bytes
 
 #: How often a budget plan is re-solved after its rewrite missed the budget.
@@ -330,91 +323,6 @@ def describe_runs(chain: ForwardChain, runs: tuple[tuple[int, int], ...]) -> lis
              "estimated_bytes_saved": max(0, sums.saved[last + 1] - sums.saved[first]
                                           - sums.kept(first, last)),
              "recompute_flops": sums.cost(first, last)} for first, last in runs]
-
-
-# -- the cheap policy ----------------------------------------------------------
-
-
-#: A value this many times smaller than its op's inputs is not worth recomputing.
-REDUCTION = 4
-
-
-def cheap_keep(graph: Graph, chain: ForwardChain, sizes) -> set[Tensor]:
-    """The forward values to keep when only cheap ops may be recomputed: one minimum
-    cut (source: values that must be computed in the forward pass; sink: values
-    gradient ops read; capacity: bytes). Values computed from shapes and stored
-    values alone (a layer norm's ``ones(Shape(x))``) are kept as they are: they
-    are small, and Grappler folds them in the original but not in a copy that
-    waits on a trigger, which changes the arithmetic. A value much smaller than
-    what its op reads (a layer norm's mean and variance) is kept too: releasing it
-    saves little and recomputes the whole op (PyTorch's partitioner bans such
-    reductions by the same 4x rule)."""
-    import networkx as nx
-
-    dialect = graph.dialect
-    members = set(chain.order)
-    saved = {v.tensor for v in chain.saved}
-    static = _static(graph, chain.order)
-    flow = nx.DiGraph()
-    for name in chain.order:
-        banned = name in static or not dialect.is_recomputable(graph, name) or \
-            dialect.op_class(graph, name) != "cheap" or _folds_constant(graph, name)
-        inputs = [t for t in graph.inputs(name) if t.node in members]
-        read = sum(sizes.bytes(t) for t in graph.inputs(name))
-        for port in graph.used_ports(name):
-            tensor = Tensor(name, port)
-            flow.add_edge(("in", tensor), ("out", tensor), capacity=sizes.bytes(tensor))
-            if banned or REDUCTION * sizes.bytes(tensor) < read:
-                flow.add_edge("source", ("in", tensor))
-            for source in inputs:
-                flow.add_edge(("out", source), ("in", tensor))
-            if tensor in saved:
-                flow.add_edge(("out", tensor), "sink")
-    if "source" not in flow or "sink" not in flow:
-        return set(saved)
-    _, (reachable, _) = nx.minimum_cut(flow, "source", "sink")
-    return {t for t in saved if ("in", t) in reachable and ("out", t) not in reachable} | \
-        {Tensor(n, p) for n in static for p in graph.used_ports(n)}
-
-
-def _folds_constant(graph: Graph, name: str) -> bool:
-    """A product with a constant factor: Grappler's arithmetic optimizer folds and
-    pushes such constants across neighbouring products, and does so differently
-    once the original's other readers (gradient ops) have moved to the copy, so
-    the copy would not compute the original's bits (seen on tf_keras's GELU)."""
-    dialect = graph.dialect
-    return graph.node(name).op in dialect.constant_folded_ops and any(
-        dialect.is_source(graph, t.node) and not dialect.is_variable_value(graph, t.node)
-        and t.node not in dialect.graph_inputs(graph) for t in graph.inputs(name))
-
-
-def _static(graph: Graph, order: list[str]) -> set[str]:
-    """Ops of ``order`` (topological) computed from shapes, constants and variables
-    only (not from fed values)."""
-    dialect = graph.dialect
-    members = set(order)
-    fed = set(dialect.graph_inputs(graph))
-    static: set[str] = set()
-    for name in order:
-        if dialect.is_shape_only(graph, name) or all(
-                t.node in static or (t.node not in members and t.node not in fed)
-                for t in graph.inputs(name)):
-            static.add(name)
-    return static
-
-
-def cheap_groups(chain: ForwardChain, keep: set[Tensor]) -> list[tuple[str, list[Tensor]]]:
-    """The values to recompute (saved, not kept), one group per unit producing them,
-    so each group is recomputed when the gradient reaches its own unit."""
-    unit_of = {}
-    for index, unit in enumerate(chain.units):
-        for name in chain.order[unit.start:unit.end]:
-            unit_of[name] = index
-    groups: dict[int, list[Tensor]] = {}
-    for value in chain.saved:
-        if value.tensor not in keep and value.recomputable:
-            groups.setdefault(unit_of[value.tensor.node], []).append(value.tensor)
-    return [(chain.label(index, index), sorted(groups[index])) for index in sorted(groups)]
 
 
 def over_budget_message(option: str, budget: int, best: int, labels: list[str],
