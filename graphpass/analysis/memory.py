@@ -261,9 +261,10 @@ class _Simulation:
             for tensor in self.kept_of.get(name, ()):
                 if tensor not in self.buffers:
                     self._output(name, tensor, inputs)
-            profile.timeline.append((name, self.live + scratch_bytes(self.graph, name)))
-            if self.live > profile.peak_bytes:
-                profile.peak_bytes, profile.peak_node = self.live, name
+            running = self.live + scratch_bytes(self.graph, name)
+            profile.timeline.append((name, running))
+            if running > profile.peak_bytes:
+                profile.peak_bytes, profile.peak_node = running, name
             for tensor in inputs.values():
                 self.readers[tensor] -= 1
                 if self.readers[tensor] == 0:
