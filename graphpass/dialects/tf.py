@@ -220,12 +220,12 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
     #: by ``tools/bench_planner.py`` (2026-12-01): up to 1.178x the records on the
     #: planner's own plans (MobileNetV2 96x96 b32 ``auto``: 156.8 against 133.1 MiB;
     #: its budget plans 1.04-1.16x, ResNet50's 1.02-1.05x, the transformer's
-    #: 1.05-1.16x, the MLP's 1.00-1.10x); hand-written per-block marks on MobileNetV2
+    #: 1.05-1.16x, the MLP's 1.00-1.11x); hand-written per-block marks on MobileNetV2
     #: reached 1.231x. Which blocks a step ends up in depends on every earlier
     #: request (the steps before it included); replaying the records through a
-    #: model of the allocator came within 3% only under one guess of how the
-    #: initial values are released, and 5-10% off under others, so an allowance
-    #: is declared instead of a model.
+    #: model of the allocator came within -3%..+5% only under one guess of when the
+    #: initial values are released, and up to 8-10% off under others, so an
+    #: allowance is declared instead of a model (README, "The automatic planner").
     allocator_headroom = 0.18
 
     # -- structure ---------------------------------------------------------
