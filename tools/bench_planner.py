@@ -21,13 +21,15 @@ Columns: estimated peak (graphpass's simulation), the step's allocation records'
 peak plus the fed values (what the estimate simulates: the kernels' own
 allocations), measured peak (the CPU allocator's where oneDNN keeps
 statistics, else the records plus the fed values) and its ratio to the
-original's, step time ratio, planning seconds, the solver's gap, and for
-budgets what the planner planned to (the budget less the dialect's allocator
-headroom), whether it said the budget is met and whether the measured peak is
-within it (+5%). A budget no plan reaches is
+original's, step time ratios (wall clock and CPU time, from steps alternated with
+the original's in one process: ``measure.paired_step_time``), planning seconds,
+the solver's gap, and for budgets what the planner planned to (the budget less
+the dialect's allocator headroom), whether it said the budget is met and whether
+the measured peak is within it (+5%). A budget no plan reaches is
 reported as the planner's exit-2 message.
 
     python tools/bench_planner.py [--models mlp,mobilenet_v2,resnet50,transformer] [--small]
+                                  [--variants auto,cheap,...] [--rounds N]
 """
 
 from __future__ import annotations
@@ -97,26 +99,31 @@ FED_BYTES = [0]
 VARIANTS = ("regex", "auto", "budgets", "auto=regex", "cheap", "manual")
 
 
-def bench_model(name: str, small: bool, work: Path, steps: int,
+def bench_model(name: str, small: bool, work: Path, rounds: int,
                 wanted: frozenset[str] = frozenset(VARIANTS)) -> None:
     """The original and the ``wanted`` variants of one model, each measured in its own
     process (a subset reruns only what a change touched; ratios stay to this run's
-    original)."""
-    from tools.measure import measure
+    original) and timed against the original over ``rounds`` paired rounds."""
+    from tools.measure import measure, paired_step_time
+
+    def measured(path: Path, **options):
+        times = paired_step_time(original, path, FETCHES, rounds=rounds,
+                                 grappler=options.get("grappler", True))
+        return measure(path, FETCHES, steps=1, **options), times
 
     model = build(name, small)
     regex = MODELS[name][2]
     original = work / f"{name}.meta"
     original.write_bytes(model.meta_graph.SerializeToString(deterministic=True))
     FED_BYTES[0] = fed_bytes(original)
-    base = measure(original, FETCHES, steps=steps)
-    print_row(name, "original", {}, base, base)
+    base = measure(original, FETCHES, steps=1)
+    print_row(name, "original", {}, (base, None), base)
     variants = []
     if wanted & {"regex", "auto=regex"}:
         out = work / f"{name}_regex.meta"
         report = rewrite(original, out, {"recompute": [regex], "dependency": "control"})
-        hand = measure(out, FETCHES, steps=steps)
-        print_row(name, "regex", report, hand, base)
+        hand, times = measured(out)
+        print_row(name, "regex", report, (hand, times), base)
     if "auto" in wanted:
         variants.append(("auto", {"recompute": ["auto"]}))
     if "budgets" in wanted:
@@ -134,14 +141,13 @@ def bench_model(name: str, small: bool, work: Path, steps: int,
         if "error" in report:
             print(f"{name:13s} {label:16s} planner: {report['error']}", flush=True)
             continue
-        print_row(name, label, report, measure(out, FETCHES, steps=steps), base,
+        print_row(name, label, report, measured(out), base,
                   settings.get("memory_budget_bytes"))
     if "manual" not in wanted:
         return
     manual = work / f"{name}_manual.meta"
     hinted(original, manual, regex)
-    print_row(name, "grappler manual", {},
-              measure(manual, FETCHES, steps=steps, grappler="manual"), base)
+    print_row(name, "grappler manual", {}, measured(manual, grappler="manual"), base)
 
 
 def fed_bytes(path: Path) -> int:
@@ -152,7 +158,9 @@ def fed_bytes(path: Path) -> int:
     return memory_profile(graphpass.load(path), FETCHES).fed_bytes
 
 
-def print_row(name, label, report, measured, base, budget=None) -> None:
+def print_row(name, label, report, result, base, budget=None) -> None:
+    """One table row; ``result`` is the variant's (Measurement, StepTimes or None)."""
+    measured, times = result
     auto = report.get("auto", {})
     estimate = report.get("estimated_peak_bytes_after", 0)
     gap = auto.get("gap")
@@ -160,7 +168,8 @@ def print_row(name, label, report, measured, base, budget=None) -> None:
              f"{estimate / 2**20:8.1f}" if estimate else f"{'':8s}",
              f"{records(measured) / 2**20:8.1f}", f"{peak(measured) / 2**20:8.1f}",
              f"{peak(measured) / peak(base):6.2f}x",
-             f"{measured.step_s / base.step_s:6.2f}x",
+             f"{times.wall_ratio:6.2f}x {times.cpu_ratio:6.2f}x" if times
+             else f"{base.step_s * 1e3:5.0f}ms {'':7s}",
              f"{report['seconds']:6.1f}" if "seconds" in report else f"{'':6s}",
              f"{gap:6.1%}" if gap is not None else f"{'':6s}"]
     if budget is not None:
@@ -177,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="mlp,mobilenet_v2,resnet50,transformer")
     parser.add_argument("--small", action="store_true", help="test sizes (fast)")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per variant")
+    parser.add_argument("--rounds", type=int, default=8,
+                        help="ABBA rounds timing each variant against the original")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated subset of {', '.join(VARIANTS)}")
     args = parser.parse_args(argv)
@@ -187,10 +197,10 @@ def main(argv: list[str] | None = None) -> int:
                      f"choose from {', '.join(VARIANTS)}")
     print(f"{'model':13s} {'variant':16s} {'est MiB':>8s} {'rec MiB':>8s} {'meas MiB':>8s} "
           f"{'peak':>7s} "
-          f"{'time':>7s} {'plan s':>6s} {'gap':>6s}")
+          f"{'time':>7s} {'cpu':>7s} {'plan s':>6s} {'gap':>6s}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
-            bench_model(name, args.small, Path(tmp), args.steps, wanted)
+            bench_model(name, args.small, Path(tmp), args.rounds, wanted)
     return 0
 
 

@@ -16,12 +16,18 @@ process) with ``inter_op_parallelism_threads=1`` (a stable schedule),
 Grappler's defaults, after a warm-up step. Inputs are seeded random values of
 each placeholder's shape; a ``None`` batch dimension takes ``batch_size``.
 
+Step time ratios of two graphs come from one process that alternates their
+steps (:func:`paired_step_time`): separate processes run minutes apart on a
+shared machine, and their medians moved by +-20% from run to run here.
+
     python tools/measure.py GRAPH --fetch loss:0 --fetch train [--init init]
+    python tools/measure.py GRAPH --fetch loss:0 --fetch train --against REWRITTEN
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -64,12 +70,47 @@ def measure(graph_path: str | Path, fetches: list[str], init: str | None = "init
     spec = {"graph": str(graph_path), "fetches": list(fetches), "init": init,
             "batch_size": batch_size, "steps": steps, "grappler": grappler,
             "trace_path": str(trace_path) if trace_path else None}
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker",
-                          json.dumps(spec)],
+    return Measurement(**_run_worker(["--worker", json.dumps(spec)], timeout_s, env))
+
+
+@dataclass
+class StepTimes:
+    """The rewritten graph's step time over the original's, from steps alternated in
+    one process: medians over rounds of the per-round ratio, of wall-clock time and
+    of the process's CPU time (all threads; what the recompute costs whatever else
+    the machine runs), and the original's median wall-clock step."""
+
+    wall_ratio: float
+    cpu_ratio: float
+    original_step_s: float
+    rounds: int
+
+
+def paired_step_time(original: str | Path, rewritten: str | Path, fetches: list[str],
+                     init: str | None = "init", rounds: int = 15,
+                     grappler: bool | str = True, timeout_s: float = 900) -> StepTimes:
+    """Time ``rewritten`` against ``original`` in one new process.
+
+    Each round runs the steps in the order original, rewritten, rewritten, original
+    (ABBA: a drift in the machine's speed within a round cancels), and its ratio is
+    the rewritten pair's time over the original pair's; the median over rounds
+    discards the rounds another process interrupted. ``grappler`` applies to the
+    rewritten graph's session (see :func:`measure`); the original runs with
+    Grappler's defaults.
+    """
+    spec = {"graphs": [str(original), str(rewritten)], "fetches": list(fetches),
+            "init": init, "rounds": rounds, "grappler": grappler}
+    return StepTimes(**_run_worker(["--paired-worker", json.dumps(spec)], timeout_s))
+
+
+def _run_worker(args: list[str], timeout_s: float, env: dict | None = None) -> dict:
+    """This file run as a worker in a new process; its last stdout line, as JSON."""
+    env = env or dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args],
                          capture_output=True, text=True, env=env, timeout=timeout_s)
     if out.returncode != 0:
-        raise RuntimeError(f"measuring {graph_path} failed:\n{out.stderr[-3000:]}")
-    return Measurement(**json.loads(out.stdout.strip().splitlines()[-1]))
+        raise RuntimeError(f"measuring failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def peak_from_step_stats(step_stats) -> tuple[int, list[str]]:
@@ -194,6 +235,45 @@ def run_worker(spec: dict) -> Measurement:
                        [float(values[i]) for i in losses], order)
 
 
+def run_paired_worker(spec: dict) -> StepTimes:
+    """In the timing process: both graphs in sessions of their own, warmed up, then
+    ``rounds`` ABBA rounds (see :func:`paired_step_time`)."""
+    sys.path.insert(0, str(ROOT))
+    import tensorflow as tf
+
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+    fetches = spec["fetches"]
+    steps = []
+    for path, grappler in zip(spec["graphs"], (True, spec["grappler"])):
+        graph = _load_graph(tf, Path(path))
+        session = tf1.Session(graph=graph, config=_session_config(tf1, grappler))
+        if spec["init"]:
+            session.run(spec["init"])
+        feeds = _feeds(graph, fetches, None)
+        session.run(fetches, feeds)  # warm-up
+        steps.append(functools.partial(session.run, fetches, feeds))
+    wall: list[list[float]] = [[], []]
+    cpu: list[list[float]] = [[], []]
+    for _ in range(spec["rounds"]):
+        for which in (0, 1, 1, 0):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            steps[which]()
+            wall[which].append(time.perf_counter() - start)
+            cpu[which].append(time.process_time() - start_cpu)
+    return StepTimes(_median_pair_ratio(wall), _median_pair_ratio(cpu),
+                     statistics.median(wall[0]), spec["rounds"])
+
+
+def _median_pair_ratio(times: list[list[float]]) -> float:
+    """Median over rounds of (rewritten pair) / (original pair); each graph ran twice
+    per round, so its times come in consecutive pairs."""
+    original, rewritten = times
+    return statistics.median(
+        (rewritten[i] + rewritten[i + 1]) / (original[i] + original[i + 1])
+        for i in range(0, len(original), 2))
+
+
 def _allocator_peak(tf, session, fetches, feeds) -> int | None:
     """The CPU allocator's peak over one step, or None when it keeps no statistics."""
     try:
@@ -211,11 +291,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fetch", action="append", default=[])
     parser.add_argument("--init", default="init")
     parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--against", metavar="REWRITTEN",
+                        help="time REWRITTEN against GRAPH, steps alternated in one process")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--paired-worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
-        result = run_worker(json.loads(args.worker))
-        print(json.dumps(asdict(result)))
+    if args.worker or args.paired_worker:
+        worker = run_worker if args.worker else run_paired_worker
+        print(json.dumps(asdict(worker(json.loads(args.worker or args.paired_worker)))))
+        return 0
+    if args.against:
+        times = paired_step_time(args.graph, args.against, args.fetch, args.init)
+        print(f"step time {times.wall_ratio:.3f}x wall, {times.cpu_ratio:.3f}x CPU "
+              f"(original {times.original_step_s * 1e3:.1f} ms, {times.rounds} rounds)")
         return 0
     result = measure(args.graph, args.fetch, args.init, args.batch_size)
     print(f"peak {result.peak_bytes} B (allocator: {result.allocator_peak_bytes}), "

@@ -109,7 +109,7 @@ def _plan_cheap(graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,
     """``cheap``: keep what one min cut says; recompute the rest per unit."""
     keep = frozenset(cheap_keep(graph, chain, sizes))
     segments = []
-    for label, released in cheap_groups(chain, keep):
+    for label, released in cheap_groups(graph, chain, keep):
         segments.append(Segment(label, [], released, keep))
         plan.segments.append({
             "label": label, "nodes": len(unique(t.node for t in released)),

@@ -84,15 +84,45 @@ def _static(graph: Graph, order: list[str]) -> set[str]:
     return static
 
 
-def cheap_groups(chain: ForwardChain, keep: set[Tensor]) -> list[tuple[str, list[Tensor]]]:
+def cheap_groups(graph: Graph, chain: ForwardChain,
+                 keep: set[Tensor]) -> list[tuple[str, list[Tensor]]]:
     """The values to recompute (saved, not kept), one group per unit producing them,
-    so each group is recomputed when the gradient reaches its own unit."""
+    so each group is recomputed when the gradient reaches its own unit.
+
+    A value that a group triggered earlier (a later unit: the backward pass reaches
+    it first) recomputes anyway on the way to its own values joins that group, and
+    its readers read that copy: a layer norm's output that the next layer's weight
+    gradient needs too is computed once in the backward pass, not once per group
+    (on the benchmark transformer the duplicated norms were most of the recompute
+    time)."""
     unit_of = {}
     for index, unit in enumerate(chain.units):
         for name in chain.order[unit.start:unit.end]:
             unit_of[name] = index
-    groups: dict[int, list[Tensor]] = {}
+    by_unit: dict[int, list[Tensor]] = {}
     for value in chain.saved:
         if value.tensor not in keep and value.recomputable:
-            groups.setdefault(unit_of[value.tensor.node], []).append(value.tensor)
+            by_unit.setdefault(unit_of[value.tensor.node], []).append(value.tensor)
+    groups: dict[int, list[Tensor]] = {}
+    recomputed_by: dict[str, int] = {}  # node -> the earliest-triggered group copying it
+    for index in sorted(by_unit, reverse=True):  # the order the backward pass reaches them
+        for tensor in by_unit[index]:
+            groups.setdefault(recomputed_by.get(tensor.node, index), []).append(tensor)
+        for name in _recompute_closure(graph, groups.get(index, []), keep, unit_of):
+            recomputed_by.setdefault(name, index)
     return [(chain.label(index, index), sorted(groups[index])) for index in sorted(groups)]
+
+
+def _recompute_closure(graph: Graph, released: list[Tensor], keep: set[Tensor],
+                       members) -> set[str]:
+    """The forward ops a copy of ``released`` runs: their producers and, back to
+    kept values and values from outside the chain, theirs."""
+    closure: set[str] = set()
+    stack = [t.node for t in released]
+    while stack:
+        name = stack.pop()
+        if name in closure:
+            continue
+        closure.add(name)
+        stack.extend(t.node for t in graph.inputs(name) if t not in keep and t.node in members)
+    return closure
