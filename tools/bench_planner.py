@@ -23,9 +23,9 @@ allocations), measured peak (the CPU allocator's where oneDNN keeps
 statistics, else the records plus the fed values) and its ratio to the
 original's, step time ratios (wall clock and CPU time, from steps alternated with
 the original's in one process: ``measure.paired_step_time``), planning seconds,
-the solver's gap, and for
-budgets whether the planner said the budget is met and whether the measured
-peak is within it (+5%). A budget no plan reaches is
+the solver's gap, and for budgets what the planner planned to (the budget less
+the dialect's allocator headroom), whether it said the budget is met and whether
+the measured peak is within it (+5%). A budget no plan reaches is
 reported as the planner's exit-2 message.
 
     python tools/bench_planner.py [--models mlp,mobilenet_v2,resnet50,transformer] [--small]
@@ -174,7 +174,9 @@ def print_row(name, label, report, result, base, budget=None) -> None:
              f"{gap:6.1%}" if gap is not None else f"{'':6s}"]
     if budget is not None:
         within = peak(measured) <= budget * TOLERANCE
-        cells.append(f"budget {budget / 2**20:.1f} MiB: planner says "
+        planned = auto.get("planned_budget_bytes") or budget
+        cells.append(f"budget {budget / 2**20:.1f} MiB (planned to {planned / 2**20:.1f}): "
+                     f"planner says "
                      f"{'met' if auto.get('budget_met') else 'not met'}, measured "
                      f"{'within' if within else 'OVER'} (+5%)")
     print(" ".join(cells), flush=True)

@@ -32,6 +32,12 @@ class Dialect(ABC):
     #: allocated, for the next value of its exact shape, and returned values never share
     #: one (the memory estimate models it; see ``analysis.memory``).
     reuses_freed_buffers: bool = False
+    #: What the runtime's allocator holds beyond the bytes it is asked for, as a
+    #: fraction of them (fragmentation: a freed block too big for the next request
+    #: is handed out whole, regions grow in steps). The estimate counts requests, so
+    #: a memory budget is planned to ``budget / (1 + allocator_headroom)`` of them
+    #: (``passes.remat.auto``) for the allocator's own peak to meet it.
+    allocator_headroom: float = 0.0
 
     # -- structure ---------------------------------------------------------
 

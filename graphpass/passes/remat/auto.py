@@ -40,7 +40,8 @@ def auto_plan(graph: Graph, step: Step, options: RematOptions,
     if options.memory_budget_fraction is not None:
         budget = int(options.memory_budget_fraction * before)
     plan = AutoPlan(options.policy, budget, len(chain.units), chain.width, "none", 0.0,
-                    before, before, max(0, before - model_peak(chain.units, ())))
+                    before, before, max(0, before - model_peak(chain.units, ())),
+                    headroom=graph.dialect.allocator_headroom)
 
     def rewritten(segments: list[Segment]) -> tuple[Graph, list[dict]]:
         trial = graph.copy()
@@ -71,17 +72,18 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, options: RematOptions,
     against the estimate (``refine``: rounds where the model was wrong). A
     budget plan is searched by bisection over the model's budget, between the
     lowest plan (known to fit) and the budget less the model's offset, keeping
-    the cheapest plan whose estimate fits; ``ROUNDS`` estimates at most."""
+    the cheapest plan whose estimate fits; ``ROUNDS`` estimates at most. The
+    budget is the user's less the dialect's allocator headroom (``target_bytes``):
+    the estimate counts requests, the allocator's peak is what must meet it."""
     units = chain.units
+    budget = plan.target_bytes  # the budget less the allocator's headroom
     chosen, estimated, plan.rounds = refine_min_peak(units, plan.model_offset, trial,
-                                                     options.batch_size, plan.budget_bytes)
+                                                     options.batch_size, budget)
     if estimated >= plan.estimate_before:  # the model was wrong: recompute nothing
         chosen, estimated = ChainPlan((), 0, 0), plan.estimate_before
-    budget = plan.budget_bytes
     if budget is not None and estimated > budget:
         raise GraphpassError(over_budget_message(
-            _budget_option(options), budget, estimated,
-            [chain.label(*r) for r in chosen.runs], plan.estimate_before))
+            _budget_option(options), plan, estimated, [chain.label(*r) for r in chosen.runs]))
     if budget is not None:
         low, high = chosen.peak, budget - plan.model_offset
         target = high

@@ -34,7 +34,9 @@ Policies (``--recompute-policy``):
   far, Pareto-pruned), so the optimality gap on the model is 0. The plan is
   then rewritten once and estimated; if the estimate misses the budget the
   model's budget is lowered by the miss and the chain solved again (at most
-  ``ROUNDS`` times).
+  ``ROUNDS`` times). The estimate must meet the budget less the dialect's
+  ``allocator_headroom`` (TF: 18%, the fragmentation of its allocator
+  measured beyond the step's own requests), so the allocator's peak meets it.
 * ``cheap``: one minimum cut over tensor bytes (``remat/cheap.py``).
 """
 
@@ -80,14 +82,25 @@ class AutoPlan:
     segments: list[dict] = field(default_factory=list)
     rounds: int = 1
     seconds: float = 0.0
+    #: the dialect's ``allocator_headroom``: a budget is planned to ``target_bytes``
+    headroom: float = 0.0
+
+    @property
+    def target_bytes(self) -> int | None:
+        """What the estimate must meet for the allocator's peak to meet the budget."""
+        return None if self.budget_bytes is None else \
+            int(self.budget_bytes / (1 + self.headroom))
 
     @property
     def met(self) -> bool | None:
-        return None if self.budget_bytes is None else self.estimate <= self.budget_bytes
+        target = self.target_bytes
+        return None if target is None else self.estimate <= target
 
     def to_json(self) -> dict:
         return {"policy": self.policy, "budget_bytes": self.budget_bytes,
-                "budget_met": self.met, "units": self.units, "cut_width": self.cut_width,
+                "budget_met": self.met, "allocator_headroom": self.headroom,
+                "planned_budget_bytes": self.target_bytes,
+                "units": self.units, "cut_width": self.cut_width,
                 "solver": self.solver, "gap": self.gap,
                 "estimated_peak_bytes_before": self.estimate_before,
                 "estimated_peak_bytes": self.estimate, "model_offset_bytes": self.model_offset,
@@ -97,7 +110,8 @@ class AutoPlan:
     def summary(self) -> list[str]:
         """One line for the plan, then one per recomputed segment."""
         budget = "" if self.budget_bytes is None else \
-            f" (budget {format_bytes(self.budget_bytes)}, {'met' if self.met else 'NOT met'})"
+            f" (budget {format_bytes(self.budget_bytes)}{self.allowance()}, " \
+            f"{'met' if self.met else 'NOT met'})"
         gap = "n/a" if self.gap is None else f"{self.gap:.1%}"
         lines = [f"auto ({self.policy}): {len(self.segments)} segments recomputed of "
                  f"{self.units} units (cut width {self.cut_width}); estimate "
@@ -106,6 +120,14 @@ class AutoPlan:
         lines += [f"  {s['label']}: saves ~{format_bytes(s['estimated_bytes_saved'])}, "
                   f"recomputes {s['recompute_flops'] / 1e6:.1f} MFLOP" for s in self.segments]
         return lines
+
+    def allowance(self) -> str:
+        """``, planned to 0.85x of it (156.2 MiB) for the allocator's fragmentation``,
+        or nothing where the dialect declares no headroom."""
+        if not self.headroom or self.budget_bytes is None:
+            return ""
+        return (f", planned to {1 / (1 + self.headroom):.2f}x of it "
+                f"({format_bytes(self.target_bytes)}) for the allocator's fragmentation")
 
 
 # -- the chain model ---------------------------------------------------------
@@ -325,10 +347,12 @@ def describe_runs(chain: ForwardChain, runs: tuple[tuple[int, int], ...]) -> lis
              "recompute_flops": sums.cost(first, last)} for first, last in runs]
 
 
-def over_budget_message(option: str, budget: int, best: int, labels: list[str],
-                        before: int) -> str:
-    """The exit-2 line: the budget, the best estimate any plan reaches, and that plan."""
+def over_budget_message(option: str, plan: AutoPlan, best: int, labels: list[str]) -> str:
+    """The exit-2 line: the budget (and what it was planned to), the best estimate
+    any plan reaches, and that plan."""
     shown = ", ".join(labels[:4]) + (f" and {len(labels) - 4} more" if len(labels) > 4 else "")
-    return (f"{option} {budget} ({format_bytes(budget)}) cannot be met: the best estimated "
-            f"peak reached is {best} bytes ({format_bytes(best)}, from {format_bytes(before)}), "
-            f"recomputing {len(labels)} segments ({shown or 'none'}); raise the budget")
+    budget = plan.budget_bytes
+    return (f"{option} {budget} ({format_bytes(budget)}{plan.allowance()}) cannot be met: "
+            f"the best estimated peak reached is {best} bytes ({format_bytes(best)}, from "
+            f"{format_bytes(plan.estimate_before)}), recomputing {len(labels)} segments "
+            f"({shown or 'none'}); raise the budget")
