@@ -10,9 +10,9 @@ from graphpass.analysis.cost import Sizes
 from graphpass.analysis.forward import ForwardChain, computed_forward, forward_chain
 from graphpass.analysis.memory import check_batch_size, estimated_peak_bytes, memory_profile
 from graphpass.errors import GraphpassError
-from graphpass.ir.graph import Graph
+from graphpass.ir.graph import Graph, Tensor
 from graphpass.options import CHEAP, RematOptions
-from graphpass.passes.remat.cheap import cheap_groups, cheap_keep
+from graphpass.passes.remat.cheap import SHARED_COPY_ALLOWANCE, cheap_groups, cheap_keep
 from graphpass.passes.remat.marks import SCOPE, Segment, is_generated, unique
 from graphpass.passes.remat.plan import (
     ROUNDS,
@@ -106,21 +106,34 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, options: RematOptions,
 
 def _plan_cheap(graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,
                 estimate) -> list[Segment]:
-    """``cheap``: keep what one min cut says; recompute the rest per unit."""
+    """``cheap``: keep what one min cut says; recompute the rest per unit, each value
+    once where that costs at most ``SHARED_COPY_ALLOWANCE`` of the peak (a shared
+    copy lives from the first group's trigger to the last reader; estimated both
+    ways)."""
     keep = frozenset(cheap_keep(graph, chain, sizes))
-    segments = []
-    for label, released in cheap_groups(graph, chain, keep):
-        segments.append(Segment(label, [], released, keep))
-        plan.segments.append({
-            "label": label, "nodes": len(unique(t.node for t in released)),
-            "estimated_bytes_saved": sum(sizes.bytes(t) for t in released),
-            "recompute_flops": sum(sizes.flops(n) for n in unique(t.node for t in released))})
+
+    def grouped(share: bool) -> list[tuple[str, list[Tensor]]]:
+        return cheap_groups(graph, chain, keep, share)
+
+    def segments_of(groups) -> list[Segment]:
+        return [Segment(label, [], released, keep) for label, released in groups]
+
+    groups, shared = grouped(False), grouped(True)
+    plan.estimate = estimate(segments_of(groups))
+    if shared != groups:
+        shared_estimate = estimate(segments_of(shared))
+        if shared_estimate <= plan.estimate + SHARED_COPY_ALLOWANCE * plan.estimate_before:
+            groups, plan.estimate = shared, shared_estimate
     plan.solver, plan.gap = "min cut (networkx max-flow)", 0.0
-    plan.estimate = estimate(segments)
     if plan.estimate >= plan.estimate_before:  # saves nothing: recompute nothing
-        plan.estimate, plan.segments = plan.estimate_before, []
+        plan.estimate = plan.estimate_before
         return []
-    return segments
+    plan.segments = [{
+        "label": label, "nodes": len(unique(t.node for t in released)),
+        "estimated_bytes_saved": sum(sizes.bytes(t) for t in released),
+        "recompute_flops": sum(sizes.flops(n) for n in unique(t.node for t in released))}
+        for label, released in groups]
+    return segments_of(groups)
 
 # -- rewrite -------------------------------------------------------------
 

@@ -18,6 +18,9 @@ from graphpass.ir.graph import Graph, Tensor
 
 #: A value this many times smaller than its op's inputs is not worth recomputing.
 REDUCTION = 4
+#: Peak (a fraction of the original's) the policy gives up to recompute each value
+#: once rather than once per group that needs it (see :func:`cheap_groups`).
+SHARED_COPY_ALLOWANCE = 0.01
 
 
 def cheap_keep(graph: Graph, chain: ForwardChain, sizes) -> set[Tensor]:
@@ -84,17 +87,18 @@ def _static(graph: Graph, order: list[str]) -> set[str]:
     return static
 
 
-def cheap_groups(graph: Graph, chain: ForwardChain,
-                 keep: set[Tensor]) -> list[tuple[str, list[Tensor]]]:
+def cheap_groups(graph: Graph, chain: ForwardChain, keep: set[Tensor],
+                 share: bool = True) -> list[tuple[str, list[Tensor]]]:
     """The values to recompute (saved, not kept), one group per unit producing them,
     so each group is recomputed when the gradient reaches its own unit.
 
-    A value that a group triggered earlier (a later unit: the backward pass reaches
-    it first) recomputes anyway on the way to its own values joins that group, and
-    its readers read that copy: a layer norm's output that the next layer's weight
-    gradient needs too is computed once in the backward pass, not once per group
-    (on the benchmark transformer the duplicated norms were most of the recompute
-    time)."""
+    With ``share``, a value that a group triggered earlier (a later unit: the
+    backward pass reaches it first) recomputes anyway on the way to its own values
+    joins that group, and its readers read that copy: a layer norm's output that
+    the next layer's weight gradient needs too is computed once in the backward
+    pass, not once per group (on the benchmark transformer the duplicated norms
+    were most of the recompute time). The shared copy lives longer, so whether
+    to share is the caller's trade (``auto._plan_cheap``)."""
     unit_of = {}
     for index, unit in enumerate(chain.units):
         for name in chain.order[unit.start:unit.end]:
@@ -108,6 +112,8 @@ def cheap_groups(graph: Graph, chain: ForwardChain,
     for index in sorted(by_unit, reverse=True):  # the order the backward pass reaches them
         for tensor in by_unit[index]:
             groups.setdefault(recomputed_by.get(tensor.node, index), []).append(tensor)
+        if not share:
+            continue
         for name in _recompute_closure(graph, groups.get(index, []), keep, unit_of):
             recomputed_by.setdefault(name, index)
     return [(chain.label(index, index), sorted(groups[index])) for index in sorted(groups)]
