@@ -35,7 +35,8 @@ from graphpass.options import RematOptions
 from graphpass.passes.base import Pass
 from graphpass.passes.context import PassContext
 from graphpass.passes.remat.auto import auto_plan
-from graphpass.passes.remat.marks import marked_segments
+from graphpass.passes.remat.defer import defer_updates
+from graphpass.passes.remat.marks import marked_segments, unique
 from graphpass.passes.remat.plan import AutoPlan
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
 
@@ -65,8 +66,10 @@ class RematPass(Pass):
                                    self.options.tupleize_grads)
         changed = any(e["copied"] for e in entries)
         peak_after = _peak_after(graph, step, batch, changed, peak_before, auto)
-        self.report = _report(entries, skipped, step.dependency, peak_before, peak_after, auto)
-        return changed
+        deferred = defer_updates(graph, step, peak_after, batch)
+        self.report = _report(entries, skipped, step.dependency, peak_before, peak_after,
+                              auto, deferred)
+        return changed or deferred is not None
 
     def _analyze(self, graph: Graph, ctx: PassContext) -> Step:
         """Dependency mode, regions and fetches, once: the planner's trial rewrites
@@ -81,8 +84,10 @@ class RematPass(Pass):
             )
         regions = ctx.analyses.regions(graph)
         return Step(forward=set(regions.nodes("forward")),
-                     backward=set(regions.nodes("backward")),
-                     fetches=regions.fetches, dependency=dependency)
+                    backward=set(regions.nodes("backward")),
+                    fetches=regions.fetches, dependency=dependency,
+                    gradients=unique(t for s in regions.steps for t in s.gradients),
+                    optimizer=set(regions.nodes("optimizer")))
 
 
 def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
@@ -98,7 +103,9 @@ def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
 
 
 def _report(entries: list[dict], skipped: list[str], dependency: str, peak_before: int,
-            peak_after: int, auto: AutoPlan | None = None) -> dict:
+            peak_after: int, auto: AutoPlan | None = None, deferred: int | None = None) -> dict:
+    """The pass's report; ``deferred``: the estimate once the updates were deferred
+    (``defer``), None if they were not."""
     summary = auto.summary() if auto else []
     for e in entries:
         line = f"segment {e['segment']}: "
@@ -113,6 +120,11 @@ def _report(entries: list[dict], skipped: list[str], dependency: str, peak_befor
         summary.append(f"{len(skipped)} marked gradient ops were skipped (only forward "
                        f"nodes are recomputed) "
                        f"(e.g. {', '.join(skipped[:3])})")
+    if deferred is not None:
+        summary.append(f"updates deferred to the end of the step (each gated on every "
+                       f"gradient): estimated {peak_after / 2**20:.1f} MiB -> "
+                       f"{deferred / 2**20:.1f} MiB")
+        peak_after = deferred
     if peak_before:
         summary.append(f"estimated peak {peak_before / 2**20:.1f} MiB -> "
                        f"{peak_after / 2**20:.1f} MiB ({peak_after / peak_before:.2f}x)")
@@ -120,6 +132,7 @@ def _report(entries: list[dict], skipped: list[str], dependency: str, peak_befor
     return {
         **extra,
         "dependency": dependency,
+        "deferred_updates": deferred is not None,
         "estimated_peak_bytes_before": peak_before,
         "estimated_peak_bytes_after": peak_after,
         "segments": entries,

@@ -1,0 +1,76 @@
+"""Deferring the parameter updates to the end of the step, for steps that return
+their updates rather than assign them (``Dialect.returned_values``: an ONNX
+training step's updated parameters and optimizer state are graph outputs).
+
+The runtime holds a returned value from the moment it is computed to the end of
+the step (onnxruntime allocates each graph output as a result of the run). An
+update that runs as soon as its gradient exists, as onnxruntime's schedule runs
+it, so holds the updated parameter and its optimizer state (two or three
+parameter-sized values) through the rest of the backward pass, where its
+gradient alone would be one. On the benchmark MLP with Nesterov momentum that
+is the peak: 8 MiB per block at the first block's ReLU gradient where 4 MiB
+would do.
+
+So each update reads its gradient gated on every gradient of the step,
+``g + stop_gradient(0 * s)`` with ``s`` summing each gradient's first element
+(``order.gate_by_data``, TF's ``GATE_GRAPH`` in data form): no update runs
+before the last gradient exists. The order of ``s``'s inputs steers a runtime
+that walks a node's inputs one by one (onnxruntime's depth-first schedule): in
+one order each gradient is computed where the backward pass reaches it, in the
+other only after the whole backward pass, its operands live all along. Which
+order does what is the scheduler's business, so both are estimated on the
+dialect's schedule (``analysis.memory``), and the rewrite is kept only where one
+lowers the estimated peak.
+"""
+
+from __future__ import annotations
+
+from graphpass.analysis.memory import estimated_peak_bytes
+from graphpass.ir.graph import Graph, Tensor
+from graphpass.passes.remat.marks import SCOPE, is_generated
+from graphpass.passes.remat.order import gate_by_data
+from graphpass.passes.remat.rewrite import Step
+
+DEFER_SCOPE = f"{SCOPE}deferred_updates"
+
+
+def defer_updates(graph: Graph, step: Step, peak_bytes: int,
+                  batch_size: int | None = None) -> int | None:
+    """Gate the updates on every gradient when that lowers the estimated peak
+    (``peak_bytes``: the estimate as the graph is); the new estimate, or None
+    when the graph is left as it is."""
+    gradients = _deferrable(graph, step)
+    if not gradients:
+        return None
+    position = {name: i for i, name in enumerate(graph.dialect.schedule(graph))}
+    computed = sorted(gradients, key=lambda t: position[t.node])
+    best, chosen = peak_bytes, None
+    for order in (computed, computed[::-1]):
+        trial = graph.copy()
+        _gate(trial, order, step.optimizer)
+        estimate = estimated_peak_bytes(trial, step.fetches, batch_size)
+        if estimate < best:
+            best, chosen = estimate, order
+    if chosen is None:
+        return None
+    _gate(graph, chosen, step.optimizer)
+    return best
+
+
+def _deferrable(graph: Graph, step: Step) -> list[Tensor]:
+    """The gradients to gate the updates on: none unless the step returns its
+    updates (the runtime holds them to its end), and none once graphpass has
+    gated them (a second run changes nothing)."""
+    returned = graph.dialect.returned_values(graph)
+    if len(step.gradients) < 2 or not any(t.node in step.optimizer for t in returned):
+        return []
+    if any(is_generated(t.node) or any(is_generated(c) and c in step.optimizer
+                                       for c, _ in graph.consumers(t))
+           for t in step.gradients):
+        return []
+    return list(step.gradients)
+
+
+def _gate(graph: Graph, gradients: list[Tensor], optimizer: set[str]) -> None:
+    """The optimizer's reads of each gradient go through the gate."""
+    gate_by_data(graph, DEFER_SCOPE, gradients, lambda reader: reader in optimizer)
