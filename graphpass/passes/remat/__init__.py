@@ -18,8 +18,10 @@ segment's checkpoint), and anything graphpass generated (names under
 The package: ``marks`` (patterns, ``_recompute_hint`` attributes -> segments),
 ``auto`` (``--recompute auto``: the planner ``plan`` on this graph, a plan
 estimated on a rewritten copy), ``rewrite`` (per segment: plan, copies,
-rewires) and ``order`` (copies after the trigger by control or data
-dependencies; ``--tupleize-grads``). ``RematPass`` here ties them together.
+rewires), ``order`` (copies after the trigger by control or data
+dependencies; ``--tupleize-grads``) and ``defer`` (a step that returns its
+updates, as ONNX's does, runs them after the last gradient where the estimate
+says that lowers the peak). ``RematPass`` here ties them together.
 
 Ordering: ``control`` mode gives the copies control inputs on the trigger;
 ``data`` mode ties their float inputs to it as ``recompute_grad(use_data_dep=True)``
