@@ -13,7 +13,8 @@ outputs stay checkpoints, so a recomputed dropout uses the same mask), fed or
 stored values (placeholders, variables, constants), a segment's *boundary*
 outputs (values other forward nodes read: they are kept anyway as the next
 segment's checkpoint), and anything graphpass generated (names under
-``graphpass/``), which is what makes a second run a no-op.
+``graphpass/``), which is what makes a second run a no-op. The optimizer is
+touched only by ``defer``, which rewires its reads of the gradients.
 
 The package: ``marks`` (patterns, ``_recompute_hint`` attributes -> segments),
 ``auto`` (``--recompute auto``: the planner ``plan`` on this graph, a plan
