@@ -207,6 +207,37 @@ class ONNXDialect(Dialect):
             return slot
         return None
 
+    def fuses_into_producer(self, graph: Graph, name: str, slot: int) -> bool:
+        """ORT's ``MatMulScaleFusion`` (a scalar-constant ``Mul``/``Div`` of a MatMul's
+        output read only there: ``lr * g`` of an SGD step) and ``MatMulAddFusion`` (an
+        ``Add`` to a 2-D MatMul's output read only there, the other operand of
+        shape ``[N]``, ``[1, N]``, ``[M, 1]`` or ``[M, N]``, as one Gemm:
+        ``mu * v + g`` of a momentum step)."""
+        node = graph.node(name)
+        inputs = graph.input_slots(name)
+        producer = inputs.get(slot)
+        if node.domain not in DEFAULT_DOMAINS or producer is None or \
+                graph.node(producer.node).op != "MatMul" or \
+                graph.node(producer.node).domain not in DEFAULT_DOMAINS or \
+                graph.consumers(producer) != [(name, slot)] or \
+                set(graph.node(producer.node).outputs) & _output_names(graph):
+            return False
+        if node.op in ("Mul", "Div"):
+            return self._fused_scale(graph, name) == slot
+        return node.op == "Add" and len(inputs) == 2 and self._gemm_bias(graph, producer.node,
+                                                                         inputs[1 - slot])
+
+    def _gemm_bias(self, graph: Graph, matmul: str, bias: Tensor) -> bool:
+        """``MatMulAddFusion``'s conditions on the MatMul (2-D float operands) and the
+        other ``Add`` operand (a bias Gemm broadcasts one way)."""
+        a, b = (self.shape(graph, t) for t in graph.inputs(matmul))
+        shape = self.shape(graph, bias)
+        if a is None or b is None or shape is None or len(a) != 2 or len(b) != 2 or \
+                self.dtype(graph, bias) not in ("float32", "float16", "bfloat16"):
+            return False
+        m, n = a[0], b[1]
+        return shape in ((n,), (1, n), (m, 1), (m, n)) and None not in (m, n)
+
     def _scalar_constant(self, graph: Graph, tensor: Tensor) -> bool:
         shape = self.shape(graph, tensor)
         return shape is not None and math.prod(shape) == 1 and \

@@ -44,7 +44,7 @@ def defer_updates(graph: Graph, step: Step, peak_bytes: int,
     """Gate the updates on every gradient when that lowers the estimated peak
     (``peak_bytes``: the estimate as the graph is) by ``MIN_GAIN_FRACTION`` at
     least; the new estimate, or None when the graph is left as it is."""
-    gradients = _deferrable(graph, step)
+    gradients = [_gate_point(graph, t, step.optimizer) for t in _deferrable(graph, step)]
     if not gradients:
         return None
     position = {name: i for i, name in enumerate(graph.dialect.schedule(graph))}
@@ -74,6 +74,21 @@ def _deferrable(graph: Graph, step: Step) -> list[Tensor]:
            for t in step.gradients):
         return []
     return list(step.gradients)
+
+
+def _gate_point(graph: Graph, gradient: Tensor, optimizer: set[str]) -> Tensor:
+    """Where to gate ``gradient``: past the optimizer ops that the runtime fuses
+    into the op computing it (``Dialect.fuses_into_producer``: onnxruntime folds
+    SGD's ``lr * g`` into the weight gradient's MatMul, and momentum's
+    ``mu * v + g`` with it into one Gemm). Gating between them would leave
+    them unfused, which rounds differently from the original step."""
+    dialect = graph.dialect
+    while True:
+        readers = graph.consumers(gradient)
+        if len(readers) != 1 or readers[0][0] not in optimizer or \
+                not dialect.fuses_into_producer(graph, *readers[0]):
+            return gradient
+        gradient = Tensor(readers[0][0], 0)
 
 
 def _gate(graph: Graph, gradients: list[Tensor], optimizer: set[str]) -> None:
