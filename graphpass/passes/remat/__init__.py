@@ -31,7 +31,7 @@ does (see ``order``).
 
 from __future__ import annotations
 
-from graphpass.analysis.memory import estimated_peak_bytes
+from graphpass.analysis.memory import MemoryProfile, estimated_peak_bytes
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
 from graphpass.options import RematOptions
@@ -69,7 +69,8 @@ class RematPass(Pass):
                                    self.options.tupleize_grads)
         changed = any(e["copied"] for e in entries)
         peak_after = _peak_after(graph, step, batch, changed, peak_before, auto)
-        deferred = defer_updates(graph, step, peak_after, batch)
+        # auto's estimate already has the updates deferred where that is lower
+        deferred = defer_updates(graph, step, batch, None if auto else peak_after)
         self.report = _report(entries, skipped, step.dependency, peak_before, peak_after,
                               auto, deferred)
         return changed or deferred is not None
@@ -106,9 +107,10 @@ def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
 
 
 def _report(entries: list[dict], skipped: list[str], dependency: str, peak_before: int,
-            peak_after: int, auto: AutoPlan | None = None, deferred: int | None = None) -> dict:
-    """The pass's report; ``deferred``: the estimate once the updates were deferred
-    (``defer``), None if they were not."""
+            peak_after: int, auto: AutoPlan | None = None,
+            deferred: tuple[int, MemoryProfile] | None = None) -> dict:
+    """The pass's report; ``deferred``: the estimates without and with the updates
+    deferred (``defer``), None if they were not."""
     summary = auto.summary() if auto else []
     for e in entries:
         line = f"segment {e['segment']}: "
@@ -125,9 +127,9 @@ def _report(entries: list[dict], skipped: list[str], dependency: str, peak_befor
                        f"(e.g. {', '.join(skipped[:3])})")
     if deferred is not None:
         summary.append(f"updates deferred to the end of the step (each gated on every "
-                       f"gradient): estimated {peak_after / 2**20:.1f} MiB -> "
-                       f"{deferred / 2**20:.1f} MiB")
-        peak_after = deferred
+                       f"gradient): estimated {deferred[0] / 2**20:.1f} MiB -> "
+                       f"{deferred[1].peak_bytes / 2**20:.1f} MiB")
+        peak_after = deferred[1].peak_bytes
     if peak_before:
         summary.append(f"estimated peak {peak_before / 2**20:.1f} MiB -> "
                        f"{peak_after / 2**20:.1f} MiB ({peak_after / peak_before:.2f}x)")

@@ -8,11 +8,12 @@ import time
 
 from graphpass.analysis.cost import Sizes
 from graphpass.analysis.forward import ForwardChain, computed_forward, forward_chain
-from graphpass.analysis.memory import check_batch_size, estimated_peak_bytes, memory_profile
+from graphpass.analysis.memory import MemoryProfile, check_batch_size, memory_profile
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
 from graphpass.options import CHEAP, RematOptions
 from graphpass.passes.remat.cheap import cheap_groups, cheap_keep
+from graphpass.passes.remat.defer import defer_updates
 from graphpass.passes.remat.marks import SCOPE, Segment, is_generated, unique
 from graphpass.passes.remat.plan import (
     ROUNDS,
@@ -42,18 +43,22 @@ def auto_plan(graph: Graph, step: Step, options: RematOptions,
     plan = AutoPlan(options.policy, budget, len(chain.units), chain.width, "none", 0.0,
                     before, before, max(0, before - model_peak(chain.units, ())))
 
-    def rewritten(segments: list[Segment]) -> tuple[Graph, list[dict]]:
+    def rewritten(segments: list[Segment]) -> tuple[Graph, list[dict], MemoryProfile]:
+        """Segments rewritten on a copy, the updates deferred where that is lower
+        (``defer``, as the pass then does): the copy, each segment's entry, the step."""
         trial = graph.copy()
-        return trial, rewrite_segments(trial, segments, step, options.tupleize_grads)
+        entries = rewrite_segments(trial, segments, step, options.tupleize_grads)
+        profile = memory_profile(trial, step.fetches, options.batch_size)
+        deferred = defer_updates(trial, step, options.batch_size, profile.peak_bytes)
+        return trial, entries, profile if deferred is None else deferred[1]
 
     def estimate(segments: list[Segment]) -> int:
-        return estimated_peak_bytes(rewritten(segments)[0], step.fetches, options.batch_size)
+        return rewritten(segments)[2].peak_bytes
 
     def trial(runs: tuple[tuple[int, int], ...]):
         """A chain plan rewritten on a copy: the copy, each run's copies, the step."""
-        copy, entries = rewritten(_chain_segments(chain, ChainPlan(runs, 0, 0)))
-        return (copy, [e["copies"] for e in entries],
-                memory_profile(copy, step.fetches, options.batch_size))
+        copy, entries, profile = rewritten(_chain_segments(chain, ChainPlan(runs, 0, 0)))
+        return copy, [e["copies"] for e in entries], profile
 
     if any(n.startswith(SCOPE) for n in graph):
         plan.solver = "none (already rematerialized by graphpass)"

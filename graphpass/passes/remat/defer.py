@@ -25,7 +25,7 @@ lowers the estimated peak.
 
 from __future__ import annotations
 
-from graphpass.analysis.memory import estimated_peak_bytes
+from graphpass.analysis.memory import MemoryProfile, estimated_peak_bytes, memory_profile
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.passes.remat.marks import SCOPE, is_generated
 from graphpass.passes.remat.order import gate_by_data
@@ -39,27 +39,31 @@ DEFER_SCOPE = f"{SCOPE}deferred_updates"
 MIN_GAIN_FRACTION = 0.01
 
 
-def defer_updates(graph: Graph, step: Step, peak_bytes: int,
-                  batch_size: int | None = None) -> int | None:
+def defer_updates(graph: Graph, step: Step, batch_size: int | None = None,
+                  peak_bytes: int | None = None) -> tuple[int, MemoryProfile] | None:
     """Gate the updates on every gradient when that lowers the estimated peak
-    (``peak_bytes``: the estimate as the graph is) by ``MIN_GAIN_FRACTION`` at
-    least; the new estimate, or None when the graph is left as it is."""
+    (``peak_bytes``: the estimate as the graph is, estimated here if not given)
+    by ``MIN_GAIN_FRACTION`` at least. Returns the peak without and the profile
+    with, or None when the graph is left as it is."""
     gradients = [_gate_point(graph, t, step.optimizer) for t in _deferrable(graph, step)]
     if not gradients:
         return None
+    if peak_bytes is None:
+        peak_bytes = estimated_peak_bytes(graph, step.fetches, batch_size)
     position = {name: i for i, name in enumerate(graph.dialect.schedule(graph))}
     computed = sorted(gradients, key=lambda t: position[t.node])
-    best, chosen = peak_bytes - int(MIN_GAIN_FRACTION * peak_bytes), None
+    best, chosen = None, None
     for order in (computed, computed[::-1]):
         trial = graph.copy()
         _gate(trial, order, step.optimizer)
-        estimate = estimated_peak_bytes(trial, step.fetches, batch_size)
-        if estimate < best:
-            best, chosen = estimate, order
+        profile = memory_profile(trial, step.fetches, batch_size)
+        bar = best.peak_bytes if best else peak_bytes - int(MIN_GAIN_FRACTION * peak_bytes)
+        if profile.peak_bytes < bar:
+            best, chosen = profile, order
     if chosen is None:
         return None
     _gate(graph, chosen, step.optimizer)
-    return best
+    return peak_bytes, best
 
 
 def _deferrable(graph: Graph, step: Step) -> list[Tensor]:
