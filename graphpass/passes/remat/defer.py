@@ -66,6 +66,11 @@ def defer_updates(graph: Graph, step: Step, batch_size: int | None = None,
     return peak_bytes, best
 
 
+def can_defer(graph: Graph, step: Step) -> bool:
+    """Whether ``defer_updates`` may change the graph (else it estimates nothing)."""
+    return bool(_deferrable(graph, step))
+
+
 def _deferrable(graph: Graph, step: Step) -> list[Tensor]:
     """The gradients to gate the updates on: none unless the step returns its
     updates (the runtime holds them to its end), and none once graphpass has
