@@ -20,7 +20,8 @@ one order each gradient is computed where the backward pass reaches it, in the
 other only after the whole backward pass, its operands live all along. Which
 order does what is the scheduler's business, so both are estimated on the
 dialect's schedule (``analysis.memory``), and the rewrite is kept only where one
-lowers the estimated peak.
+lowers the estimated peak. The gate goes past the optimizer ops the runtime fuses
+into the gradient's producer (``_gate_point``), so the step stays bit-exact.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from graphpass.passes.remat.rewrite import Step
 
 DEFER_SCOPE = f"{SCOPE}deferred_updates"
 #: The least estimated gain, as a fraction of the peak, worth the gate's nodes
-#: (about five per parameter): below it the gain is the gate's own scalars
+#: (four per parameter): below it the gain is the gate's own scalars
 #: moving the peak by a few bytes (SGD on the benchmark MLP: 4), not updates
 #: that no longer pile up.
 MIN_GAIN_FRACTION = 0.01
