@@ -121,6 +121,13 @@ class Dialect(ABC):
         """The input slot whose buffer output ``port`` shares (Identity, Reshape), or None."""
         return None
 
+    def fuses_into_producer(self, graph: Graph, name: str, slot: int) -> bool:
+        """The runtime's graph optimizer folds ``name`` into the op producing its
+        input ``slot`` (onnxruntime: a MatMul's result scaled by a constant, or
+        added to, as one Gemm): a value put between the two would change how the
+        fused op rounds, so passes that gate a value gate the fused one."""
+        return False
+
     def scratch_shapes(self, graph: Graph, name: str) -> list[tuple[Tensor, tuple]]:
         """Temporary tensors ``name``'s kernel allocates while it runs, besides its
         outputs, each as ``(tensor whose dtype it has, shape)``; freed when it returns."""

@@ -49,6 +49,8 @@ RANDOM_OPS = frozenset({
 # Ops that run subgraphs; treated as stateful (their bodies are not analysed).
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
+# Ops the builders add whose output has their inputs' broadcast shape and dtype.
+ELEMENTWISE_BUILT = frozenset({"Add", "Sub", "Mul", "Sum", "Identity"})
 # Ops whose output onnxruntime's CPU kernels place in their input's buffer (``Alias(0, 0)``).
 ALIAS_OPS = frozenset({"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 # Ops whose CPU kernels may write their output into input 0's buffer (``MayInplace(0, 0)``:
@@ -206,6 +208,37 @@ class ONNXDialect(Dialect):
         if producer.op == "MatMul" and graph.data_users(scaled.node) == [name]:
             return slot
         return None
+
+    def fuses_into_producer(self, graph: Graph, name: str, slot: int) -> bool:
+        """ORT's ``MatMulScaleFusion`` (a scalar-constant ``Mul``/``Div`` of a MatMul's
+        output read only there: ``lr * g`` of an SGD step) and ``MatMulAddFusion`` (an
+        ``Add`` to a 2-D MatMul's output read only there, the other operand of
+        shape ``[N]``, ``[1, N]``, ``[M, 1]`` or ``[M, N]``, as one Gemm:
+        ``mu * v + g`` of a momentum step)."""
+        node = graph.node(name)
+        inputs = graph.input_slots(name)
+        producer = inputs.get(slot)
+        if node.domain not in DEFAULT_DOMAINS or producer is None or \
+                graph.node(producer.node).op != "MatMul" or \
+                graph.node(producer.node).domain not in DEFAULT_DOMAINS or \
+                graph.consumers(producer) != [(name, slot)] or \
+                set(graph.node(producer.node).outputs) & _output_names(graph):
+            return False
+        if node.op in ("Mul", "Div"):
+            return self._fused_scale(graph, name) == slot
+        return node.op == "Add" and len(inputs) == 2 and self._gemm_bias(graph, producer.node,
+                                                                         inputs[1 - slot])
+
+    def _gemm_bias(self, graph: Graph, matmul: str, bias: Tensor) -> bool:
+        """``MatMulAddFusion``'s conditions on the MatMul (2-D float operands) and the
+        other ``Add`` operand (a bias Gemm broadcasts one way)."""
+        a, b = (self.shape(graph, t) for t in graph.inputs(matmul))
+        shape = self.shape(graph, bias)
+        if a is None or b is None or shape is None or len(a) != 2 or len(b) != 2 or \
+                self.dtype(graph, bias) not in ("float32", "float16", "bfloat16"):
+            return False
+        m, n = a[0], b[1]
+        return shape in ((n,), (1, n), (m, 1), (m, n)) and None not in (m, n)
 
     def _scalar_constant(self, graph: Graph, tensor: Tensor) -> bool:
         shape = self.shape(graph, tensor)
@@ -423,9 +456,17 @@ class ONNXDialect(Dialect):
         return new_name
 
     def _op(self, graph: Graph, name: str, op: str, inputs: list[Tensor], **attrs) -> Tensor:
+        """A node of one output; an elementwise op's type recorded as inference
+        would (``ELEMENTWISE_BUILT``), so a pass's trial copies need none."""
         name = graph.unique_name(name)
         graph.add_node(name, op, inputs, attrs={k: _attribute(k, v) for k, v in attrs.items()},
                        outputs=[_fresh_value(graph, name, 0)])
+        shapes = [self.shape(graph, t) for t in inputs]
+        if op in ELEMENTWISE_BUILT and None not in shapes:
+            shape = shapes[0]
+            for other in shapes[1:]:
+                shape = _broadcast(shape, other)
+            _record_type(graph, Tensor(name, 0), self.dtype(graph, inputs[0]), shape)
         return Tensor(name, 0)
 
     def constant(self, graph: Graph, name: str, value: Any, dtype: str) -> Tensor:
@@ -440,6 +481,7 @@ class ONNXDialect(Dialect):
         proto = onnx.helper.make_tensor(value_name, enum, array.shape, array.flatten().tolist())
         _register_initializer(graph, proto)
         graph.add_node(key, INITIALIZER, outputs=[value_name])
+        _record_type(graph, Tensor(key, 0), dtype, array.shape)
         return Tensor(key, 0)
 
     def identity(self, graph: Graph, name: str, tensor: Tensor,
@@ -459,6 +501,9 @@ class ONNXDialect(Dialect):
         """``Reshape(x, [-1])``, ``Slice [0:1]``, ``Reshape(., [])``, in the model's opset."""
         opset = self.opset(graph)
         flat = self._reshape(graph, f"{name}/flat", tensor, [-1], opset)
+        shape = self.shape(graph, tensor)
+        if shape is not None and None not in shape:
+            _record_type(graph, flat, self.dtype(graph, tensor), (math.prod(shape),))
         if opset >= 10:
             head = self._op(graph, f"{name}/head", "Slice", [
                 flat,
@@ -469,6 +514,8 @@ class ONNXDialect(Dialect):
         else:
             head = self._op(graph, f"{name}/head", "Slice", [flat], starts=[0], ends=[1],
                             axes=[0])
+        if shape is not None and None not in shape and math.prod(shape):
+            _record_type(graph, head, self.dtype(graph, tensor), (1,))
         first = self._reshape(graph, name, head, [], opset)
         # A scalar of the input's dtype: recorded as inference would (``cast`` reads it).
         node = graph.node(first.node)
@@ -496,6 +543,8 @@ class ONNXDialect(Dialect):
         to = enum if self.opset(graph) >= 6 else onnx.TensorProto.DataType.Name(enum)
         cast = self._op(graph, name, "Cast", [tensor], to=to)
         graph.node(cast.node).meta["dtypes"] = [dtype]  # known without inference
+        if self.shape(graph, tensor) is not None:
+            graph.node(cast.node).meta["shapes"] = [self.shape(graph, tensor)]
         return cast
 
     def binary(self, graph: Graph, name: str, op: str, a: Tensor, b: Tensor) -> Tensor:
@@ -505,6 +554,12 @@ class ONNXDialect(Dialect):
     def stop_gradient(self, graph: Graph, name: str, tensor: Tensor) -> Tensor:
         """An ``Identity``: ONNX has no StopGradient, and its backward is already built."""
         return self._op(graph, name, "Identity", [tensor])
+
+
+def _record_type(graph: Graph, tensor: Tensor, dtype: str | None, shape: tuple) -> None:
+    """Record a built node's output type as shape inference would."""
+    node = graph.node(tensor.node)
+    node.meta["dtypes"], node.meta["shapes"] = [dtype], [tuple(shape)]
 
 
 def _broadcast(a: tuple, b: tuple) -> tuple:

@@ -13,13 +13,16 @@ outputs stay checkpoints, so a recomputed dropout uses the same mask), fed or
 stored values (placeholders, variables, constants), a segment's *boundary*
 outputs (values other forward nodes read: they are kept anyway as the next
 segment's checkpoint), and anything graphpass generated (names under
-``graphpass/``), which is what makes a second run a no-op.
+``graphpass/``), which is what makes a second run a no-op. The optimizer is
+touched only by ``defer``, which rewires its reads of the gradients.
 
 The package: ``marks`` (patterns, ``_recompute_hint`` attributes -> segments),
 ``auto`` (``--recompute auto``: the planner ``plan`` on this graph, a plan
 estimated on a rewritten copy), ``rewrite`` (per segment: plan, copies,
-rewires) and ``order`` (copies after the trigger by control or data
-dependencies; ``--tupleize-grads``). ``RematPass`` here ties them together.
+rewires), ``order`` (copies after the trigger by control or data
+dependencies; ``--tupleize-grads``) and ``defer`` (a step that returns its
+updates, as ONNX's does, runs them after the last gradient where the estimate
+says that lowers the peak). ``RematPass`` here ties them together.
 
 Ordering: ``control`` mode gives the copies control inputs on the trigger;
 ``data`` mode ties their float inputs to it as ``recompute_grad(use_data_dep=True)``
@@ -28,14 +31,15 @@ does (see ``order``).
 
 from __future__ import annotations
 
-from graphpass.analysis.memory import estimated_peak_bytes
+from graphpass.analysis.memory import MemoryProfile, estimated_peak_bytes
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
 from graphpass.options import RematOptions
 from graphpass.passes.base import Pass
 from graphpass.passes.context import PassContext
 from graphpass.passes.remat.auto import auto_plan
-from graphpass.passes.remat.marks import marked_segments
+from graphpass.passes.remat.defer import defer_updates
+from graphpass.passes.remat.marks import marked_segments, unique
 from graphpass.passes.remat.plan import AutoPlan
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
 
@@ -65,8 +69,11 @@ class RematPass(Pass):
                                    self.options.tupleize_grads)
         changed = any(e["copied"] for e in entries)
         peak_after = _peak_after(graph, step, batch, changed, peak_before, auto)
-        self.report = _report(entries, skipped, step.dependency, peak_before, peak_after, auto)
-        return changed
+        # auto's estimate already has the updates deferred where that is lower
+        deferred = defer_updates(graph, step, batch, None if auto else peak_after)
+        self.report = _report(entries, skipped, step.dependency, peak_before, peak_after,
+                              auto, deferred)
+        return changed or deferred is not None
 
     def _analyze(self, graph: Graph, ctx: PassContext) -> Step:
         """Dependency mode, regions and fetches, once: the planner's trial rewrites
@@ -81,8 +88,10 @@ class RematPass(Pass):
             )
         regions = ctx.analyses.regions(graph)
         return Step(forward=set(regions.nodes("forward")),
-                     backward=set(regions.nodes("backward")),
-                     fetches=regions.fetches, dependency=dependency)
+                    backward=set(regions.nodes("backward")),
+                    fetches=regions.fetches, dependency=dependency,
+                    gradients=unique(t for s in regions.steps for t in s.gradients),
+                    optimizer=set(regions.nodes("optimizer")))
 
 
 def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
@@ -98,7 +107,10 @@ def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
 
 
 def _report(entries: list[dict], skipped: list[str], dependency: str, peak_before: int,
-            peak_after: int, auto: AutoPlan | None = None) -> dict:
+            peak_after: int, auto: AutoPlan | None = None,
+            deferred: tuple[int, MemoryProfile] | None = None) -> dict:
+    """The pass's report; ``deferred``: the estimates without and with the updates
+    deferred (``defer``), None if they were not."""
     summary = auto.summary() if auto else []
     for e in entries:
         line = f"segment {e['segment']}: "
@@ -113,6 +125,11 @@ def _report(entries: list[dict], skipped: list[str], dependency: str, peak_befor
         summary.append(f"{len(skipped)} marked gradient ops were skipped (only forward "
                        f"nodes are recomputed) "
                        f"(e.g. {', '.join(skipped[:3])})")
+    if deferred is not None:
+        summary.append(f"updates deferred to the end of the step (each gated on every "
+                       f"gradient): estimated {deferred[0] / 2**20:.1f} MiB -> "
+                       f"{deferred[1].peak_bytes / 2**20:.1f} MiB")
+        peak_after = deferred[1].peak_bytes
     if peak_before:
         summary.append(f"estimated peak {peak_before / 2**20:.1f} MiB -> "
                        f"{peak_after / 2**20:.1f} MiB ({peak_after / peak_before:.2f}x)")
@@ -120,6 +137,7 @@ def _report(entries: list[dict], skipped: list[str], dependency: str, peak_befor
     return {
         **extra,
         "dependency": dependency,
+        "deferred_updates": deferred is not None,
         "estimated_peak_bytes_before": peak_before,
         "estimated_peak_bytes_after": peak_after,
         "segments": entries,

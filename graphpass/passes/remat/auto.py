@@ -13,6 +13,7 @@ from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.options import CHEAP, RematOptions
 from graphpass.passes.remat.cheap import SHARED_COPY_ALLOWANCE, cheap_groups, cheap_keep
+from graphpass.passes.remat.defer import can_defer, defer_updates
 from graphpass.passes.remat.marks import SCOPE, Segment, is_generated, unique
 from graphpass.passes.remat.plan import (
     ROUNDS,
@@ -48,10 +49,17 @@ def auto_plan(graph: Graph, step: Step, options: RematOptions,
         return trial, rewrite_segments(trial, segments, step, options.tupleize_grads)
 
     def estimate(segments: list[Segment]) -> int:
-        return estimated_peak_bytes(rewritten(segments)[0], step.fetches, options.batch_size)
+        """The peak of the step as the pass writes it: the updates deferred where
+        that is lower (``defer``)."""
+        copy = rewritten(segments)[0]
+        peak = estimated_peak_bytes(copy, step.fetches, options.batch_size)
+        deferred = defer_updates(copy, step, options.batch_size, peak)
+        return peak if deferred is None else deferred[1].peak_bytes
 
     def trial(runs: tuple[tuple[int, int], ...]):
-        """A chain plan rewritten on a copy: the copy, each run's copies, the step."""
+        """A chain plan rewritten on a copy: the copy, each run's copies, the step
+        (the updates not deferred: the refinement reads what the runs leave live
+        in the backward pass, which deferring moves nothing of)."""
         copy, entries = rewritten(_chain_segments(chain, ChainPlan(runs, 0, 0)))
         return (copy, [e["copies"] for e in entries],
                 memory_profile(copy, step.fetches, options.batch_size))
@@ -62,12 +70,13 @@ def auto_plan(graph: Graph, step: Step, options: RematOptions,
     elif options.policy == CHEAP:
         segments = _plan_cheap(graph, chain, sizes, plan, estimate)
     else:
-        segments = _plan_chain(chain, plan, options, estimate, trial)
+        segments = _plan_chain(chain, plan, options, estimate, trial,
+                               can_defer(graph, step))
     plan.seconds = time.perf_counter() - start
     return plan, segments
 
 def _plan_chain(chain: ForwardChain, plan: AutoPlan, options: RematOptions,
-                estimate, trial) -> list[Segment]:
+                estimate, trial, deferrable: bool) -> list[Segment]:
     """``min-peak`` or ``budget``: solve the chain for the lowest peak, checked
     against the estimate (``refine``: rounds where the model was wrong). A
     budget plan is searched by bisection over the model's budget, between the
@@ -81,6 +90,8 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, options: RematOptions,
                                                      options.batch_size, budget)
     if estimated >= plan.estimate_before:  # the model was wrong: recompute nothing
         chosen, estimated = ChainPlan((), 0, 0), plan.estimate_before
+    elif deferrable:  # the plan as written: its updates deferred where that is lower
+        estimated = estimate(_chain_segments(chain, chosen))
     if budget is not None and estimated > budget:
         raise GraphpassError(over_budget_message(
             _budget_option(options), plan, estimated, [chain.label(*r) for r in chosen.runs]))

@@ -1,5 +1,6 @@
-"""Ordering a segment's copies after the gradient that reaches it, and gating a
-segment's gradient outputs (``--tupleize-grads``).
+"""Ordering a segment's copies after the gradient that reaches it, and gating
+values on each other (``gate_by_data``): a segment's gradient outputs
+(``--tupleize-grads``), the parameter updates on every gradient (``defer``).
 
 ``control`` mode gives the copies control inputs on the trigger (TF runtime);
 ``data`` mode ties each float input of the copies to the trigger as
@@ -10,6 +11,8 @@ none). The factor is the dialect's ``dependency_scale`` (ONNX: 0, see there).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
@@ -97,18 +100,31 @@ def tupleize(graph: Graph, segment: str, gradient_ops: list[str], dependency: st
         and _leaves(graph.consumers(Tensor(op, port)), ops, internal)
     )
     scope = f"{SCOPE}{segment.rstrip('/')}/tuple"
+    if dependency != "control":
+        gate_by_data(graph, scope, outputs, lambda c: c not in ops)
+        return
     producers = unique(t.node for t in outputs)
-    signal: dict[str, Tensor] = {}
     for tensor in outputs:
-        if dependency == "control":
-            gated = dialect.identity(graph, f"{scope}/gate", tensor, producers)
-        else:
-            dtype = dialect.dtype(graph, tensor)
-            if dtype not in signal:
-                signal[dtype] = _tiny_signal(graph, f"{scope}/{dtype}", outputs, dtype)
-            gated = dialect.binary(graph, f"{scope}/gate", "add", tensor, signal[dtype])
+        gated = dialect.identity(graph, f"{scope}/gate", tensor, producers)
         graph.replace_uses(tensor, gated,
                            where=lambda c: c not in ops and not c.startswith(scope))
+
+
+def gate_by_data(graph: Graph, scope: str, tensors: list[Tensor],
+                 readers: Callable[[str], bool]) -> None:
+    """Rewire the readers of each of ``tensors`` that ``readers`` accepts to
+    ``tensor + stop_gradient(tiny * s)``, ``s`` summing the first element of every
+    one of ``tensors`` in the order given (one signal per dtype): none of those
+    readers can run before all of ``tensors`` exist."""
+    dialect = graph.dialect
+    signal: dict[str, Tensor] = {}
+    for tensor in tensors:
+        dtype = dialect.dtype(graph, tensor)
+        if dtype not in signal:
+            signal[dtype] = _tiny_signal(graph, f"{scope}/{dtype}", tensors, dtype)
+        gated = dialect.binary(graph, f"{scope}/gate", "add", tensor, signal[dtype])
+        graph.replace_uses(tensor, gated,
+                           where=lambda c: readers(c) and not c.startswith(scope))
 
 
 def _leaves(readers: list[tuple[str, int]], ops: set[str], internal: set[str]) -> bool:

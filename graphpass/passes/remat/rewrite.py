@@ -30,6 +30,9 @@ class Step:
     backward: set[str]
     fetches: list[str]
     dependency: str
+    #: The gradients the parameter updates read, and the optimizer's nodes.
+    gradients: list[Tensor]
+    optimizer: set[str]
 
 
 @dataclass
