@@ -9,6 +9,7 @@ recognisers (``tf_updates``) and XLA support (``tf_xla``) are already apart.
 
 from __future__ import annotations
 
+import gc
 import re
 from collections.abc import Callable, Sequence
 from functools import cache
@@ -64,6 +65,8 @@ FORWARD_SLOTS = {op: (0,) for op in _UNARY_FORWARD} | {op: (0, 1) for op in _BIN
     | {"Select": (1, 2), "SelectV2": (1, 2)}
 #: Grappler keeps nodes with this attr (true) as they are (its "preserve set").
 DO_NOT_REWRITE_ATTR = "_grappler_do_not_remove"
+#: Ops read between two collections of their op <-> tensor cycles (``_imported_shapes``).
+_SHAPE_BATCH = 4096
 _APPLY_OP = re.compile(r"^(Resource)?(Sparse)?Apply[A-Z]")
 # The cost model's op classes (Dialect.op_class). Gradients of matmuls are matmuls.
 MATMUL_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
@@ -867,7 +870,16 @@ def _serialized_graph_def(graph: Graph, batch_size: int | None) -> bytes:
 
 def _imported_shapes(data: bytes) -> dict[str, list]:
     """Output shapes by node name of the GraphDef ``data``, from TF's C importer
-    (none for the nodes it could not take)."""
+    (none for the nodes it could not take).
+
+    Each op is read through a Python ``Operation`` that is never registered with
+    the ``tf.Graph`` (``Operation._from_c_op`` registers it, and colocation,
+    device and control-flow data with it), so it dies once its shapes are read:
+    the registered ops were a quarter of a 150k-node rewrite's peak memory, and
+    freeing them (graph <-> op cycles) a cyclic-GC pass over all of them. An op
+    and its output tensors still refer to each other, so they are collected a
+    batch at a time (``_SHAPE_BATCH``) with the full collector paused.
+    """
     import tensorflow as tf
     from tensorflow.python.client import pywrap_tf_session as c_api
     from tensorflow.python.framework import ops
@@ -877,20 +889,38 @@ def _imported_shapes(data: bytes) -> dict[str, list]:
     buffer = c_api.TF_NewBufferFromString(data)
     del data  # the buffer holds a copy
     shapes: dict[str, list] = {}
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
         with tf_graph._c_graph.get() as c_graph:
             c_api.TF_DeleteImportGraphDefResults(
                 c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer, options))
-        for c_op in tf_graph.new_operations():
-            op = ops.Operation._from_c_op(c_op=c_op, g=tf_graph)
-            shapes[op.name] = [None if unknown_rank else tuple(dims)
-                               for dims, unknown_rank in (t._shape for t in op.outputs)]
+        c_api.TF_DeleteBuffer(buffer)
+        buffer = None
+        for count, c_op in enumerate(tf_graph.new_operations(), 1):
+            name, found = _op_shapes(ops, tf_graph, c_op)
+            shapes[name] = found
+            if count % _SHAPE_BATCH == 0:
+                gc.collect(0)
+        gc.collect(0)
     except (ValueError, TypeError, tf.errors.OpError):
         pass  # custom ops or broken inputs: shapes stay unknown
     finally:
-        c_api.TF_DeleteBuffer(buffer)
+        if was_enabled:
+            gc.enable()
+        if buffer is not None:
+            c_api.TF_DeleteBuffer(buffer)
         c_api.TF_DeleteImportGraphDefOptions(options)
     return shapes
+
+
+def _op_shapes(ops, tf_graph, c_op) -> tuple[str, list]:
+    """``c_op``'s name and output shapes, through an unregistered ``Operation``."""
+    op = ops.Operation(c_op, ops.SymbolicTensor)
+    op.graph = tf_graph
+    op._init_outputs()
+    return op.name, [None if unknown_rank else tuple(dims)
+                     for dims, unknown_rank in (t._shape for t in op.outputs)]
 
 
 def shape_tuple(proto) -> tuple | None:
@@ -1040,21 +1070,27 @@ class GrapplerView:
 
     def _reduce(self) -> None:
         """Drop each control input that another input already depends on
-        (``DependencyOptimizer::TransitiveReduction``), with ancestor bitsets."""
+        (``DependencyOptimizer::TransitiveReduction``), with ancestor bitsets.
+        A producer is no ancestor of itself (the graph is acyclic), so "an ancestor
+        of another input" is "in the union of the inputs' ancestors": one union
+        per node, not one test per pair of inputs (quadratic in a train op's
+        hundreds of control inputs)."""
         bit = {n: 1 << i for i, n in enumerate(self.members)}
         ancestors: dict[str, int] = {}
         for name in self._topological():
-            mask = 0
-            for producer, _ in self.inputs[name]:
-                mask |= ancestors[producer] | bit[producer]
-            ancestors[name] = mask
             entries = self.inputs[name]
+            implied = 0
+            for producer, _ in entries:
+                implied |= ancestors[producer]
+            mask = implied
+            for producer, _ in entries:
+                mask |= bit[producer]
+            ancestors[name] = mask
             if not any(c for _, c in entries):
                 continue
             kept = []
             for producer, is_control in entries:
-                if is_control and any(ancestors[q] & bit[producer]
-                                      for q, _ in entries if q != producer):
+                if is_control and implied & bit[producer]:
                     self.users[producer].discard(name)
                     continue
                 kept.append((producer, is_control))
