@@ -77,7 +77,8 @@ class Rewrite(Command):
         nodes_before = len(graph)
         ctx = PassContext.from_options(options.pipeline, rewrite_instruments(
             options.dump_dir, full=options.dump_full, quiet=options.quiet,
-            regions=options.pipeline.regions))
+            regions=options.pipeline.regions),
+            estimates=not options.quiet or bool(options.report))
         if options.pipeline.regions:
             # Overrides are checked even when no requested pass needs regions.
             ctx.analyses.regions(graph)
