@@ -65,7 +65,7 @@ FORWARD_SLOTS = {op: (0,) for op in _UNARY_FORWARD} | {op: (0, 1) for op in _BIN
     | {"Select": (1, 2), "SelectV2": (1, 2)}
 #: Grappler keeps nodes with this attr (true) as they are (its "preserve set").
 DO_NOT_REWRITE_ATTR = "_grappler_do_not_remove"
-#: Ops read between two collections of their op <-> tensor cycles (``_imported_shapes``).
+#: Ops read between two collections of their op <-> tensor cycles (``imported_shapes``).
 _SHAPE_BATCH = 4096
 _APPLY_OP = re.compile(r"^(Resource)?(Sparse)?Apply[A-Z]")
 # The cost model's op classes (Dialect.op_class). Gradients of matmuls are matmuls.
@@ -846,7 +846,11 @@ def _infer_shapes(graph: Graph, batch_size: int | None = None) -> None:
     data in Python for every op, which was three quarters of its time and
     decides no shape (tools/bench_scale.py).
     """
-    shapes = _imported_shapes(_serialized_graph_def(graph, batch_size))
+    record_shapes(graph, imported_shapes(_serialized_graph_def(graph, batch_size)), batch_size)
+
+
+def record_shapes(graph: Graph, shapes: dict[str, list], batch_size: int | None = None) -> None:
+    """``imported_shapes``'s result on the nodes (``_infer_shapes``)."""
     for node in graph.nodes():
         inferred = _with_recorded_shapes(node, shapes.get(node.name, []))
         if batch_size is None:
@@ -876,7 +880,7 @@ def _serialized_graph_def(graph: Graph, batch_size: int | None) -> bytes:
     return graph_def.SerializeToString()
 
 
-def _imported_shapes(data: bytes) -> dict[str, list]:
+def imported_shapes(data: bytes) -> dict[str, list]:
     """Output shapes by node name of the GraphDef ``data``, from TF's C importer
     (none for the nodes it could not take).
 
