@@ -1,7 +1,7 @@
 """Benchmark: graphpass on large training graphs, against Grappler's memory optimizer.
 
     PYTHONPATH=. python tools/bench_scale.py [--layers 70,210,485] [--onnx-blocks 3125]
-                                             [--variants inspect,remat,auto,roundtrip,grappler]
+        [--variants inspect,remat,estimates,auto,roundtrip,grappler]
 
 Graphs (generated once into ``--work``, reused by later runs):
 
