@@ -109,7 +109,8 @@ REWRITE_OPTIONS: tuple[Option, ...] = (
     Option("--signature", "rewrite", "TF2 signature whose function holds the training step "
            "(default: train, else the one signature that trains)"),
     Option("--report", "rewrite", "write a JSON report of what each pass did"),
-    Option("--quiet", "rewrite", "print nothing on success", bool),
+    Option("--quiet", "rewrite", "print nothing on success (without --report, the memory "
+           "estimates only the summary shows are skipped)", bool),
 )
 #: What a config file may also name: the positional input and ``-o``.
 _CONFIG_ONLY = (Option("--input", "rewrite", "the model to read"),

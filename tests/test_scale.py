@@ -89,7 +89,8 @@ def count_calls(monkeypatch, owner, name: str) -> list[int]:
 
 
 def rewrite_counts(monkeypatch, tmp_path, source: Path, pattern: str) -> tuple[int, int]:
-    """(whole-graph walks, shape inferences) of ``inspect`` then ``rewrite --recompute``."""
+    """(whole-graph walks, shape inferences) of ``inspect`` then ``rewrite --recompute``
+    (with ``--report``, so the memory estimates before and after the rewrite run)."""
     from graphpass.cli import main
     from graphpass.dialects import onnx as onnx_dialect
     from graphpass.dialects import tf as tf_dialect
@@ -101,7 +102,8 @@ def rewrite_counts(monkeypatch, tmp_path, source: Path, pattern: str) -> tuple[i
     assert main(["inspect", str(source)]) == 0
     out = tmp_path / f"out{source.suffix}"
     assert main(["rewrite", str(source), "-o", str(out), "--recompute", pattern,
-                 "--dependency", "data", "--quiet"]) == 0
+                 "--dependency", "data", "--quiet", "--report",
+                 str(tmp_path / "report.json")]) == 0
     monkeypatch.undo()
     return walks[0], inferences[0] + tf_inferences[0]
 
@@ -133,3 +135,41 @@ def test_tf_walks_and_inferences_do_not_grow_with_the_graph(monkeypatch, tmp_pat
         source.write_bytes(tf_models.block_mlp(blocks=blocks).meta_graph.SerializeToString())
         counts.append(rewrite_counts(monkeypatch, tmp_path, source, "block[0-9]+/"))
     assert counts[0] == counts[1]
+
+
+def test_tf_source_is_used_only_while_the_graph_is_as_read():
+    """Shape inference may serialize the GraphDef a graph was read from only while
+    the graph is unchanged: an added node or an attr set through the dialect
+    drops it (the lowered IR is inferred then), and copies start without it."""
+    import graphpass
+
+    graph = graphpass.load(DATA / "mlp_adam.meta")
+    assert graph.source() is not None and graph.copy().source() is None
+    x = next(n for n in graph if graph.node(n).op == "Placeholder")
+    graph.dialect.set_attr(graph, x, "_recompute_hint", 0)
+    assert graph.source() is None
+    graph = graphpass.load(DATA / "mlp_adam.meta")
+    graph.add_node("extra", "NoOp")
+    assert graph.source() is None
+
+
+def test_quiet_rewrite_estimates_only_for_a_report(monkeypatch, tmp_path, capsys):
+    """``--quiet`` without ``--report`` shows no estimate, so none is computed; with
+    ``--report`` the two estimates run and give the figures a shown summary gives."""
+    from graphpass.analysis import memory
+    from graphpass.cli import main
+
+    estimates = count_calls(monkeypatch, memory, "memory_profile")
+    source = str(DATA / "mlp_adam.meta")
+    argv = ["rewrite", source, "-o", str(tmp_path / "out.meta"), "--recompute", "block[1-2]/"]
+    assert main(argv + ["--quiet"]) == 0
+    assert estimates[0] == 0
+    assert main(argv + ["--quiet", "--report", str(tmp_path / "r.json")]) == 0
+    assert estimates[0] == 2
+    capsys.readouterr()
+    assert main(argv) == 0
+    shown = capsys.readouterr().out
+    report = json.loads((tmp_path / "r.json").read_text())["passes"][0]["report"]
+    before, after = (report[f"estimated_peak_bytes_{k}"] for k in ("before", "after"))
+    assert before > after > 0
+    assert f"estimated peak {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB" in shown

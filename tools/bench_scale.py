@@ -1,7 +1,7 @@
 """Benchmark: graphpass on large training graphs, against Grappler's memory optimizer.
 
     PYTHONPATH=. python tools/bench_scale.py [--layers 70,210,485] [--onnx-blocks 3125]
-                                             [--variants inspect,remat,auto,roundtrip,grappler]
+        [--variants inspect,remat,estimates,auto,roundtrip,grappler]
 
 Graphs (generated once into ``--work``, reused by later runs):
 
@@ -16,8 +16,10 @@ Graphs (generated once into ``--work``, reused by later runs):
 Variants, each in its own process (a fresh interpreter per measurement):
 
 * ``inspect``   -- ``graphpass inspect``
-* ``remat``     -- ``graphpass rewrite --recompute 'encoder/layer_[0-9]+/'`` (ONNX:
-                   ``'block[0-9]+/'``)
+* ``remat``     -- ``graphpass rewrite --recompute 'encoder/layer_[0-9]+/' --quiet``
+                   (ONNX: ``'block[0-9]+/'``): no summary shown, so no memory estimate
+* ``estimates`` -- the same with ``--report FILE``: the two estimates (before and
+                   after) that the summary and the report show
 * ``auto``      -- ``graphpass rewrite --recompute auto``
 * ``roundtrip`` -- ``graphpass rewrite`` with no pass (read + write)
 * ``grappler``  -- the anchor: the same graph with ``_recompute_hint`` on every
@@ -54,7 +56,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 TF_MARK = "encoder/layer_[0-9]+/"
 ONNX_MARK = "block[0-9]+/"
-VARIANTS = ("inspect", "remat", "auto", "roundtrip", "grappler")
+VARIANTS = ("inspect", "remat", "estimates", "auto", "roundtrip", "grappler")
 
 
 # -- graphs -------------------------------------------------------------------
@@ -200,6 +202,8 @@ def _command(variant: str, source: str, output: str, is_onnx: bool):
     argv = {
         "inspect": ["inspect", source],
         "remat": ["rewrite", source, "-o", output, "--recompute", mark, "--quiet"],
+        "estimates": ["rewrite", source, "-o", output, "--recompute", mark, "--quiet",
+                      "--report", output + ".json"],
         "auto": ["rewrite", source, "-o", output, "--recompute", "auto", "--quiet"],
         "roundtrip": ["rewrite", source, "-o", output, "--quiet"],
     }[variant]

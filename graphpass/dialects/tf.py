@@ -9,7 +9,9 @@ recognisers (``tf_updates``) and XLA support (``tf_xla``) are already apart.
 
 from __future__ import annotations
 
+import gc
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any, NamedTuple
@@ -64,6 +66,8 @@ FORWARD_SLOTS = {op: (0,) for op in _UNARY_FORWARD} | {op: (0, 1) for op in _BIN
     | {"Select": (1, 2), "SelectV2": (1, 2)}
 #: Grappler keeps nodes with this attr (true) as they are (its "preserve set").
 DO_NOT_REWRITE_ATTR = "_grappler_do_not_remove"
+#: Ops read between two collections of their op <-> tensor cycles (``imported_shapes``).
+_SHAPE_BATCH = 4096
 _APPLY_OP = re.compile(r"^(Resource)?(Sparse)?Apply[A-Z]")
 # The cost model's op classes (Dialect.op_class). Gradients of matmuls are matmuls.
 MATMUL_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
@@ -522,6 +526,7 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
         return value
 
     def set_attr(self, graph: Graph, name: str, key: str, value: Any) -> None:
+        graph.forget_source()
         graph.node(name).attrs[key] = _attr(value)
 
     # -- builders ----------------------------------------------------------
@@ -543,6 +548,7 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
         transformer's layer norms changed its weights in the last bit), so a kept
         original would compute differently, not as before (tests/test_tf2.py)."""
         if not self.in_function_body(graph):
+            graph.forget_source()
             graph.node(name).attrs[DO_NOT_REWRITE_ATTR] = _attr(True)
 
     def _op(self, graph, name, op, inputs, control_inputs=(), device="", output_shapes=None,
@@ -854,7 +860,11 @@ def _infer_shapes(graph: Graph, batch_size: int | None = None) -> None:
     data in Python for every op, which was three quarters of its time and
     decides no shape (tools/bench_scale.py).
     """
-    shapes = _imported_shapes(_serialized_graph_def(graph, batch_size))
+    record_shapes(graph, imported_shapes(_serialized_graph_def(graph, batch_size)), batch_size)
+
+
+def record_shapes(graph: Graph, shapes: dict[str, list], batch_size: int | None = None) -> None:
+    """``imported_shapes``'s result on the nodes (``_infer_shapes``)."""
     for node in graph.nodes():
         inferred = _with_recorded_shapes(node, shapes.get(node.name, []))
         if batch_size is None:
@@ -866,10 +876,16 @@ def _infer_shapes(graph: Graph, batch_size: int | None = None) -> None:
 def _serialized_graph_def(graph: Graph, batch_size: int | None) -> bytes:
     """The graph lowered to a GraphDef, as the bytes TF's importer reads; the
     proto itself is gone before the import starts (it was a tenth of the peak
-    memory of a 150k-node rewrite)."""
+    memory of a 150k-node rewrite). A graph still as read serializes the GraphDef
+    it was read from (``Graph.source``; lowering gives the same nodes: the round
+    trip is lossless), a fifth of the time of shape inference."""
     from graphpass.formats.tf_io import graph_def_from_graph
 
-    graph_def = graph_def_from_graph(graph)
+    graph_def = graph.source()
+    if graph_def is None:
+        graph_def = graph_def_from_graph(graph)
+    elif batch_size is not None:
+        graph_def = type(graph_def).FromString(graph_def.SerializeToString())
     if batch_size is not None:
         for node in graph_def.node:
             dims = node.attr["shape"].shape.dim if node.op.startswith("Placeholder") else []
@@ -878,9 +894,18 @@ def _serialized_graph_def(graph: Graph, batch_size: int | None) -> bytes:
     return graph_def.SerializeToString()
 
 
-def _imported_shapes(data: bytes) -> dict[str, list]:
+def imported_shapes(data: bytes) -> dict[str, list]:
     """Output shapes by node name of the GraphDef ``data``, from TF's C importer
-    (none for the nodes it could not take)."""
+    (none for the nodes it could not take).
+
+    Each op is read through a Python ``Operation`` that is never registered with
+    the ``tf.Graph`` (``Operation._from_c_op`` registers it, and colocation,
+    device and control-flow data with it), so it dies once its shapes are read:
+    the registered ops were a quarter of a 150k-node rewrite's peak memory, and
+    freeing them (graph <-> op cycles) a cyclic-GC pass over all of them. An op
+    and its output tensors still refer to each other, so they are collected a
+    batch at a time (``_SHAPE_BATCH``) with the full collector paused.
+    """
     import tensorflow as tf
     from tensorflow.python.client import pywrap_tf_session as c_api
     from tensorflow.python.framework import ops
@@ -890,20 +915,38 @@ def _imported_shapes(data: bytes) -> dict[str, list]:
     buffer = c_api.TF_NewBufferFromString(data)
     del data  # the buffer holds a copy
     shapes: dict[str, list] = {}
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
         with tf_graph._c_graph.get() as c_graph:
             c_api.TF_DeleteImportGraphDefResults(
                 c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer, options))
-        for c_op in tf_graph.new_operations():
-            op = ops.Operation._from_c_op(c_op=c_op, g=tf_graph)
-            shapes[op.name] = [None if unknown_rank else tuple(dims)
-                               for dims, unknown_rank in (t._shape for t in op.outputs)]
+        c_api.TF_DeleteBuffer(buffer)
+        buffer = None
+        for count, c_op in enumerate(tf_graph.new_operations(), 1):
+            name, found = _op_shapes(ops, tf_graph, c_op)
+            shapes[name] = found
+            if count % _SHAPE_BATCH == 0:
+                gc.collect(0)
+        gc.collect(0)
     except (ValueError, TypeError, tf.errors.OpError):
         pass  # custom ops or broken inputs: shapes stay unknown
     finally:
-        c_api.TF_DeleteBuffer(buffer)
+        if was_enabled:
+            gc.enable()
+        if buffer is not None:
+            c_api.TF_DeleteBuffer(buffer)
         c_api.TF_DeleteImportGraphDefOptions(options)
     return shapes
+
+
+def _op_shapes(ops, tf_graph, c_op) -> tuple[str, list]:
+    """``c_op``'s name and output shapes, through an unregistered ``Operation``."""
+    op = ops.Operation(c_op, ops.SymbolicTensor)
+    op.graph = tf_graph
+    op._init_outputs()
+    return op.name, [None if unknown_rank else tuple(dims)
+                     for dims, unknown_rank in (t._shape for t in op.outputs)]
 
 
 def shape_tuple(proto) -> tuple | None:
@@ -1001,9 +1044,13 @@ class GrapplerView:
     def __init__(self, graph: Graph, nodes: set[str], known: frozenset[str],
                  fetched: frozenset[str], is_back_edge: Callable[[str, str], bool],
                  is_stateful: Callable[[str], bool]) -> None:
-        self.graph, self.fetched, self.is_stateful = graph, fetched, is_stateful
-        self.known = known
+        self.fetched, self.known = fetched, known
         self.members = [n for n in graph if n in nodes]
+        self.ops = {n: graph.node(n).op for n in self.members}
+        # What a sweep may convert: fixed by the op alone (stateless, not bypassed
+        # itself) and not fetched; converted nodes join what may be bypassed.
+        self.stateless = {n for n in self.members if n not in fetched and
+                          self.ops[n] not in BYPASSED_OPS and not is_stateful(n)}
         self.position = {n: i for i, n in enumerate(self.members)}
         self.inputs: dict[str, list[tuple[str, bool]]] = {}
         self.users: dict[str, set[str]] = {n: set() for n in self.members}
@@ -1034,12 +1081,15 @@ class GrapplerView:
     def optimize(self, rounds: int = 8) -> None:
         """The dependency optimizer as the meta optimizer runs it (twice): drop control
         inputs other inputs imply, then convert and bypass until nothing changes (at
-        most ``rounds`` sweeps)."""
+        most ``rounds`` sweeps). A sweep visits only the nodes whose op allows a
+        change, in graph order."""
+        sweep = [n for n in self.members if n in self.stateless or
+                 (n not in self.fetched and self.ops[n] in BYPASSED_OPS)]
         for _ in range(2):
             self._reduce()
             for _ in range(rounds):
                 changed = False
-                for name in self.members:
+                for name in sweep:
                     if self._convertible(name):
                         self.noop.add(name)
                         self.inputs[name] = [(p, True) for p in dict.fromkeys(
@@ -1053,21 +1103,36 @@ class GrapplerView:
 
     def _reduce(self) -> None:
         """Drop each control input that another input already depends on
-        (``DependencyOptimizer::TransitiveReduction``), with ancestor bitsets."""
-        bit = {n: 1 << i for i, n in enumerate(self.members)}
+        (``DependencyOptimizer::TransitiveReduction``), with ancestor bitsets.
+        A producer is no ancestor of itself (the graph is acyclic), so "an ancestor
+        of another input" is "in the union of the inputs' ancestors": one union
+        per node, not one test per pair of inputs (quadratic in a train op's
+        hundreds of control inputs). A node's bit is made when used and its
+        ancestors are dropped once its last reader is done: kept, the bitsets of a
+        150k-node graph took 1.4 GB (each as long as the graph is)."""
+        position = self.position
+        readers = Counter(p for n in self.members
+                          for p in dict.fromkeys(q for q, _ in self.inputs[n]))
         ancestors: dict[str, int] = {}
         for name in self._topological():
-            mask = 0
-            for producer, _ in self.inputs[name]:
-                mask |= ancestors[producer] | bit[producer]
-            ancestors[name] = mask
             entries = self.inputs[name]
+            producers = dict.fromkeys(p for p, _ in entries)
+            implied = 0
+            for producer in producers:
+                implied |= ancestors[producer]
+            mask = implied
+            for producer in producers:
+                mask |= 1 << position[producer]
+                readers[producer] -= 1
+                if not readers[producer]:
+                    del ancestors[producer]
+            if readers[name]:
+                ancestors[name] = mask
             if not any(c for _, c in entries):
                 continue
             kept = []
             for producer, is_control in entries:
-                if is_control and any(ancestors[q] & bit[producer]
-                                      for q, _ in entries if q != producer):
+                if is_control and implied >> position[producer] & 1:
                     self.users[producer].discard(name)
                     continue
                 kept.append((producer, is_control))
@@ -1087,11 +1152,10 @@ class GrapplerView:
         return order
 
     def _op(self, name: str) -> str:
-        return "NoOp" if name in self.noop else self.graph.node(name).op
+        return "NoOp" if name in self.noop else self.ops[name]
 
     def _convertible(self, name: str) -> bool:
-        if name in self.noop or name in self.fetched or not self.users[name] or \
-                self._op(name) in BYPASSED_OPS or self.is_stateful(name):
+        if name not in self.stateless or name in self.noop or not self.users[name]:
             return False
         return all((name, False) not in self.inputs[u] for u in self.users[name])
 
@@ -1100,7 +1164,7 @@ class GrapplerView:
         if op not in BYPASSED_OPS or name in self.fetched or not users:
             return False
         if op != "NoOp" and (not entries or entries[0][1] or
-                             self.graph.node(entries[0][0]).op in _NOT_BYPASSED_AFTER):
+                             self.ops[entries[0][0]] in _NOT_BYPASSED_AFTER):
             return False
         return len(entries) * len(users) <= len(entries) + len(users)
 

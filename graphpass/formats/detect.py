@@ -40,9 +40,11 @@ _TEXT_FIRST_FIELDS = {
 
 
 def load(path: str | os.PathLike, *, tag: str | None = None,
-         signature: str | None = None) -> Graph:
+         signature: str | None = None, shapes: bool = False) -> Graph:
     """Read a TF GraphDef / MetaGraphDef / SavedModel or an ONNX model into a Graph;
-    ``signature`` picks the TF2 signature whose function holds the training step."""
+    ``signature`` picks the TF2 signature whose function holds the training step.
+    ``shapes``: infer a TF graph's shapes while reading it, for a command that will
+    need them (``tf_io.graph_from_graph_def``: less memory than inferring later)."""
     path = Path(path)
     kind, is_text = detect(path)
     if kind == ONNX:
@@ -51,7 +53,7 @@ def load(path: str | os.PathLike, *, tag: str | None = None,
         return onnx_io.read_onnx(path)
     from graphpass.formats import tf_io
 
-    return tf_io.read_tf(path, kind, is_text, tag=tag, signature=signature)
+    return tf_io.read_tf(path, kind, is_text, tag=tag, signature=signature, shapes=shapes)
 
 
 def save(graph: Graph, path: str | os.PathLike, *, output_format: str | None = None) -> None:

@@ -115,6 +115,7 @@ class Graph:
         # most of the cost of asking.
         self._views: dict[str, Node] = {}
         self._order_cache: tuple[int, list[str]] | None = None
+        self._source: tuple[int, Any] | None = None
 
     # -- reading -----------------------------------------------------------
 
@@ -129,6 +130,24 @@ class Graph:
         computed from the structure alone (the topological order) can be reused
         while it is unchanged. Attribute and metadata edits do not count."""
         return self._version
+
+    def keep_source(self, source: Any) -> None:
+        """Remember the parsed file (a format's proto) the graph was just read from:
+        while the graph is as read, a dialect may hand that to its runtime instead
+        of lowering the IR again (TF shape inference)."""
+        self._source = (self._version, source)
+
+    def source(self) -> Any | None:
+        """The parsed file, while the graph is as read: forgotten once the structure
+        changes (``version``), a pass changes the graph or an attr is set through the
+        dialect (``forget_source``: attrs are edited in place, uncounted); copies
+        start without one."""
+        if self._source is not None and self._source[0] == self._version:
+            return self._source[1]
+        return None
+
+    def forget_source(self) -> None:
+        self._source = None
 
     @property
     def dialect(self):

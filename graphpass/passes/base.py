@@ -69,6 +69,7 @@ class Pipeline:
             changed = pass_.run(graph, ctx)
             seconds = time.perf_counter() - start
             if changed:
+                graph.forget_source()
                 ctx.analyses.invalidate(graph, pass_.preserves)
                 verify(graph, after=pass_.name)
             for instrument in ctx.instruments:

@@ -22,18 +22,24 @@ from graphpass.passes.instrument import Instrument
 @dataclass(frozen=True)
 class PassContext:
     """``target``: ``tf`` or ``xla``; ``dependency``: remat's default ordering
-    (``data`` for xla, which ignores control edges; None: the dialect's first mode)."""
+    (``data`` for xla, which ignores control edges; None: the dialect's first mode);
+    ``estimates``: whether passes estimate the step's memory for their reports.
+    The CLI turns it off when no report is shown (``--quiet`` without ``--report``):
+    on a large graph the two estimates were a third of a rewrite's time and
+    nobody saw them. A pass that plans by the estimate (``--recompute auto``)
+    estimates regardless."""
 
     target: str = "tf"
     device: str | None = None
     dependency: str | None = None
     instruments: tuple[Instrument, ...] = ()
     analyses: AnalysisManager = field(default_factory=AnalysisManager)
+    estimates: bool = True
 
     @classmethod
-    def from_options(cls, options: PipelineOptions,
-                     instruments: Sequence[Instrument] = ()) -> PassContext:
+    def from_options(cls, options: PipelineOptions, instruments: Sequence[Instrument] = (),
+                     estimates: bool = True) -> PassContext:
         return cls(target=options.target, device=options.device,
                    dependency="data" if options.target == "xla" else None,
                    instruments=tuple(instruments),
-                   analyses=AnalysisManager(options.regions))
+                   analyses=AnalysisManager(options.regions), estimates=estimates)

@@ -56,8 +56,8 @@ class RematPass(Pass):
     def run(self, graph: Graph, ctx: PassContext) -> bool:
         step = self._analyze(graph, ctx)
         batch = self.options.batch_size
-        peak_before = ctx.analyses.peak_bytes(graph, step.fetches) if batch is None \
-            else estimated_peak_bytes(graph, step.fetches, batch)
+        estimate = ctx.estimates or self.options.auto
+        peak_before = _peak_before(graph, ctx, step, batch) if estimate else None
         auto = None
         if self.options.auto:
             auto, segments = auto_plan(graph, step, self.options, peak_before)
@@ -68,8 +68,11 @@ class RematPass(Pass):
         entries = rewrite_segments(graph, segments, step,
                                    self.options.tupleize_grads)
         changed = any(e["copied"] for e in entries)
-        peak_after = _peak_after(graph, step, batch, changed, peak_before, auto)
-        # auto's estimate already has the updates deferred where that is lower
+        peak_after = _peak_after(graph, step, batch, changed, peak_before, auto) \
+            if estimate else None
+        # auto's estimate already has the updates deferred where that is lower.
+        # Deferring is part of the rewrite, so it is decided (estimated) when the
+        # figures are not shown too: the output never depends on --quiet.
         deferred = defer_updates(graph, step, batch, None if auto else peak_after)
         self.report = _report(entries, skipped, step.dependency, peak_before, peak_after,
                               auto, deferred)
@@ -94,6 +97,13 @@ class RematPass(Pass):
                     optimizer=set(regions.nodes("optimizer")))
 
 
+def _peak_before(graph: Graph, ctx: PassContext, step: Step, batch: int | None) -> int:
+    """The estimate of the original step (shared with other passes without a batch)."""
+    if batch is None:
+        return ctx.analyses.peak_bytes(graph, step.fetches)
+    return estimated_peak_bytes(graph, step.fetches, batch)
+
+
 def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
                 peak_before: int, auto: AutoPlan | None) -> int:
     """The estimate after the rewrite. The planner estimated this very rewrite
@@ -106,11 +116,13 @@ def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
     return estimated_peak_bytes(graph, step.fetches, batch)
 
 
-def _report(entries: list[dict], skipped: list[str], dependency: str, peak_before: int,
-            peak_after: int, auto: AutoPlan | None = None,
+def _report(entries: list[dict], skipped: list[str], dependency: str,
+            peak_before: int | None, peak_after: int | None,
+            auto: AutoPlan | None = None,
             deferred: tuple[int, MemoryProfile] | None = None) -> dict:
-    """The pass's report; ``deferred``: the estimates without and with the updates
-    deferred (``defer``), None if they were not."""
+    """The pass's report; the peaks are None when not estimated
+    (``PassContext.estimates``); ``deferred``: the estimates without and with the
+    updates deferred (``defer``), None if they were not."""
     summary = auto.summary() if auto else []
     for e in entries:
         line = f"segment {e['segment']}: "
