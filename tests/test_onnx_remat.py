@@ -278,6 +278,22 @@ def test_deferred_updates_train_identically_and_lower_the_measured_peak(kind, tm
         np.testing.assert_allclose(new_values[name], value, rtol=1e-6, err_msg=name)
 
 
+def test_deferring_is_decided_when_the_figures_are_not_shown(tmp_path):
+    """``--quiet`` without ``--report`` skips the estimates nobody sees, but deferring
+    the updates is part of the rewrite: the quiet output is the same file."""
+    from tools.onnx_optimizers import Optimizer
+
+    mlp = onnx_models.block_mlp(batch=256, width=64, optimizer=Optimizer("nesterov", lr=0.1),
+                                check=False)
+    shown, _ = _rewrite(mlp.model, tmp_path / "shown", "--recompute", "block[1-7]/")
+    quiet = tmp_path / "quiet.onnx"
+    status, _, err = _cli("rewrite", str(tmp_path / "shown" / "step.onnx"), "-o", str(quiet),
+                          "--recompute", "block[1-7]/", "--quiet")
+    assert status == 0, err
+    assert any(n.name.startswith(DEFER_SCOPE) for n in onnx.load(quiet).graph.node)
+    assert quiet.read_bytes() == shown.read_bytes()
+
+
 @pytest.mark.parametrize("kind", ["sgd", "momentum"])
 def test_deferred_updates_keep_what_onnxruntime_fuses_into_the_weight_gradient(kind,
                                                                                tmp_path):
