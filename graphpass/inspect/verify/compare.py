@@ -112,12 +112,15 @@ def compare_values(a, b, rtol: float, atol: float) -> tuple[float, float, bool]:
         same = bool(np.array_equal(a, b))
         return (0.0, 0.0, True) if same else (float("inf"), float("inf"), False)
     x, y = a.astype(np.float64), b.astype(np.float64)
-    both_nan = np.isnan(x) & np.isnan(y)
-    err = np.where(both_nan, 0.0, np.abs(x - y))
+    # Equal values (infinities of one sign included) and NaN against NaN match
+    # whatever the tolerance: ``rtol * |NaN|`` is NaN, and no error is <= NaN.
+    same = (x == y) | (np.isnan(x) & np.isnan(y))
+    with np.errstate(invalid="ignore"):
+        err = np.where(same, 0.0, np.abs(x - y))
     err = np.where(np.isnan(err), np.inf, err)
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.where(err == 0, 0.0, err / np.abs(x))
-    ok = bool(np.all(err <= atol + rtol * np.abs(x)))
+        ok = bool(np.all(same | (np.isfinite(err) & (err <= atol + rtol * np.abs(x)))))
     max_abs = float(err.max()) if err.size else 0.0
     max_rel = float(rel.max()) if rel.size else 0.0
     return max_abs, max_rel, ok
