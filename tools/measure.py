@@ -70,7 +70,8 @@ def measure(graph_path: str | Path, fetches: list[str], init: str | None = "init
     spec = {"graph": str(graph_path), "fetches": list(fetches), "init": init,
             "batch_size": batch_size, "steps": steps, "grappler": grappler,
             "trace_path": str(trace_path) if trace_path else None}
-    return Measurement(**_run_worker(["--worker", json.dumps(spec)], timeout_s, env))
+    return Measurement(**_run_worker(["--worker", json.dumps(spec)], str(graph_path),
+                                     timeout_s, env))
 
 
 @dataclass
@@ -100,16 +101,18 @@ def paired_step_time(original: str | Path, rewritten: str | Path, fetches: list[
     """
     spec = {"graphs": [str(original), str(rewritten)], "fetches": list(fetches),
             "init": init, "rounds": rounds, "grappler": grappler}
-    return StepTimes(**_run_worker(["--paired-worker", json.dumps(spec)], timeout_s))
+    return StepTimes(**_run_worker(["--paired-worker", json.dumps(spec)],
+                                   f"{rewritten} against {original}", timeout_s))
 
 
-def _run_worker(args: list[str], timeout_s: float, env: dict | None = None) -> dict:
+def _run_worker(args: list[str], what: str, timeout_s: float,
+                env: dict | None = None) -> dict:
     """This file run as a worker in a new process; its last stdout line, as JSON."""
     env = env or dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     out = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args],
                          capture_output=True, text=True, env=env, timeout=timeout_s)
     if out.returncode != 0:
-        raise RuntimeError(f"measuring failed:\n{out.stderr[-3000:]}")
+        raise RuntimeError(f"measuring {what} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
