@@ -74,13 +74,15 @@ class Rewrite(Command):
         if options.report:
             _check_output(source, Path(options.report), False, file=True)
         passes = build_passes(options.pipeline)
-        graph = _load(source, tag=options.tag, signature=options.signature,
-                      shapes=bool(passes or options.pipeline.regions))
-        nodes_before = len(graph)
         ctx = PassContext.from_options(options.pipeline, rewrite_instruments(
             options.dump_dir, full=options.dump_full, quiet=options.quiet,
             regions=options.pipeline.regions),
             estimates=not options.quiet or bool(options.report))
+        # Every shape now, or (loss detection, a report's bytes) a few when asked for.
+        graph = _load(source, tag=options.tag, signature=options.signature,
+                      shapes=bool(options.dump_dir)
+                      or any(p.estimates_memory(ctx) for p in passes))
+        nodes_before = len(graph)
         if options.pipeline.regions:
             # Overrides are checked even when no requested pass needs regions.
             ctx.analyses.regions(graph)
@@ -143,7 +145,8 @@ class Inspect(Command):
         _check_batch_size(args.batch_size)
         if args.memory_plot:
             _check_output(Path(args.input), Path(args.memory_plot), False)
-        graph = _load(args.input, tag=args.tag, signature=args.signature, shapes=True)
+        graph = _load(args.input, tag=args.tag, signature=args.signature,
+                      shapes=bool(args.memory_plot or args.saved))
         info = describe(graph, loss=args.loss, train_ops=args.train_op,
                         global_step=args.global_step, xla=args.xla, saved=args.saved,
                         batch_size=args.batch_size)
@@ -316,7 +319,7 @@ def _frozen_graphs() -> Iterator[None]:
 
 def _load(path, **kwargs):
     """``graphpass.load`` (``shapes=True`` for a command whose analyses read
-    shapes), then everything alive moved out of the cyclic
+    every shape), then everything alive moved out of the cyclic
     collector's reach (``gc.freeze``): the graph lives until the command ends
     and its millions of objects hold no garbage cycles, yet every full
     collection scanned them all, 15% of a rewrite of a 65k-node graph.

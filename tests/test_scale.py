@@ -75,6 +75,46 @@ def test_tf_shapes_are_the_python_importers(name):
     assert {n: graph.node(n).meta["shapes"] for n in graph} == expected
 
 
+@pytest.mark.parametrize("name", ["mlp_adam", "conv_bn_dropout", "control_flow",
+                                  "function_library", "clipped_custom_scope"])
+def test_tf_shapes_asked_for_some_nodes_are_the_whole_graphs(name):
+    """Inference asked for a few nodes imports them and their data ancestors only
+    (control inputs dropped) and records there what the whole graph's gives."""
+    import graphpass
+    from graphpass.analysis.shapes import infer_shapes
+
+    graph = graphpass.load(DATA / f"{name}.meta")
+    whole = graphpass.load(DATA / f"{name}.meta", shapes=True)
+    names = list(graph)
+    asked = names[len(names) // 2::7]
+    assert infer_shapes(graph, asked) and not infer_shapes(graph, asked)
+    recorded = {n for n in graph if "shapes" in graph.node(n).meta}
+    assert set(asked) <= recorded < set(names)
+    assert recorded == graph.ancestors(asked, follow_control=False) | set(asked)
+    assert {n: graph.node(n).meta["shapes"] for n in recorded} == \
+        {n: whole.node(n).meta["shapes"] for n in recorded}
+
+
+@pytest.mark.parametrize("argv", [["inspect"], ["rewrite", "--recompute", "block[1-2]/",
+                                                "--quiet"]])
+def test_commands_that_show_no_estimate_infer_part_of_the_graph(monkeypatch, tmp_path,
+                                                                 capsys, argv):
+    """Loss detection reads its candidates' shapes and a rewrite's report the bytes
+    its segments release: only those and what they are computed from are inferred."""
+    from graphpass.cli import main
+    from graphpass.dialects import tf as tf_dialect
+
+    inferred = []
+    record = tf_dialect.record_shapes
+    monkeypatch.setattr(tf_dialect, "record_shapes", lambda graph, shapes, batch_size=None,
+                        only=None: inferred.append((len(graph), only)) or
+                        record(graph, shapes, batch_size, only))
+    source = str(DATA / "mlp_adam.meta")
+    extra = ["-o", str(tmp_path / "out.meta")] if argv[0] == "rewrite" else []
+    assert main([argv[0], source, *extra, *argv[1:]]) == 0
+    assert inferred and all(only is not None and len(only) < size for size, only in inferred)
+
+
 def count_calls(monkeypatch, owner, name: str) -> list[int]:
     """Count calls of ``owner.name`` (the counter is a one-element list)."""
     counter = [0]

@@ -87,9 +87,8 @@ def analyze(
 
     ``loss``, ``train_ops`` and ``global_step`` override detection. The labels
     live in the result, never on the nodes (they would go stale once a pass adds
-    nodes); loss detection reads shapes, so shape inference runs first.
+    nodes); loss detection reads its candidates' shapes, inferred then.
     """
-    infer_shapes(graph)
     dialect = graph.dialect
     applies = dialect.applies_for(graph, train_ops or ())
     if not applies:
@@ -181,9 +180,10 @@ def _find_loss(graph: Graph, gradients: list[Tensor], train_op: str, applies: li
     related = graph.descendants(toward_grads, follow_control=False) | toward_grads
     order = {name: i for i, name in enumerate(graph)}
     toward_grads_order = sorted(order[n] for n in toward_grads)
-    candidates = [n for n in graph if n in related and n not in after_update
-                  and n not in producers and _only_fetched(graph, n)
-                  and _scalar_or_unknown(graph, Tensor(n, 0))]
+    fetched = [n for n in graph if n in related and n not in after_update
+                and n not in producers and _only_fetched(graph, n)]
+    infer_shapes(graph, fetched)
+    candidates = [n for n in fetched if _scalar_or_unknown(graph, Tensor(n, 0))]
     score = {}
     for name, (last, covered) in _upstream_scores(graph, candidates, toward_grads,
                                                   order).items():

@@ -4,21 +4,27 @@ The dialect runs its format's own inference (TF: import into a ``tf.Graph``;
 ONNX: ``onnx.shape_inference``) and records each node's output shapes on the
 node (``node.meta["shapes"]``), as torch.fx records shape metadata. Reading a
 shape (``Dialect.shape``) never triggers inference: the analyses that need
-shapes (regions, the memory estimate) ask for them here first. Nodes that a
+shapes (regions, the memory estimate) ask for them here first, for the whole
+graph or, where a few values' shapes decide (loss detection's scalars), for
+those values alone: a dialect may then infer only what they are computed from
+(TF: a third of a 65k-node training graph for its loss candidates). Nodes that a
 builder added with their shapes recorded need no new inference; one without
-makes the next request re-infer the graph.
+makes the next request re-infer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from graphpass.ir.graph import Graph
 
 
-def infer_shapes(graph: Graph) -> bool:
-    """Run the dialect's inference when some node has no recorded shapes; returns
-    whether it ran."""
+def infer_shapes(graph: Graph, nodes: Iterable[str] | None = None) -> bool:
+    """Run the dialect's inference when some node (of ``nodes``, default all) has
+    no recorded shapes; returns whether it ran."""
     dialect = graph.dialect
-    if all(dialect.has_shapes(graph, name) for name in graph):
+    wanted = graph if nodes is None else list(nodes)
+    if all(dialect.has_shapes(graph, name) for name in wanted):
         return False
-    dialect.infer_shapes(graph)
+    dialect.infer_shapes(graph, None if nodes is None else wanted)
     return True

@@ -233,9 +233,9 @@ class Dialect(ABC):
         """Whether inference (or the node's builder) recorded ``name``'s shapes."""
         return "shapes" in graph.node(name).meta
 
-    def infer_shapes(self, graph: Graph) -> None:
-        """Record every node's output shapes (``node.meta["shapes"]``); the default
-        format knows none."""
+    def infer_shapes(self, graph: Graph, nodes: list[str] | None = None) -> None:
+        """Record the output shapes (``node.meta["shapes"]``) of ``nodes``, at least,
+        or of every node; the default format knows none."""
         for node in graph.nodes():
             node.meta["shapes"] = []
 

@@ -371,9 +371,10 @@ class ONNXDialect(Dialect):
     def dtype(self, graph: Graph, tensor: Tensor) -> str | None:
         return self._inferred(graph, tensor, "dtypes")
 
-    def infer_shapes(self, graph: Graph) -> None:
-        """ONNX shape inference, once over the model: dtypes and shapes (None for
-        symbolic dims) of every node's outputs."""
+    def infer_shapes(self, graph: Graph, nodes: list[str] | None = None) -> None:
+        """ONNX shape inference, once over the model whatever ``nodes`` asks for
+        (it takes a model, not a subgraph): dtypes and shapes (None for symbolic
+        dims) of every node's outputs."""
         _infer_types(graph)
 
     def _inferred(self, graph: Graph, tensor: Tensor, key: str):

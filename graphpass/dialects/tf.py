@@ -494,11 +494,13 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
             slot += count
         return []
 
-    def infer_shapes(self, graph: Graph) -> None:
-        """TF's own shape inference: the graph is imported into a ``tf.Graph`` and
-        every output's shape recorded on its node. Copies and the small ops of this
-        dialect record their shapes when built, so adding them needs no new inference."""
-        _infer_shapes(graph)
+    def infer_shapes(self, graph: Graph, nodes: list[str] | None = None) -> None:
+        """TF's own shape inference: the graph, or only ``nodes`` and what they are
+        computed from (a shape depends on nothing else), is imported into a
+        ``tf.Graph`` and every output's shape recorded on its node. Copies and the
+        small ops of this dialect record their shapes when built, so adding them
+        needs no new inference."""
+        _infer_shapes(graph, nodes=nodes)
 
     def batch_shape(self, graph: Graph, tensor: Tensor, batch_size: int) -> tuple | None:
         """The static shape when the placeholders' unknown batch dimension is
@@ -850,22 +852,28 @@ def _broadcast_shape(a: tuple | None, b: tuple | None) -> tuple | None:
     return tuple(dims)
 
 
-def _infer_shapes(graph: Graph, batch_size: int | None = None) -> None:
+def _infer_shapes(graph: Graph, batch_size: int | None = None,
+                  nodes: list[str] | None = None) -> None:
     """TF's shape inference over the whole graph, recorded per node in ``meta["shapes"]``
     or, with ``batch_size`` (placeholders' unknown first dimension set to it), in
-    ``meta["batch_shapes"][batch_size]``.
+    ``meta["batch_shapes"][batch_size]``; with ``nodes``, over them and their data
+    ancestors alone (control edges order, they decide no shape), recorded on those.
 
     Only TF's C importer runs (it infers each node's shapes as it adds the
     node): ``import_graph_def`` also builds colocation, device and control-flow
     data in Python for every op, which was three quarters of its time and
     decides no shape (tools/bench_scale.py).
     """
-    record_shapes(graph, imported_shapes(_serialized_graph_def(graph, batch_size)), batch_size)
+    upstream = None if nodes is None else \
+        graph.ancestors(nodes, follow_control=False).union(nodes)
+    data = _serialized_graph_def(graph, batch_size, upstream)
+    record_shapes(graph, imported_shapes(data), batch_size, upstream)
 
 
-def record_shapes(graph: Graph, shapes: dict[str, list], batch_size: int | None = None) -> None:
-    """``imported_shapes``'s result on the nodes (``_infer_shapes``)."""
-    for node in graph.nodes():
+def record_shapes(graph: Graph, shapes: dict[str, list], batch_size: int | None = None,
+                  only: set[str] | None = None) -> None:
+    """``imported_shapes``'s result on the nodes (``only`` those, if given)."""
+    for node in graph.nodes() if only is None else map(graph.node, only):
         inferred = _with_recorded_shapes(node, shapes.get(node.name, []))
         if batch_size is None:
             node.meta["shapes"] = inferred
@@ -873,25 +881,47 @@ def record_shapes(graph: Graph, shapes: dict[str, list], batch_size: int | None 
             node.meta.setdefault("batch_shapes", {})[batch_size] = inferred
 
 
-def _serialized_graph_def(graph: Graph, batch_size: int | None) -> bytes:
-    """The graph lowered to a GraphDef, as the bytes TF's importer reads; the
-    proto itself is gone before the import starts (it was a tenth of the peak
-    memory of a 150k-node rewrite). A graph still as read serializes the GraphDef
-    it was read from (``Graph.source``; lowering gives the same nodes: the round
-    trip is lossless), a fifth of the time of shape inference."""
+def _serialized_graph_def(graph: Graph, batch_size: int | None,
+                          only: set[str] | None = None) -> bytes:
+    """The graph lowered to a GraphDef (``only`` its nodes in that set, without
+    control inputs), as the bytes TF's importer reads; the proto itself is gone
+    before the import starts (it was a tenth of the peak memory of a 150k-node
+    rewrite). A graph still as read serializes the GraphDef it was read from
+    (``Graph.source``; lowering gives the same nodes: the round trip is
+    lossless), a fifth of the time of shape inference."""
     from graphpass.formats.tf_io import graph_def_from_graph
 
     graph_def = graph.source()
     if graph_def is None:
         graph_def = graph_def_from_graph(graph)
-    elif batch_size is not None:
+    elif only is None and batch_size is not None:
         graph_def = type(graph_def).FromString(graph_def.SerializeToString())
+    if only is not None:
+        graph_def = _data_subgraph(graph_def, only)  # a new proto: the source stays as read
     if batch_size is not None:
         for node in graph_def.node:
             dims = node.attr["shape"].shape.dim if node.op.startswith("Placeholder") else []
             if dims and dims[0].size < 0:
                 dims[0].size = batch_size
     return graph_def.SerializeToString()
+
+
+def _data_subgraph(graph_def, names: set[str]):
+    """A new GraphDef of the nodes of ``graph_def`` in ``names`` (closed under data
+    inputs), their control inputs dropped; versions and library kept."""
+    subgraph = type(graph_def)()
+    for field in ("versions", "library"):
+        if graph_def.HasField(field):
+            getattr(subgraph, field).CopyFrom(getattr(graph_def, field))
+    for node_def in graph_def.node:
+        if node_def.name in names:
+            kept = subgraph.node.add()
+            kept.CopyFrom(node_def)
+            if any(t.startswith("^") for t in kept.input):
+                data_inputs = [t for t in kept.input if not t.startswith("^")]
+                del kept.input[:]
+                kept.input.extend(data_inputs)
+    return subgraph
 
 
 def imported_shapes(data: bytes) -> dict[str, list]:

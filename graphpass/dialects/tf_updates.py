@@ -32,6 +32,7 @@ updates are split into one step per gradient computation (:func:`gradient_steps`
 
 from __future__ import annotations
 
+from graphpass.analysis.shapes import infer_shapes
 from graphpass.dialects.tf import RESULT_OP, called_functions, writes_variables
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
@@ -144,14 +145,10 @@ def _losses(graph: Graph, accesses: _Accesses) -> list[Tensor]:
     candidates = returned if any(graph.node(n).op == RESULT_OP for n in graph) else [
         Tensor(n, 0) for n in graph
         if not any(dialect.is_float(graph, Tensor(u, 0)) for u in graph.data_users(n))]
-    found = []
-    for tensor in candidates:
-        if not dialect.is_float(graph, tensor) or dialect.is_source(graph, tensor.node):
-            continue
-        shape = dialect.shape(graph, tensor)
-        if shape is not None and len(shape) > 0:
-            continue
-        found.append(tensor)
+    computed = [t for t in candidates
+                if dialect.is_float(graph, t) and not dialect.is_source(graph, t.node)]
+    infer_shapes(graph, [t.node for t in computed])
+    found = [t for t in computed if not dialect.shape(graph, t)]  # scalar or unknown rank
     upstream = graph.ancestors({t.node for t in found}, follow_control=False)
     if not upstream & accesses.reads:
         return []
@@ -298,7 +295,7 @@ def step_increments(graph: Graph) -> list[tuple[str, str]]:
     """``(write, integer scalar variable)`` for ``v = v + c`` written with plain ops
     (``AssignVariableOp(v, AddV2(ReadVariableOp(v), c))``, Keras's ``iterations``)
     and ``AssignAddVariableOp`` of an integer variable."""
-    found = []
+    writes = []
     for node in graph.nodes():
         if node.op not in ("AssignVariableOp", "AssignAddVariableOp"):
             continue
@@ -307,12 +304,13 @@ def step_increments(graph: Graph) -> list[tuple[str, str]]:
                 not in INTEGER_DTYPES:
             continue
         variable = resource_variable(graph, inputs[0])
-        # A counter is a scalar (a random generator's state, also counted up, is not).
-        if variable is None or graph.dialect.shape(graph, inputs[1]) != ():
-            continue
-        if node.op == "AssignAddVariableOp" or _adds_to_itself(graph, inputs[1], variable):
-            found.append((node.name, variable))
-    return found
+        if variable is not None:
+            writes.append((node, inputs[1], variable))
+    infer_shapes(graph, [value.node for _, value, _ in writes])
+    # A counter is a scalar (a random generator's state, also counted up, is not).
+    return [(node.name, variable) for node, value, variable in writes
+            if graph.dialect.shape(graph, value) == ()
+            and (node.op == "AssignAddVariableOp" or _adds_to_itself(graph, value, variable))]
 
 
 def _adds_to_itself(graph: Graph, value: Tensor, variable: str) -> bool:

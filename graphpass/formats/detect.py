@@ -44,7 +44,8 @@ def load(path: str | os.PathLike, *, tag: str | None = None,
     """Read a TF GraphDef / MetaGraphDef / SavedModel or an ONNX model into a Graph;
     ``signature`` picks the TF2 signature whose function holds the training step.
     ``shapes``: infer a TF graph's shapes while reading it, for a command that will
-    need them (``tf_io.graph_from_graph_def``: less memory than inferring later)."""
+    read them all (``tf_io.graph_from_graph_def``: less memory than inferring later;
+    analyses that read a few ask for those alone)."""
     path = Path(path)
     kind, is_text = detect(path)
     if kind == ONNX:

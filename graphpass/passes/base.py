@@ -39,6 +39,12 @@ class Pass(ABC):
     def run(self, graph: Graph, ctx: PassContext) -> bool:
         """Rewrite ``graph`` in place; return whether anything changed."""
 
+    def estimates_memory(self, ctx: PassContext) -> bool:
+        """Whether this run estimates the step's memory, which reads every node's
+        shape: a reader then infers them all while it still holds the file's
+        GraphDef and no IR (``graphpass.load(shapes=True)``), the lower peak."""
+        return False
+
 
 @dataclass
 class PassResult:

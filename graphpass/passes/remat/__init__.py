@@ -56,7 +56,7 @@ class RematPass(Pass):
     def run(self, graph: Graph, ctx: PassContext) -> bool:
         step = self._analyze(graph, ctx)
         batch = self.options.batch_size
-        estimate = ctx.estimates or self.options.auto
+        estimate = self.estimates_memory(ctx)
         peak_before = _peak_before(graph, ctx, step, batch) if estimate else None
         auto = None
         if self.options.auto:
@@ -77,6 +77,9 @@ class RematPass(Pass):
         self.report = _report(entries, skipped, step.dependency, peak_before, peak_after,
                               auto, deferred)
         return changed or deferred is not None
+
+    def estimates_memory(self, ctx: PassContext) -> bool:
+        return ctx.estimates or self.options.auto
 
     def _analyze(self, graph: Graph, ctx: PassContext) -> Step:
         """Dependency mode, regions and fetches, once: the planner's trial rewrites

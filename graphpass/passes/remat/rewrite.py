@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 
 from graphpass.analysis.memory import tensor_bytes
+from graphpass.analysis.shapes import infer_shapes
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.passes.remat.marks import SCOPE, Segment, is_generated, unique
 from graphpass.passes.remat.order import order_by_control, order_by_data, tupleize
@@ -48,6 +49,8 @@ def rewrite_segments(graph: Graph, segments: list[Segment], step: Step,
                      tupleize_grads: bool) -> list[dict]:
     """Plan and apply each segment in turn (a plan sees the earlier rewrites)."""
     entries = []
+    # The report's released bytes: the segments' shapes, while the graph is as read.
+    infer_shapes(graph, [name for segment in segments for name in segment.nodes])
     # Tupleized gradients tie a segment's gradient ops to each other, which
     # may run against the order the reachability shortcut relies on.
     reach = _Reach(graph, step.backward, ordered=not tupleize_grads)
