@@ -3,9 +3,16 @@ directions of every edge agree after any edit (onnx-graphsurgeon's rule)."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from graphpass.ir.graph import Graph, Tensor
+from graphpass.ir.verify import InvariantError, MalformedGraphError
+from graphpass.passes.base import Pass, Pipeline
+
+DATA = Path(__file__).resolve().parent / "data"
 
 
 def _graph() -> Graph:
@@ -119,3 +126,59 @@ def test_node_views_follow_removal_and_copy():
     copy.node("e").attrs["T"] = 1
     assert "T" not in graph.node("e").attrs
     assert [n.name for n in copy.nodes()] == list(copy)
+
+
+# -- the checker between passes ---------------------------------------------------
+
+
+class _Edit(Pass):
+    """A pass that applies ``edit`` to the graph (a buggy pass, for the checker)."""
+
+    name = "edit"
+
+    def __init__(self, edit) -> None:
+        super().__init__()
+        self.edit = edit
+
+    def run(self, graph: Graph, ctx) -> bool:
+        self.edit(graph)
+        return True
+
+
+def test_edits_are_recorded_in_first_edit_order():
+    graph = _graph()
+    assert graph.take_edited() == ["a", "b", "c", "d"] and graph.take_edited() == []
+    graph.set_input("d", 1, Tensor("a"))
+    graph.add_node("e", "Identity", [Tensor("d")])
+    graph.clear_input("c", 0)
+    graph.add_control_input("c", "a")
+    graph.remove_control_input("d", "b")
+    assert graph.take_edited() == ["d", "e", "c"]
+    assert graph.copy().take_edited() == [] and graph.take_edited() == []
+
+
+def test_a_read_graph_is_vouched_for_by_its_reader():
+    import graphpass
+
+    graph = graphpass.load(DATA / "mlp_adam.meta")
+    assert graph.take_edited() == []
+
+
+@pytest.mark.parametrize("edit,problem", [
+    (lambda g: g.clear_input("c", 0), "node 'c' has gaps in its input slots [1]"),
+    (lambda g: g.set_input("d", 1, Tensor("a", 3)),
+     "node 'd' reads a:3, but 'a' has only 1 output"),
+    (lambda g: g.set_input("a", 0, Tensor("d")), "the graph has a cycle through"),
+    (lambda g: g.add_control_input("b", "d"), "the graph has a cycle through"),
+])
+def test_the_checker_catches_what_a_pass_broke(edit, problem):
+    graph = _graph()
+    with pytest.raises(InvariantError, match=f"after pass 'edit': {re.escape(problem)}"):
+        Pipeline([_Edit(edit)]).run(graph)
+
+
+def test_an_input_built_with_a_bad_port_is_refused_before_any_pass():
+    graph = _graph()
+    graph.add_node("e", "Identity", [Tensor("d", 2)])
+    with pytest.raises(MalformedGraphError, match="in the input graph: node 'e' reads d:2"):
+        Pipeline([_Edit(lambda g: None)]).run(graph)

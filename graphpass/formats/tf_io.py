@@ -185,6 +185,7 @@ def _graph_from_graph_def(graph_def, meta: dict | None) -> Graph:
     problem = port_problem(graph)  # before anything hands the graph to TF (port >= 2^31 crashes it)
     if problem:
         raise GraphpassError(f"{problem}; the GraphDef is malformed: re-export it")
+    graph.take_edited()  # checked: its nodes are whole by construction, their ports read
     graph.keep_source(graph_def)
     return graph
 

@@ -115,6 +115,9 @@ class Graph:
         # most of the cost of asking.
         self._views: dict[str, Node] = {}
         self._order_cache: tuple[int, list[str]] | None = None
+        # Nodes added or whose inputs changed since the last ``take_edited`` (a
+        # dict: ordered, so a failed check names the same node every run).
+        self._edited: dict[str, None] = {}
         self._source: tuple[int, Any] | None = None
 
     # -- reading -----------------------------------------------------------
@@ -130,6 +133,13 @@ class Graph:
         computed from the structure alone (the topological order) can be reused
         while it is unchanged. Attribute and metadata edits do not count."""
         return self._version
+
+    def take_edited(self) -> list[str]:
+        """The nodes added, or whose inputs changed, since the last call (in the
+        order of their first edit), and start over: what the IR checker must look
+        at after a pass, or in a graph its reader has not checked."""
+        edited, self._edited = list(self._edited), {}
+        return edited
 
     def keep_source(self, source: Any) -> None:
         """Remember the parsed file (a format's proto) the graph was just read from:
@@ -277,6 +287,7 @@ class Graph:
         if name in self._g:
             raise ValueError(f"node {name!r} already exists; use graph.unique_name()")
         self._version += 1
+        self._edited[name] = None
         self._g.add_node(
             name,
             op=op,
@@ -313,6 +324,7 @@ class Graph:
         """The edge of input ``slot`` of ``name``, which is empty."""
         self._require(tensor.node, f"input {slot} of {name!r}")
         self._version += 1
+        self._edited[name] = None
         self._g.add_edge(
             tensor.node, name, key=slot, src_port=tensor.port, dst_port=slot, control=False
         )
@@ -322,6 +334,7 @@ class Graph:
         # A data edge's key is its slot (set_input), so look the slot up per producer.
         for src in [s for s, keyed in self._g._pred[name].items() if slot in keyed]:
             self._version += 1
+            self._edited[name] = None
             self._g.remove_edge(src, name, slot)
 
     def add_control_input(self, name: str, src: str) -> None:
@@ -329,6 +342,7 @@ class Graph:
         self._require(src, f"control input of {name!r}")
         if not self._g.has_edge(src, name, CONTROL_KEY):
             self._version += 1
+            self._edited[name] = None
             self._g.add_edge(
                 src,
                 name,
@@ -342,6 +356,7 @@ class Graph:
     def remove_control_input(self, name: str, src: str) -> None:
         if self._g.has_edge(src, name, CONTROL_KEY):
             self._version += 1
+            self._edited[name] = None
             self._g.remove_edge(src, name, CONTROL_KEY)
 
     def replace_uses(
@@ -378,6 +393,7 @@ class Graph:
             data["outputs"] = list(data["outputs"])
             other._views[name] = Node(name, data)
         other._control_order = itertools.count(next(self._control_order))
+        other._edited = dict(self._edited)
         return other
 
     # -- traversal ---------------------------------------------------------

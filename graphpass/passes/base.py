@@ -64,7 +64,7 @@ class Pipeline:
         ctx = ctx or PassContext()
         for pass_ in self.passes:
             _check_capabilities(pass_, graph)
-        verify(graph, after="input")
+        verify(graph, after="input", nodes=graph.take_edited())
         for instrument in ctx.instruments:
             instrument.before_pipeline(graph, self.passes)
         results = []
@@ -77,7 +77,7 @@ class Pipeline:
             if changed:
                 graph.forget_source()
                 ctx.analyses.invalidate(graph, pass_.preserves)
-                verify(graph, after=pass_.name)
+                verify(graph, after=pass_.name, nodes=graph.take_edited())
             for instrument in ctx.instruments:
                 instrument.after_pass(pass_, graph, changed, seconds)
             results.append(PassResult(pass_.name, changed, seconds, dict(pass_.report)))
