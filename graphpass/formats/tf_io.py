@@ -251,8 +251,7 @@ def _graph_def_from_graph(graph: Graph):
         graph_def.version = graph.meta["graph_version"]
     for node in graph.nodes():
         node_def = graph_def.node.add(name=node.name, op=node.op, device=node.device)
-        node_def.input.extend(str(t) for t in graph.inputs(node.name))
-        node_def.input.extend("^" + c for c in graph.control_inputs(node.name))
+        node_def.input.extend(graph.input_texts(node.name))
         for key, value in node.attrs.items():
             node_def.attr[key].CopyFrom(value)
         for field, value in node.meta.get("tf_extras", {}).items():
