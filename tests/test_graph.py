@@ -182,3 +182,24 @@ def test_an_input_built_with_a_bad_port_is_refused_before_any_pass():
     graph.add_node("e", "Identity", [Tensor("d", 2)])
     with pytest.raises(MalformedGraphError, match="in the input graph: node 'e' reads d:2"):
         Pipeline([_Edit(lambda g: None)]).run(graph)
+
+
+def test_unique_name_is_the_lowest_free_name_after_removals():
+    graph = _graph()
+    names = [graph.add_node(graph.unique_name("n"), "NoOp").name for _ in range(4)]
+    assert names == ["n", "n_1", "n_2", "n_3"]
+    assert graph.unique_name("n") == "n_4" == graph.unique_name("n")  # not taken yet
+    graph.remove_node("n_2")
+    assert graph.unique_name("n") == "n_2"
+    graph.add_node("n_2", "NoOp")
+    graph.remove_node("n")
+    assert graph.unique_name("n") == "n"
+
+
+def test_a_copy_writes_its_own_meta_containers():
+    graph = _graph()
+    graph.meta.update(initializers={"w": 1}, inputs=["x"], version=7)
+    other = graph.copy()
+    other.meta["initializers"]["v"] = 2
+    other.meta["inputs"].append("y")
+    assert graph.meta == {"initializers": {"w": 1}, "inputs": ["x"], "version": 7}

@@ -213,3 +213,25 @@ def test_quiet_rewrite_estimates_only_for_a_report(monkeypatch, tmp_path, capsys
     before, after = (report[f"estimated_peak_bytes_{k}"] for k in ("before", "after"))
     assert before > after > 0
     assert f"estimated peak {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB" in shown
+
+
+def test_names_tried_per_new_node_do_not_grow_with_the_graph(monkeypatch, tmp_path, capsys):
+    """A rewrite of 4 and of 24 ONNX blocks tries as many names per name it hands out:
+    the search for a free ``base_N`` starts where the last one for ``base`` ended (it
+    tried every taken suffix each time, quadratic in a pass's same-named nodes)."""
+    from graphpass.cli import main
+    from graphpass.ir import graph as ir_graph
+    from tools import onnx_models
+
+    tries = []
+    for blocks in (4, 24):
+        source = tmp_path / f"mlp{blocks}.onnx"
+        source.write_bytes(onnx_models.block_mlp(blocks=blocks, check=False)
+                           .model.SerializeToString())
+        tried = count_calls(monkeypatch, ir_graph, "_suffixed")
+        named = count_calls(monkeypatch, ir_graph.Graph, "unique_name")
+        assert main(["rewrite", str(source), "-o", str(tmp_path / "out.onnx"),
+                     "--recompute", "block[0-9]+/", "--quiet"]) == 0
+        monkeypatch.undo()
+        tries.append(tried[0] / named[0])
+    assert tries[1] <= tries[0] * 1.1, tries

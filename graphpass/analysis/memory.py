@@ -232,9 +232,9 @@ class _Simulation:
         others through control edges, as the gradient of a constant factor does):
         Grappler's dependency optimizer turns them into NoOps, so they read nothing."""
         graph, dialect = self.graph, self.dialect
-        needed, idle = set(self.order), set()
+        needed, idle, fetched = set(self.order), set(), set(targets)
         for name in reversed(self.order):
-            if name in targets or dialect.is_stateful(graph, name):
+            if name in fetched or dialect.is_stateful(graph, name):
                 continue
             if all(user in idle or user not in needed for user in graph.data_users(name)):
                 idle.add(name)

@@ -594,13 +594,14 @@ def _set_metadata_prop(node, key: str, value: str) -> None:
 
 def _register_initializer(graph: Graph, proto) -> None:
     """Add ``proto`` to the carried initializers (and to the graph inputs when IR < 4
-    requires it). Copy on write: ``Graph.copy`` shares ``meta`` values."""
+    requires it), in place: ``Graph.copy`` copies ``meta``'s dicts and lists (copying
+    them per added constant made the planner's trial rewrites quadratic)."""
     import onnx
 
-    graph.meta["initializers"] = {**graph.meta["initializers"], proto.name: proto}
+    graph.meta["initializers"][proto.name] = proto
     if graph.meta["model"].ir_version < 4:
         info = onnx.helper.make_tensor_value_info(proto.name, proto.data_type, proto.dims)
-        graph.meta["inputs"] = [*graph.meta["inputs"], info]
+        graph.meta["inputs"].append(info)
 
 
 def _has_schema(node) -> bool:
@@ -609,8 +610,19 @@ def _has_schema(node) -> bool:
     return onnx.defs.has(node.op, node.domain if node.domain != "ai.onnx" else "")
 
 
-def _output_names(graph: Graph) -> set[str]:
-    return {v.name for v in graph.meta["outputs"]}
+def _output_names(graph: Graph) -> frozenset[str]:
+    """The graph's output value names, gathered once per outputs list (the memory
+    estimate asks per node)."""
+    outputs = graph.meta["outputs"]
+    cached = _OUTPUT_NAMES.get(graph)
+    if cached is None or cached[0] is not outputs or cached[1] != len(outputs):
+        cached = _OUTPUT_NAMES[graph] = (outputs, len(outputs),
+                                         frozenset(v.name for v in outputs))
+    return cached[2]
+
+
+#: Per graph: (its outputs list, its length, their names), for ``_output_names``.
+_OUTPUT_NAMES: WeakKeyDictionary = WeakKeyDictionary()
 
 
 #: Per graph: value name -> the node producing it, gathered on the first

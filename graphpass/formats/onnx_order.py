@@ -81,7 +81,8 @@ def ort_schedule(graph: Graph) -> list[str]:
     order = file_order(graph)
     index = {name: i for i, name in enumerate(order)}
     sources = [n for n in order if graph.node(n).op in SOURCE_OPS]
-    stack = [(n, False) for n in order if n not in sources and not graph.users(n)]
+    source_set = set(sources)
+    stack = [(n, False) for n in order if n not in source_set and not graph.users(n)]
     visited: set[str] = set()
     schedule = []
     while stack:

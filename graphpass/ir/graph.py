@@ -46,12 +46,19 @@ class Tensor(NamedTuple):
 def fresh_name(base: str, taken: Callable[[str], bool]) -> str:
     """``base`` if not ``taken``, else ``base_1``, ``base_2``, ... (deterministic): the
     one name uniquifier of graphpass (IR nodes, ONNX values, TF library functions)."""
-    name = base
-    for i in itertools.count(1):
-        if not taken(name):
-            return name
-        name = f"{base}_{i}"
+    return _suffixed(base, _free_suffix(base, taken, 0))
+
+
+def _free_suffix(base: str, taken: Callable[[str], bool], first: int) -> int:
+    """The lowest suffix from ``first`` on whose name is not ``taken`` (0: ``base``)."""
+    for i in itertools.count(first):
+        if not taken(_suffixed(base, i)):
+            return i
     raise AssertionError("unreachable")
+
+
+def _suffixed(base: str, suffix: int) -> str:
+    return f"{base}_{suffix}" if suffix else base
 
 
 def parse_tensor_name(text: str) -> Tensor:
@@ -118,6 +125,8 @@ class Graph:
         # Nodes added or whose inputs changed since the last ``take_edited`` (a
         # dict: ordered, so a failed check names the same node every run).
         self._edited: dict[str, None] = {}
+        # base name -> a suffix below which ``unique_name`` found every name taken.
+        self._taken_below: dict[str, int] = {}
         self._source: tuple[int, Any] | None = None
 
     # -- reading -----------------------------------------------------------
@@ -395,14 +404,30 @@ class Graph:
         self._version += 1
         self._g.remove_node(name)
         del self._views[name]
+        self._freed(name)
 
     def unique_name(self, base: str) -> str:
-        """``base`` if free, else ``base_1``, ``base_2``, ... (deterministic)."""
-        return fresh_name(base, self._g.__contains__)
+        """``base`` if free, else ``base_1``, ``base_2``, ... (deterministic): the lowest
+        free one, as ``fresh_name``. The search starts where the last one for ``base``
+        ended (lowered when a node is removed): a pass naming thousands of nodes
+        after one base searched all their names each time."""
+        suffix = _free_suffix(base, self._g.__contains__, self._taken_below.get(base, 0))
+        self._taken_below[base] = suffix
+        return _suffixed(base, suffix)
+
+    def _freed(self, name: str) -> None:
+        """``name`` is free again: no search may start past it."""
+        self._taken_below.pop(name, None)
+        base, _, digits = name.rpartition("_")
+        if digits.isdigit() and base in self._taken_below:
+            self._taken_below[base] = min(self._taken_below[base], int(digits))
 
     def copy(self) -> Graph:
-        """An independent copy of the structure; attr values are shared (never mutated)."""
-        other = Graph(self.format, dict(self.meta))
+        """An independent copy of the structure and of ``meta``'s dicts and lists (one
+        level: a dialect may add to them in place); attr values and the protos in
+        ``meta`` are shared (never mutated)."""
+        other = Graph(self.format, {key: type(value)(value) if type(value) in (dict, list)
+                                    else value for key, value in self.meta.items()})
         other._g = self._g.copy()
         for name, data in other._g._node.items():
             data["attrs"] = dict(data["attrs"])
