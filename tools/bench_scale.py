@@ -1,7 +1,7 @@
 """Benchmark: graphpass on large training graphs, against Grappler's memory optimizer.
 
     PYTHONPATH=. python tools/bench_scale.py [--layers 70,210,485] [--onnx-blocks 3125]
-        [--variants inspect,remat,estimates,auto,roundtrip,grappler]
+        [--variants inspect,remat,estimates,auto,roundtrip,grappler] [--rounds N]
 
 Graphs (generated once into ``--work``, reused by later runs):
 
@@ -32,7 +32,11 @@ onnx and onnxruntime), timed apart as ``import s``; ``seconds`` is then the
 command alone (graphpass's own modules included). ``s/1k ratio`` is the time per
 node relative to the smallest graph of the same format (1.00 = linear);
 ``peak RSS`` is the worker process's high-water mark, TF import included.
-A variant that runs past ``--timeout`` is reported as such.
+A variant that runs past ``--timeout`` is reported as such. With ``--rounds N``
+each variant of a graph runs N times, the variants in turn (every other round in
+reverse), and the table gives the median, the spread (``min-max``) and, against
+Grappler, the median of the per-round ratios: on a shared machine a single run
+moves by tens of percent, and a ratio of neighbouring runs less.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import json
 import os
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -255,18 +260,42 @@ def run_worker(variant: str, source: Path, work: Path, timeout: float,
 
 
 def measure(graphs: list[tuple[str, Path, int]], variants: list[str], work: Path,
-            timeout: float) -> list[dict]:
+            timeout: float, rounds: int = 1) -> list[dict]:
+    """One row per graph and variant. With ``rounds`` > 1 the variants of a graph run
+    in turn, round after round (every other round in reverse order, so none always
+    runs first), and a row holds the median of its runs; ``x_grappler`` is the
+    median of its per-round ratios to the Grappler run of the same round."""
     rows = []
     for fmt, path, nodes in graphs:
-        for variant in variants:
-            if variant == "grappler" and fmt != "tf":
-                continue
-            source = hinted_graph(path) if variant == "grappler" else path
-            result = run_worker(variant, source, work, timeout)
-            rows.append({"format": fmt, "nodes": nodes, "variant": variant, **result})
-            print(_line(rows[-1]), file=sys.stderr, flush=True)
+        wanted = [v for v in variants if v != "grappler" or fmt == "tf"]
+        runs: dict[str, list[dict]] = {v: [] for v in wanted}
+        for round_ in range(rounds):
+            for variant in wanted if round_ % 2 == 0 else wanted[::-1]:
+                source = hinted_graph(path) if variant == "grappler" else path
+                runs[variant].append(run_worker(variant, source, work, timeout))
+                print(_line({"format": fmt, "nodes": nodes, "variant": variant,
+                             **runs[variant][-1]}), file=sys.stderr, flush=True)
+        rows += [{"format": fmt, "nodes": nodes, "variant": v, **_summary(runs[v], runs)}
+                 for v in wanted]
     _add_ratios(rows)
     return rows
+
+
+def _summary(runs: list[dict], all_runs: dict[str, list[dict]]) -> dict:
+    """The median run of a variant (a failed or timed-out run stands for the row),
+    its spread, and its median ratio to Grappler's run of the same round."""
+    failed = [r for r in runs if "seconds" not in r]
+    if failed:
+        return failed[0]
+    seconds = sorted(r["seconds"] for r in runs)
+    row = {"seconds": statistics.median(seconds), "spread": (seconds[0], seconds[-1]),
+           "peak_rss": max(r["peak_rss"] for r in runs),
+           "import_s": statistics.median(r["import_s"] for r in runs)}
+    anchor = all_runs.get("grappler", [])
+    if len(anchor) == len(runs) and all("seconds" in a for a in anchor):
+        row["x_grappler"] = statistics.median(
+            r["seconds"] / a["seconds"] for r, a in zip(runs, anchor))
+    return row
 
 
 def _add_ratios(rows: list[dict]) -> None:
@@ -284,21 +313,21 @@ def _line(row: dict) -> str:
         return f"{what} timed out after {row['timeout']:.0f} s"
     if "error" in row:
         return f"{what} failed: {row['error']}"
-    return (f"{what} {row['seconds']:8.2f} {row['seconds'] / row['nodes'] * 1e3:8.3f} "
+    low, high = row.get("spread", (row["seconds"], row["seconds"]))
+    return (f"{what} {row['seconds']:8.2f} {low:6.2f}-{high:<6.2f} "
+            f"{row['seconds'] / row['nodes'] * 1e3:8.3f} "
             f"{row.get('ratio', 1.0):6.2f} {row['peak_rss'] / 2**20:9.0f} {row['import_s']:8.1f}")
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'fmt':4s} {'nodes':>8s} {'variant':10s} {'seconds':>8s} {'s/1k':>8s} "
-          f"{'ratio':>6s} {'RSS MiB':>9s} {'import s':>8s}")
+    print(f"{'fmt':4s} {'nodes':>8s} {'variant':10s} {'seconds':>8s} {'min-max':^13s} "
+          f"{'s/1k':>8s} {'ratio':>6s} {'RSS MiB':>9s} {'import s':>8s}")
     for row in rows:
         print(_line(row))
-    grappler = {r["nodes"]: r for r in rows if r["variant"] == "grappler" and "seconds" in r}
     for row in rows:
-        anchor = grappler.get(row["nodes"])
-        if row["format"] == "tf" and row["variant"] != "grappler" and anchor and "seconds" in row:
-            ratio = row["seconds"] / anchor["seconds"]
-            print(f"tf {row['nodes']:,d} {row['variant']}: {ratio:.2f}x Grappler's time")
+        if row["variant"] != "grappler" and "x_grappler" in row:
+            print(f"tf {row['nodes']:,d} {row['variant']}: {row['x_grappler']:.2f}x "
+                  "Grappler's time (median of the rounds' ratios)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=str(Path(tempfile.gettempdir(), "graphpass_bench_scale")),
                         help="where the generated graphs are kept between runs")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per variant")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every variant of a graph this many times, in turn; "
+                        "report medians")
     parser.add_argument("--profile", help="with one graph and one variant: cProfile stats here")
     parser.add_argument("--worker", nargs=3, metavar=("VARIANT", "SOURCE", "OUTPUT"),
                         help=argparse.SUPPRESS)
@@ -331,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         source = hinted_graph(path) if variant == "grappler" else path
         print(json.dumps(run_worker(variant, source, work, args.timeout, args.profile)))
         return 0
-    print_table(measure(graphs, variants, work, args.timeout))
+    print_table(measure(graphs, variants, work, args.timeout, args.rounds))
     return 0
 
 
