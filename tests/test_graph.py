@@ -203,3 +203,92 @@ def test_a_copy_writes_its_own_meta_containers():
     other.meta["initializers"]["v"] = 2
     other.meta["inputs"].append("y")
     assert graph.meta == {"initializers": {"w": 1}, "inputs": ["x"], "version": 7}
+
+
+# -- records: a node as its file held it -------------------------------------------
+
+
+@pytest.mark.parametrize("edit", [
+    lambda g: g.set_input("d", 1, Tensor("a")),
+    lambda g: g.clear_input("d", 1),
+    lambda g: g.add_control_input("d", "c"),
+    lambda g: g.remove_control_input("d", "a"),
+    lambda g: g.node("d").attrs.__setitem__("T", 2),
+    lambda g: g.node("d").attrs.pop("T"),
+    lambda g: g.node("d").attrs.update(U=3),
+    lambda g: setattr(g.node("d"), "device", "/cpu:0"),
+])
+def test_every_edit_through_the_ir_forgets_a_nodes_record(edit):
+    """A writer re-emits a node's record only while the node is as read, so an
+    edit of its inputs, attrs or device, in whatever form, must forget it; the
+    other nodes keep theirs, and so does a copy until it is edited itself."""
+    graph = _graph()
+    graph.node("d").attrs.update(T=1)
+    graph.node("d").attrs.edited = False  # as a reader leaves a node it just made
+    for name in graph:
+        graph.keep_record(name, f"record of {name}")
+    copy = graph.copy()
+    edit(graph)
+    assert graph.record("d") is None
+    assert [graph.record(n) for n in "abc"] == [f"record of {n}" for n in "abc"]
+    assert copy.record("d") == "record of d"
+    edit(copy)
+    assert copy.record("d") is None
+
+
+def test_connect_keeps_a_record_and_a_new_node_has_none():
+    graph = Graph("tf")
+    graph.add_node("a", "Placeholder")
+    graph.add_node("b", "Identity")
+    graph.keep_record("b", "b as read")
+    graph.connect("b", [Tensor("a")], ["a"])
+    assert graph.record("b") == "b as read" and graph.record("a") is None
+
+
+# -- acyclicity: proven in one sweep where the last order still holds -------------
+
+
+def _chain(length: int) -> Graph:
+    graph = Graph("tf")
+    graph.add_node("n0", "Placeholder")
+    for i in range(1, length):
+        graph.add_node(f"n{i}", "Neg", [Tensor(f"n{i - 1}")])
+    return graph
+
+
+def test_topological_order_of_a_graph_in_dependency_order_is_its_order(monkeypatch):
+    """A graph whose insertion order is topological (a file as exported) gets that
+    order after one sweep, without Kahn's heap; one that is not gets Kahn's order,
+    ties broken by insertion."""
+    import heapq
+
+    graph = _chain(6)
+    pops = []
+    pop = heapq.heappop
+    monkeypatch.setattr(heapq, "heappop", lambda heap: pops.append(1) or pop(heap))
+    assert graph.topological_order() == [f"n{i}" for i in range(6)] and pops == []
+    graph.add_node("early", "Placeholder")
+    graph.set_input("n1", 0, Tensor("early"))
+    assert graph.topological_order() == ["n0", "early", "n1", "n2", "n3", "n4", "n5"]
+    assert len(pops) == 7
+
+
+def test_check_acyclic_places_new_nodes_before_their_readers_without_a_sort(monkeypatch):
+    """After a pass adds nodes that earlier nodes read (recomputed copies), the last
+    proven order with each new node placed before its first reader is checked in
+    one sweep; the full sort runs only when that fails, and still finds cycles."""
+    graph = _chain(8)
+    graph.check_acyclic()
+    sorts = []
+    monkeypatch.setattr(Graph, "_sorted", lambda self, ignore: sorts.append(1) or [])
+    graph.add_node("copy2", "Neg", [Tensor("n1")])
+    graph.add_node("copy3", "Neg", [Tensor("copy2")], ["n5"])
+    graph.set_input("n6", 0, Tensor("copy3"))
+    graph.add_node("sink", "NoOp", [], ["n7", "copy3"])
+    graph.check_acyclic()
+    graph.check_acyclic()  # proven for this version: nothing to do
+    assert sorts == []
+    monkeypatch.undo()
+    graph.set_input("copy2", 0, Tensor("n6"))  # n6 -> copy2 -> copy3 -> n6
+    with pytest.raises(ValueError, match="the graph has a cycle through"):
+        graph.check_acyclic()

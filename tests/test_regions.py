@@ -268,3 +268,58 @@ def test_loss_found_among_summaries_and_regularizers():
 def test_api_analyze_matches_module(models):
     graph, _ = _graph(models, "sgd_resource")
     assert graphpass.analyze(graph).labels == analyze(graph).labels
+
+
+@pytest.mark.parametrize("bits", [1, 7, 8, 9, 300, 2100])
+def test_bit_sums_are_the_weights_of_the_masks_holding_each_bit(bits):
+    """Loss detection's covered counts: numpy's bit matrix gives what a loop over
+    each mask's bits gives, across chunks (``2100`` bits: several rows a chunk)."""
+    import random
+
+    from graphpass.analysis.regions import _bit_sums
+
+    rng = random.Random(bits)
+    weights = {rng.getrandbits(bits): rng.randrange(1, 50) for _ in range(700)}
+    expected = [sum(w for m, w in weights.items() if m >> k & 1) for k in range(bits)]
+    assert _bit_sums(weights, bits) == expected
+    assert _bit_sums({}, bits) == [0] * bits
+
+
+def _asked_shapes(monkeypatch) -> list[list[str]]:
+    """The node lists loss detection asks the shapes of, as it asks."""
+    from graphpass.analysis import regions
+
+    asked = []
+    infer = regions.infer_shapes
+    monkeypatch.setattr(regions, "infer_shapes", lambda graph, nodes=None:
+                        asked.append(list(nodes)) or infer(graph, nodes))
+    return asked
+
+
+def test_loss_shapes_are_read_for_the_best_scored_candidates_first(models, monkeypatch):
+    """The loss scores best, so only its group's shapes are read: the other
+    candidates (unread gradient values, reaching back through the backward pass)
+    are never inferred."""
+    graph, _ = _graph(models, "adam_resource")
+    asked = _asked_shapes(monkeypatch)
+    loss = analyze(graph).loss.node
+    assert asked == [[loss]]
+
+
+def test_a_vector_scored_above_the_loss_reads_every_candidates_shape(monkeypatch):
+    """An unread value computed from the gradient covers more of what the gradients
+    read than the loss does and scores better, but it is no scalar: then every
+    other candidate's shape is read at once (a second inference, the last), and
+    the loss still wins."""
+    def build(tf, tf1):
+        x = tf1.placeholder(tf.float32, [4, 3], name="x")
+        w = tf1.get_variable("w", [3, 3])
+        loss = tf.reduce_mean(tf.matmul(x, w), name="loss")
+        (grad,) = tf1.gradients(loss, [w])
+        tf.reduce_sum(grad, axis=0, name="spread")
+        tf1.train.GradientDescentOptimizer(0.1).apply_gradients([(grad, w)], name="train")
+
+    graph = _tf_graph(build)
+    asked = _asked_shapes(monkeypatch)
+    assert str(analyze(graph).loss) == "loss"
+    assert asked[0] == ["spread"] and len(asked) == 2 and "loss" in asked[1]

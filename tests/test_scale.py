@@ -77,20 +77,26 @@ def test_tf_shapes_are_the_python_importers(name):
 
 @pytest.mark.parametrize("name", ["mlp_adam", "conv_bn_dropout", "control_flow",
                                   "function_library", "clipped_custom_scope"])
-def test_tf_shapes_asked_for_some_nodes_are_the_whole_graphs(name):
+def test_tf_shapes_asked_for_some_nodes_are_the_whole_graphs(monkeypatch, name):
     """Inference asked for a few nodes imports them and their data ancestors only
-    (control inputs dropped) and records there what the whole graph's gives."""
+    (control inputs dropped) and records on the nodes asked for, alone, what the
+    whole graph's gives (reading the others' shapes back was most of its cost)."""
     import graphpass
     from graphpass.analysis.shapes import infer_shapes
+    from graphpass.dialects import tf as tf_dialect
 
     graph = graphpass.load(DATA / f"{name}.meta")
     whole = graphpass.load(DATA / f"{name}.meta", shapes=True)
     names = list(graph)
     asked = names[len(names) // 2::7]
+    imported = []
+    serialize = tf_dialect._serialized_graph_def
+    monkeypatch.setattr(tf_dialect, "_serialized_graph_def", lambda graph, batch, only=None:
+                        imported.append(only) or serialize(graph, batch, only))
     assert infer_shapes(graph, asked) and not infer_shapes(graph, asked)
+    assert imported == [graph.ancestors(asked, follow_control=False) | set(asked)]
     recorded = {n for n in graph if "shapes" in graph.node(n).meta}
-    assert set(asked) <= recorded < set(names)
-    assert recorded == graph.ancestors(asked, follow_control=False) | set(asked)
+    assert recorded == set(asked)
     assert {n: graph.node(n).meta["shapes"] for n in recorded} == \
         {n: whole.node(n).meta["shapes"] for n in recorded}
 
@@ -191,6 +197,36 @@ def test_tf_source_is_used_only_while_the_graph_is_as_read():
     graph = graphpass.load(DATA / "mlp_adam.meta")
     graph.add_node("extra", "NoOp")
     assert graph.source() is None
+
+
+def test_a_quiet_rewrite_infers_no_segment_shapes(monkeypatch):
+    """The bytes a segment releases are sized only where a summary or report shows
+    them: a rewrite that estimates nothing (``--quiet`` without ``--report``) never
+    asks for its segments' shapes, and its report leaves the bytes unknown."""
+    import graphpass
+    from graphpass.analysis import shapes
+    from graphpass.ir.graph import parse_tensor_name
+    from graphpass.options import pipeline_options
+    from graphpass.passes import PassContext, Pipeline, build_passes
+    from graphpass.passes.remat import rewrite
+
+    asked = []
+    infer = shapes.infer_shapes
+    monkeypatch.setattr(rewrite, "infer_shapes", lambda graph, nodes=None:
+                        asked.append(set(nodes)) or infer(graph, nodes))
+    options = pipeline_options({"recompute": ["block[1-2]/"]})
+    graph = graphpass.load(DATA / "mlp_adam.meta")
+    (result,) = Pipeline(build_passes(options)).run(
+        graph, PassContext.from_options(options, estimates=False))
+    segments = result.report["segments"]
+    assert segments and all(s["copied"] and s["released_bytes"] is None for s in segments)
+    assert result.report["released_bytes"] is None and asked == []
+    graph = graphpass.load(DATA / "mlp_adam.meta")
+    (result,) = Pipeline(build_passes(options)).run(graph, PassContext.from_options(options))
+    released = {parse_tensor_name(t).node for s in result.report["segments"]
+                for t in s["released"]}
+    assert len(asked) == 1 and released <= asked[0]
+    assert result.report["released_bytes"] > 0
 
 
 def test_quiet_rewrite_estimates_only_for_a_report(monkeypatch, tmp_path, capsys):

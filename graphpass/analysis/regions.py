@@ -170,7 +170,9 @@ def _find_loss(graph: Graph, gradients: list[Tensor], train_op: str, applies: li
     than required.
 
     Linear: the scores come from one sweep over the candidates' upstream
-    (``_upstream_scores``), not from an ancestor walk per candidate.
+    (``_upstream_scores``), not from an ancestor walk per candidate; the
+    scalar test reads the shapes of the best-scored candidates first
+    (``_best_scalars``).
     """
     producers = {t.node for t in gradients}
     toward_grads = graph.ancestors(producers, follow_control=False) | producers
@@ -181,11 +183,9 @@ def _find_loss(graph: Graph, gradients: list[Tensor], train_op: str, applies: li
     order = {name: i for i, name in enumerate(graph)}
     toward_grads_order = sorted(order[n] for n in toward_grads)
     fetched = [n for n in graph if n in related and n not in after_update
-                and n not in producers and _only_fetched(graph, n)]
-    infer_shapes(graph, fetched)
-    candidates = [n for n in fetched if _scalar_or_unknown(graph, Tensor(n, 0))]
+               and n not in producers and _only_fetched(graph, n)]
     score = {}
-    for name, (last, covered) in _upstream_scores(graph, candidates, toward_grads,
+    for name, (last, covered) in _upstream_scores(graph, fetched, toward_grads,
                                                   order).items():
         # Values the gradients read that precede the loss's last op but are not
         # part of it: all of toward_grads before it, less those upstream of the
@@ -193,8 +193,7 @@ def _find_loss(graph: Graph, gradients: list[Tensor], train_op: str, applies: li
         earlier = bisect.bisect_left(toward_grads_order, order[last])
         out_of_order = earlier - (covered - (last in toward_grads))
         score[name] = (out_of_order, -covered)
-    best = min(score.values(), default=None)
-    top = {c for c, s in score.items() if s == best}
+    top = _best_scalars(graph, score)
     above_others = graph.ancestors(top)  # candidates with another top one downstream
     deepest = sorted(c for c in top if c not in above_others)
     if len(deepest) != 1:
@@ -208,12 +207,38 @@ def _find_loss(graph: Graph, gradients: list[Tensor], train_op: str, applies: li
 
 def _only_fetched(graph: Graph, name: str) -> bool:
     """A computed float value that nothing computes with (only its shape is read, or
-    it is returned as a function result)."""
+    it is returned as a function result). Its readers are looked at first: most
+    values have one that computes with them, which settles it."""
     dialect = graph.dialect
-    return dialect.is_float(graph, Tensor(name, 0)) and not dialect.is_source(graph, name) \
-        and all(dialect.is_shape_only(graph, user) or dialect.is_fetch(graph, user)
-                or not dialect.is_float(graph, Tensor(user, 0))
-                for user in graph.data_users(name))
+    return all(dialect.is_shape_only(graph, user) or dialect.is_fetch(graph, user)
+               or not dialect.is_float(graph, Tensor(user, 0))
+               for user in graph.data_users(name)) \
+        and not dialect.is_source(graph, name) and dialect.is_float(graph, Tensor(name, 0))
+
+
+def _best_scalars(graph: Graph, score: dict[str, tuple]) -> set[str]:
+    """The candidates of the best score among those that are scalars (or of
+    unknown rank): a loss is a scalar.
+
+    Scored first, shape-tested after: the best-scored group's shapes are read
+    first, and only if none of it is a scalar are all the others' read, at
+    once. The loss usually scores best alone, and its upstream is the forward
+    pass, where the other candidates (a gradient computation's unread
+    values) reach back through the backward pass: a third of the nodes TF
+    imported to infer them all."""
+    groups: dict[tuple, list[str]] = {}
+    for name, value in score.items():
+        groups.setdefault(value, []).append(name)
+    ranked = [groups[value] for value in sorted(groups)]
+    if ranked:
+        infer_shapes(graph, ranked[0])
+        if not any(_scalar_or_unknown(graph, Tensor(n, 0)) for n in ranked[0]):
+            infer_shapes(graph, [n for group in ranked[1:] for n in group])
+    for group in ranked:
+        scalars = {n for n in group if _scalar_or_unknown(graph, Tensor(n, 0))}
+        if scalars:
+            return scalars
+    return set()
 
 
 def _scalar_or_unknown(graph: Graph, tensor: Tensor) -> bool:
@@ -251,20 +276,47 @@ def _upstream_scores(graph: Graph, candidates: list[str], marked: set[str],
     for n in marked & upstream:
         mask = feeds[component_of[n]]
         weight[mask] = weight.get(mask, 0) + 1
-    covered = [0] * len(candidates)
-    for mask, count in weight.items():
-        while mask:
-            low = mask & -mask
-            covered[low.bit_length() - 1] += count
-            mask ^= low
+    covered = _bit_sums(weight, len(candidates))
     names = list(order)
     return {c: (names[last[component_of[c]]], covered[k]) for k, c in enumerate(candidates)}
 
 
+def _bit_sums(weights: dict[int, int], bits: int) -> list[int]:
+    """For each bit ``k < bits``, the sum of the weights of the masks with bit ``k``
+    set: a 0/1 matrix of the masks (numpy, some thousand rows at a time) times
+    the weights, in integers. A loop over each mask's bits in Python was most of
+    scoring two thousand candidates."""
+    import numpy as np
+
+    if not weights or not bits:
+        return [0] * bits
+    width = (bits + 7) // 8
+    masks, counts = list(weights), list(weights.values())
+    sums = np.zeros(bits, dtype=np.int64)
+    rows = max(1, 2**20 // bits)
+    for start in range(0, len(masks), rows):
+        chunk = b"".join(m.to_bytes(width, "little") for m in masks[start:start + rows])
+        matrix = np.unpackbits(np.frombuffer(chunk, dtype=np.uint8).reshape(-1, width),
+                               axis=1, count=bits, bitorder="little")
+        sums += np.asarray(counts[start:start + rows], dtype=np.int64) @ matrix
+    return sums.tolist()
+
+
 def _components(graph: Graph, nodes: set[str]) -> list[list[str]]:
     """Strongly connected components of the data edges among ``nodes``, each
-    after every component it reads from (Tarjan's algorithm, iterative, over
-    producers; deterministic: roots in graph order)."""
+    after every component it reads from. Only loops make cycles: without them
+    each node is a component of its own, in the topological order the graph
+    keeps (the checker's), so no search is needed."""
+    try:
+        order = graph.topological_order()
+    except ValueError:  # a v1 while loop: its back edges make cycles
+        return _strong_components(graph, nodes)
+    return [[name] for name in order if name in nodes]
+
+
+def _strong_components(graph: Graph, nodes: set[str]) -> list[list[str]]:
+    """``_components`` by Tarjan's algorithm (iterative, over producers;
+    deterministic: roots in graph order)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []

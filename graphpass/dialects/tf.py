@@ -131,14 +131,50 @@ def op_def(op: str):
     return op_def_registry.get(op)
 
 
-def output_count(op: str, attrs: dict) -> int | None:
-    """How many outputs a node of ``op`` with ``attrs`` has, by its OpDef; None when
-    the op is not registered or an attr the count needs is missing or of the wrong kind."""
+class OutputArg(NamedTuple):
+    """What an OpDef output argument says of the tensors it stands for (its proto
+    fields of those names, copied once per op by ``output_args``)."""
+
+    name: str
+    number_attr: str
+    type_list_attr: str
+    type_attr: str
+    type: int
+    is_ref: bool
+
+
+@cache
+def output_args(op: str) -> tuple[OutputArg, ...] | None:
+    """The OpDef output arguments of ``op``, or None for unregistered ops: read once
+    per op, since every dtype and output-count question asks for them and reading
+    a proto's repeated field makes an object per argument each time."""
     definition = op_def(op)
     if definition is None:
         return None
-    counts = [arg_count(arg, attrs) for arg in definition.output_arg]
+    return tuple(OutputArg(a.name, a.number_attr, a.type_list_attr, a.type_attr, a.type,
+                           a.is_ref) for a in definition.output_arg)
+
+
+def output_count(op: str, attrs: dict) -> int | None:
+    """How many outputs a node of ``op`` with ``attrs`` has, by its OpDef; None when
+    the op is not registered or an attr the count needs is missing or of the wrong kind."""
+    fixed = _fixed_output_count(op)
+    if fixed is not None:
+        return fixed
+    args = output_args(op)
+    if args is None:
+        return None
+    counts = [arg_count(arg, attrs) for arg in args]
     return None if None in counts else sum(counts)
+
+
+@cache
+def _fixed_output_count(op: str) -> int | None:
+    """The output count of ``op`` when no attr decides it (most ops), else None."""
+    args = output_args(op)
+    if args is None or any(a.number_attr or a.type_list_attr for a in args):
+        return None
+    return len(args)
 
 
 def arg_count(arg, attrs: dict) -> int | None:
@@ -162,6 +198,26 @@ def _required_count(arg, attrs: dict) -> int:
     if count is None:
         raise KeyError(arg.number_attr or arg.type_list_attr)
     return count
+
+
+def attrs_problem(op: str, attrs: dict) -> tuple[str, str] | None:
+    """``(key, attr_problem)`` of the first attr (by key) of an ``op`` node with
+    ``attrs`` that has a problem, or None: the check of every node a file holds,
+    so the usual attr (a valid dtype, a shape, a tensor) is passed with one look."""
+    dtype_attrs = _dtype_attrs(op)
+    problems = []
+    for key, value in attrs.items():
+        kind = value.WhichOneof("value")
+        wanted = dtype_attrs.get(key)
+        if kind == "type":
+            usable = wanted != "list(type)" and _is_dtype(value.type)
+        elif kind == "list":
+            usable = wanted != "type" and all(map(_is_dtype, value.list.type))
+        else:  # a shape, a tensor, a string, ...: only a placeholder or a dtype attr's kind
+            usable = kind != "placeholder" and wanted is None
+        if not usable:
+            problems.append((key, attr_problem(op, key, value)))
+    return min(problems) if problems else None
 
 
 def attr_problem(op: str, key: str, value) -> str | None:
@@ -299,12 +355,11 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
 
     def is_fetch(self, graph: Graph, name: str) -> bool:
         """A function result (``_Retval``), or an ``Identity`` only results read."""
-        node = graph.node(name)
-        if node.op == "_Retval":
-            return True
+        op = graph.node(name).op
+        if op != "Identity":
+            return op == "_Retval"
         users = graph.data_users(name)
-        return node.op == "Identity" and bool(users) and \
-            all(self.is_fetch(graph, u) for u in users)
+        return bool(users) and all(self.is_fetch(graph, u) for u in users)
 
     def conv_operands(self, graph: Graph, name: str) -> tuple[Tensor, Tensor, int]:
         """Forward: (output, filter input). Input gradient: (out_backprop, filter).
@@ -459,11 +514,11 @@ class TFDialect(Dialect, ConditionalBuilder, TargetLowering):
     def output_dtypes(self, graph: Graph, name: str) -> list[str] | None:
         """Dtype of every output, from the OpDef and the node's attrs."""
         node = graph.node(name)
-        definition = op_def(node.op)
-        if definition is None:
+        args = output_args(node.op)
+        if args is None:
             return None
         dtypes: list[str] = []
-        for arg in definition.output_arg:
+        for arg in args:
             count = node.attrs[arg.number_attr].i if arg.number_attr else 1
             if arg.type_list_attr:
                 dtypes.extend(_dtype_name(t) for t in node.attrs[arg.type_list_attr].list.type)
@@ -791,13 +846,10 @@ def _first_result(graph: Graph) -> str | None:
 def output_arg_sizes(node) -> list[tuple[Any, int]] | None:
     """``(OpDef output argument, number of tensors)`` for each output argument of a
     node's registered op, or None for unknown ops."""
-    definition = op_def(node.op)
-    if definition is None:
+    args = output_args(node.op)
+    if args is None:
         return None
-    sizes = []
-    for arg in definition.output_arg:
-        sizes.append((arg, _required_count(arg, node.attrs)))
-    return sizes
+    return [(arg, _required_count(arg, node.attrs)) for arg in args]
 
 
 def _locate_output(graph: Graph, tensor: Tensor):
@@ -857,17 +909,19 @@ def _infer_shapes(graph: Graph, batch_size: int | None = None,
     """TF's shape inference over the whole graph, recorded per node in ``meta["shapes"]``
     or, with ``batch_size`` (placeholders' unknown first dimension set to it), in
     ``meta["batch_shapes"][batch_size]``; with ``nodes``, over them and their data
-    ancestors alone (control edges order, they decide no shape), recorded on those.
+    ancestors alone (control edges order, they decide no shape), recorded on
+    ``nodes`` alone: reading an op's shapes back into Python is most of the cost,
+    and loss detection's 1.7k candidates have a 20k-node upstream.
 
     Only TF's C importer runs (it infers each node's shapes as it adds the
     node): ``import_graph_def`` also builds colocation, device and control-flow
     data in Python for every op, which was three quarters of its time and
     decides no shape (tools/bench_scale.py).
     """
-    upstream = None if nodes is None else \
-        graph.ancestors(nodes, follow_control=False).union(nodes)
+    wanted = None if nodes is None else set(nodes)
+    upstream = None if wanted is None else graph.ancestors(wanted, follow_control=False) | wanted
     data = _serialized_graph_def(graph, batch_size, upstream)
-    record_shapes(graph, imported_shapes(data), batch_size, upstream)
+    record_shapes(graph, imported_shapes(data, wanted), batch_size, wanted)
 
 
 def record_shapes(graph: Graph, shapes: dict[str, list], batch_size: int | None = None,
@@ -924,9 +978,10 @@ def _data_subgraph(graph_def, names: set[str]):
     return subgraph
 
 
-def imported_shapes(data: bytes) -> dict[str, list]:
-    """Output shapes by node name of the GraphDef ``data``, from TF's C importer
-    (none for the nodes it could not take).
+def imported_shapes(data: bytes, wanted: set[str] | None = None) -> dict[str, list]:
+    """Output shapes by node name of the GraphDef ``data`` (of its nodes in
+    ``wanted`` alone, if given), from TF's C importer (none for the nodes it
+    could not take).
 
     Each op is read through a Python ``Operation`` that is never registered with
     the ``tf.Graph`` (``Operation._from_c_op`` registers it, and colocation,
@@ -953,7 +1008,10 @@ def imported_shapes(data: bytes) -> dict[str, list]:
                 c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer, options))
         c_api.TF_DeleteBuffer(buffer)
         buffer = None
-        for count, c_op in enumerate(tf_graph.new_operations(), 1):
+        c_ops = tf_graph.new_operations()
+        if wanted is not None:
+            c_ops = [c_op for c_op in c_ops if c_api.TF_OperationName(c_op) in wanted]
+        for count, c_op in enumerate(c_ops, 1):
             name, found = _op_shapes(ops, tf_graph, c_op)
             shapes[name] = found
             if count % _SHAPE_BATCH == 0:

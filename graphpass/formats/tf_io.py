@@ -142,11 +142,12 @@ def graph_from_graph_def(graph_def, meta: dict | None = None, *, shapes: bool = 
     left to the IR's checks, which refuse it."""
     from graphpass.dialects.tf import imported_shapes, record_shapes
 
-    _check_node_defs(graph_def.node)
+    with _gc_paused():
+        attrs = _checked_attrs(graph_def.node)
     inferred = imported_shapes(graph_def.SerializeToString()) \
         if shapes and not _ports_too_large(graph_def.node) else None
     with _gc_paused():
-        graph = _graph_from_graph_def(graph_def, meta)
+        graph = _graph_from_graph_def(graph_def, meta, attrs)
     if inferred is not None:
         record_shapes(graph, inferred)
     return graph
@@ -167,16 +168,19 @@ def _gc_paused():
             gc.enable()
 
 
-def _graph_from_graph_def(graph_def, meta: dict | None) -> Graph:
+def _graph_from_graph_def(graph_def, meta: dict | None, attrs: list[dict]) -> Graph:
+    """The IR of ``graph_def``, whose nodes' attrs ``_checked_attrs`` gave; each node
+    whose inputs the writer would write as the file does keeps its NodeDef as
+    its record (``Graph.keep_record``), which the writer re-emits while the node
+    is as read."""
     graph = Graph("tf", meta)
     for field in ("versions", "library"):  # absent stays absent on the way out
         graph.meta[field] = getattr(graph_def, field) if graph_def.HasField(field) else None
     graph.meta["graph_version"] = graph_def.version
     nodes = graph_def.node
-    for node_def in nodes:
-        node = graph.add_node(
-            node_def.name, node_def.op, attrs=dict(node_def.attr), device=node_def.device
-        )
+    for node_def, node_attrs in zip(nodes, attrs):
+        node = graph.add_node(node_def.name, node_def.op, attrs=node_attrs,
+                              device=node_def.device)
         extras = node_extras(node_def)
         if extras:
             node.meta["tf_extras"] = extras
@@ -190,20 +194,33 @@ def _graph_from_graph_def(graph_def, meta: dict | None) -> Graph:
     return graph
 
 
-def _check_node_defs(nodes) -> None:
-    """Refuse, before TF or the IR sees them, nodes without a name or op, a name
-    twice, and attrs TF's importer cannot take."""
+def _checked_attrs(nodes) -> list[dict]:
+    """Each node's attrs, having refused, before TF or the IR sees them, nodes
+    without a name or op, a name twice, and attrs TF's importer cannot take (a
+    bad dtype, a function placeholder outside a function body). One sweep, whose
+    attr dicts the IR takes: making them twice was a tenth of reading."""
+    from graphpass.dialects.tf import attrs_problem
+
     names: set[str] = set()
+    checked = []
     for node_def in nodes:
-        if not node_def.name or not node_def.op:
+        name, op = node_def.name, node_def.op
+        if not name or not op:
             raise GraphpassError(
-                f"a node without a name or op ({node_def.name or '<unnamed>'}); "
+                f"a node without a name or op ({name or '<unnamed>'}); "
                 "the GraphDef is malformed"
             )
-        if node_def.name in names:
-            raise GraphpassError(f"node name {node_def.name!r} appears twice; names must be unique")
-        names.add(node_def.name)
-        _check_attrs(node_def)
+        if name in names:
+            raise GraphpassError(f"node name {name!r} appears twice; names must be unique")
+        names.add(name)
+        attrs = dict(node_def.attr)
+        problem = attrs_problem(op, attrs)
+        if problem:
+            key, what = problem
+            raise GraphpassError(f"node {name!r}: attr {key!r} {what}; the "
+                                 "GraphDef is malformed: re-export it")
+        checked.append(attrs)
+    return checked
 
 
 def _ports_too_large(nodes) -> bool:
@@ -213,36 +230,41 @@ def _ports_too_large(nodes) -> bool:
                if not t.startswith("^"))
 
 
-def _check_attrs(node_def) -> None:
-    """Refuse attrs that TF's importer or the dialect cannot take (a bad dtype, a
-    function placeholder outside a function body)."""
-    from graphpass.dialects.tf import attr_problem
-
-    problems = sorted((key, problem) for key, value in node_def.attr.items()
-                      if (problem := attr_problem(node_def.op, key, value)))
-    if problems:
-        key, problem = problems[0]
-        raise GraphpassError(f"node {node_def.name!r}: attr {key!r} {problem}; the "
-                             "GraphDef is malformed: re-export it")
-
-
 def _connect(graph: Graph, node_def) -> None:
-    """A NodeDef's inputs: data inputs, then ``^``-prefixed control inputs."""
-    inputs = node_def.input
-    graph.connect(node_def.name, [parse_tensor_name(t) for t in inputs if not t.startswith("^")],
-                  [t[1:] for t in inputs if t.startswith("^")])
+    """A NodeDef's inputs: data inputs, then ``^``-prefixed control inputs. The
+    NodeDef is the node's record when the writer would list its inputs alike."""
+    texts = list(node_def.input)
+    data = [t for t in texts if not t.startswith("^")]
+    tensors = [parse_tensor_name(t) for t in data]
+    controls = [t[1:] for t in texts if t.startswith("^")]
+    graph.connect(node_def.name, tensors, controls)
+    if _written_alike(texts, data, tensors, controls):
+        graph.keep_record(node_def.name, node_def)
 
 
-def graph_def_from_graph(graph: Graph):
-    """Lower the IR back to a ``GraphDef`` (node order = graph order)."""
+def _written_alike(texts: list[str], data: list[str], tensors: list, controls: list[str]
+                   ) -> bool:
+    """Whether ``Graph.input_texts`` gives ``texts`` back: data inputs first, each
+    named as the IR names it (``x``, not ``x:0``; only a name with a colon can
+    differ), no control input twice."""
+    return texts[:len(data)] == data \
+        and (not controls or len(set(controls)) == len(controls)) \
+        and (":" not in "".join(data) or [str(t) for t in tensors] == data)
+
+
+def graph_def_from_graph(graph: Graph, into=None):
+    """Lower the IR back to a ``GraphDef`` (node order = graph order): a new one, or
+    written into the empty GraphDef ``into`` (a container's own field: copying a
+    large GraphDef into it was a tenth of writing it)."""
     with _gc_paused():
-        return _graph_def_from_graph(graph)
+        return _graph_def_from_graph(graph, into)
 
 
-def _graph_def_from_graph(graph: Graph):
-    from tensorflow.core.framework import graph_pb2
+def _graph_def_from_graph(graph: Graph, graph_def=None):
+    if graph_def is None:
+        from tensorflow.core.framework import graph_pb2
 
-    graph_def = graph_pb2.GraphDef()
+        graph_def = graph_pb2.GraphDef()
     if graph.meta.get("versions") is not None:
         graph_def.versions.CopyFrom(graph.meta["versions"])
     if graph.meta.get("library") is not None:
@@ -250,6 +272,10 @@ def _graph_def_from_graph(graph: Graph):
     if graph.meta.get("graph_version"):
         graph_def.version = graph.meta["graph_version"]
     for node in graph.nodes():
+        record = graph.record(node.name)
+        if record is not None:  # as read: the NodeDef the reader kept
+            graph_def.node.add().CopyFrom(record)
+            continue
         node_def = graph_def.node.add(name=node.name, op=node.op, device=node.device)
         node_def.input.extend(graph.input_texts(node.name))
         for key, value in node.attrs.items():
@@ -266,19 +292,35 @@ def write_tf(graph: Graph, path: Path, *, output_format: str | None = None) -> N
             f"--output-format must be pb or pbtxt for TF graphs, not {output_format}")
     container = graph.meta.get("container", GRAPHDEF)
     text = graph.meta.get("text", False) if output_format is None else output_format == "pbtxt"
-    if graph.meta.get("function") is not None:
-        graph_def = tf_function.outer_graph_def(graph)
-    else:
-        graph_def = graph_def_from_graph(graph)
     if container == GRAPHDEF:
-        message = graph_def
+        message = _lowered(graph)
     elif container == METAGRAPH:
-        message = _join_meta_graph(graph.meta["metagraph"], graph_def)
+        message = _copy(graph.meta["metagraph"])
+        message.ClearField("graph_def")
+        _lowered(graph, into=message.graph_def)
     else:
-        _write_saved_model(graph, graph_def, path, text)
+        _write_saved_model(graph, path, text)
         return
     with atomic_output(path) as tmp:
         tmp.write_bytes(serialize(message, text))
+
+
+def _lowered(graph: Graph, into=None):
+    """The GraphDef to write: the IR lowered, or the outer graph around a function
+    step (``into``: the container's GraphDef field to fill)."""
+    if graph.meta.get("function") is None:
+        return graph_def_from_graph(graph, into)
+    graph_def = tf_function.outer_graph_def(graph)
+    if into is None:
+        return graph_def
+    into.CopyFrom(graph_def)
+    return into
+
+
+def _copy(message):
+    other = type(message)()
+    other.CopyFrom(message)
+    return other
 
 
 def serialize(message, text: bool) -> bytes:
@@ -319,13 +361,6 @@ def _without_graph_def(meta_graph):
     return meta_graph
 
 
-def _join_meta_graph(rest, graph_def):
-    meta_graph = type(rest)()
-    meta_graph.CopyFrom(rest)
-    meta_graph.graph_def.CopyFrom(graph_def)
-    return meta_graph
-
-
 def _choose_meta_graph(path: Path, saved_model, tag: str | None) -> int:
     tag_sets = [list(m.meta_info_def.tags) for m in saved_model.meta_graphs]
     if not tag_sets:
@@ -343,11 +378,12 @@ def _choose_meta_graph(path: Path, saved_model, tag: str | None) -> int:
     )
 
 
-def _write_saved_model(graph: Graph, graph_def, path: Path, text: bool) -> None:
+def _write_saved_model(graph: Graph, path: Path, text: bool) -> None:
     """Write a SavedModel directory: saved_model.pb plus a copy of variables/ and assets/."""
-    saved_model = type(graph.meta["savedmodel"])()
-    saved_model.CopyFrom(graph.meta["savedmodel"])
-    saved_model.meta_graphs[graph.meta["metagraph_index"]].graph_def.CopyFrom(graph_def)
+    saved_model = _copy(graph.meta["savedmodel"])
+    meta_graph = saved_model.meta_graphs[graph.meta["metagraph_index"]]
+    meta_graph.ClearField("graph_def")
+    _lowered(graph, into=meta_graph.graph_def)
     if path.name in ("saved_model.pb", "saved_model.pbtxt"):
         path = path.parent
     source = Path(graph.meta["source_dir"])

@@ -69,6 +69,57 @@ def parse_tensor_name(text: str) -> Tensor:
     return Tensor(text, 0)
 
 
+class Attrs(dict):
+    """A node's attributes (the format's own values, by name): a dict that remembers
+    whether it was edited since it was made, so that a writer re-emits a node as
+    its file held it (``Graph.record``) only while it was not. Reads are dict
+    reads; each editing method marks the dict edited first (conservatively:
+    ``pop`` of a missing key counts too)."""
+
+    __slots__ = ("edited",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.edited = False
+
+    def copy(self) -> Attrs:
+        other = Attrs(self)
+        other.edited = self.edited
+        return other
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.edited = True
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.edited = True
+        super().__delitem__(key)
+
+    def __ior__(self, other: Any) -> Attrs:
+        self.edited = True
+        return super().__ior__(other)
+
+    def clear(self) -> None:
+        self.edited = True
+        super().clear()
+
+    def pop(self, *args: Any) -> Any:
+        self.edited = True
+        return super().pop(*args)
+
+    def popitem(self) -> tuple[str, Any]:
+        self.edited = True
+        return super().popitem()
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self.edited = True
+        return super().setdefault(key, default)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self.edited = True
+        super().update(*args, **kwargs)
+
+
 class Node:
     """A live view of one node; edits go straight into the graph's node data.
 
@@ -95,6 +146,7 @@ class Node:
     @device.setter
     def device(self, value: str) -> None:
         self._data["device"] = value
+        self._data["record"] = None  # no longer as read
 
     def __repr__(self) -> str:
         return f"Node({self.name!r}, op={self.op!r})"
@@ -122,6 +174,9 @@ class Graph:
         # most of the cost of asking.
         self._views: dict[str, Node] = {}
         self._order_cache: tuple[int, list[str]] | None = None
+        # The last order over all edges known to be topological, of whatever
+        # version: what ``check_acyclic`` places a pass's new nodes into.
+        self._acyclic_order: tuple[int, list[str]] | None = None
         # Nodes added or whose inputs changed since the last ``take_edited`` (a
         # dict: ordered, so a failed check names the same node every run).
         self._edited: dict[str, None] = {}
@@ -167,6 +222,21 @@ class Graph:
 
     def forget_source(self) -> None:
         self._source = None
+
+    def keep_record(self, name: str, record: Any) -> None:
+        """Remember the format's own record of node ``name`` as its file holds it (a
+        TF ``NodeDef``), which its inputs, attrs and device stand for exactly."""
+        self._g._node[name]["record"] = record
+
+    def record(self, name: str) -> Any | None:
+        """The record ``keep_record`` kept for ``name`` while the node is as read: a
+        writer may emit it instead of lowering the node (rebuilding every NodeDef
+        was most of writing a large graph). Any edit through the IR forgets it:
+        of its inputs (``set_input``, ``clear_input``, control inputs), its attrs
+        (``Attrs``) or its device."""
+        data = self._g._node[name]
+        record = data.get("record")
+        return None if record is None or data["attrs"].edited else record
 
     @property
     def dialect(self):
@@ -319,32 +389,35 @@ class Graph:
             op=op,
             domain=domain,
             device=device,
-            attrs=dict(attrs or {}),
+            attrs=Attrs(attrs or {}),
             outputs=list(outputs or []),
             meta={},
         )
-        self._views[name] = Node(name, self._g._node[name])
-        self.connect(name, inputs, control_inputs)
-        return self.node(name)
+        view = self._views[name] = Node(name, self._g._node[name])
+        if inputs or control_inputs:  # a reader wires its nodes later (connect)
+            self.connect(name, inputs, control_inputs)
+        return view
 
     def connect(self, name: str, inputs: Iterable[Tensor] = (),
                 control_inputs: Iterable[str] = ()) -> None:
         """Give ``name``, which has no inputs yet, its data inputs (slots 0, 1, ...)
-        and control inputs: ``add_node``'s wiring, for readers, which add every
-        node before any edge (a file may name an input before its producer).
-        Unlike ``set_input`` it looks for no edge to replace, a search that made
-        reading a node with n inputs take n^2 steps (the global norm's ``AddN``)."""
+        and control inputs as its file states them (a record kept for it stays):
+        ``add_node``'s wiring, for readers, which add every node before any edge
+        (a file may name an input before its producer). Unlike ``set_input`` it
+        looks for no edge to replace, a search that made reading a node with n
+        inputs take n^2 steps (the global norm's ``AddN``)."""
         if self._g._pred[name]:
             raise ValueError(f"node {name!r} already has inputs; use set_input")
         for slot, tensor in enumerate(inputs):
             self._add_data_edge(name, slot, tensor)
         for src in control_inputs:
-            self.add_control_input(name, src)
+            self._add_control_edge(name, src)
 
     def set_input(self, name: str, slot: int, tensor: Tensor) -> None:
         """Point input ``slot`` of ``name`` at ``tensor`` (replacing what was there)."""
         self.clear_input(name, slot)
         self._add_data_edge(name, slot, tensor)
+        self._forget_record(name)
 
     def _add_data_edge(self, name: str, slot: int, tensor: Tensor) -> None:
         """The edge of input ``slot`` of ``name``, which is empty."""
@@ -361,29 +434,42 @@ class Graph:
         for src in [s for s, keyed in self._g._pred[name].items() if slot in keyed]:
             self._version += 1
             self._edited[name] = None
+            self._forget_record(name)
             self._g.remove_edge(src, name, slot)
 
     def add_control_input(self, name: str, src: str) -> None:
         """Make ``name`` run after ``src``; adding an existing one is a no-op."""
+        if self._add_control_edge(name, src):
+            self._forget_record(name)
+
+    def _add_control_edge(self, name: str, src: str) -> bool:
+        """The control edge ``src`` -> ``name`` unless there is one; whether it was added."""
         self._require(src, f"control input of {name!r}")
-        if not self._g.has_edge(src, name, CONTROL_KEY):
-            self._version += 1
-            self._edited[name] = None
-            self._g.add_edge(
-                src,
-                name,
-                key=CONTROL_KEY,
-                src_port=-1,
-                dst_port=-1,
-                control=True,
-                order=next(self._control_order),
-            )
+        if self._g.has_edge(src, name, CONTROL_KEY):
+            return False
+        self._version += 1
+        self._edited[name] = None
+        self._g.add_edge(
+            src,
+            name,
+            key=CONTROL_KEY,
+            src_port=-1,
+            dst_port=-1,
+            control=True,
+            order=next(self._control_order),
+        )
+        return True
 
     def remove_control_input(self, name: str, src: str) -> None:
         if self._g.has_edge(src, name, CONTROL_KEY):
             self._version += 1
             self._edited[name] = None
+            self._forget_record(name)
             self._g.remove_edge(src, name, CONTROL_KEY)
+
+    def _forget_record(self, name: str) -> None:
+        """``name``'s inputs changed: its file's record no longer stands for it."""
+        self._g._node[name]["record"] = None
 
     def replace_uses(
         self, old: Tensor, new: Tensor, where: Callable[[str], bool] | None = None
@@ -430,11 +516,13 @@ class Graph:
                                     else value for key, value in self.meta.items()})
         other._g = self._g.copy()
         for name, data in other._g._node.items():
-            data["attrs"] = dict(data["attrs"])
+            data["attrs"] = data["attrs"].copy()
             data["meta"] = dict(data["meta"])
             data["outputs"] = list(data["outputs"])
             other._views[name] = Node(name, data)
         other._control_order = itertools.count(next(self._control_order))
+        if self._acyclic_order is not None:  # a base for its checks, never current
+            other._acyclic_order = (-1, self._acyclic_order[1])
         other._edited = dict(self._edited)
         return other
 
@@ -473,14 +561,83 @@ class Graph:
             return self._sorted(ignore_edge)
         if self._order_cache is None or self._order_cache[0] != self._version:
             self._order_cache = (self._version, self._sorted(None))
+            self._acyclic_order = self._order_cache
         return list(self._order_cache[1])
+
+    def check_acyclic(self) -> None:
+        """Raise ``ValueError`` naming a node on a cycle (over all edges) if there is one.
+
+        Linear where it can be: a pass mostly adds nodes read by nodes that were
+        there before, so the last order known to be topological, with each node it
+        lacks placed just before its earliest reader, is usually topological again,
+        which one sweep over the edges proves. Only where that placement fails does
+        the full sort run (the one that names a node on the cycle)."""
+        if self._order_cache is not None and self._order_cache[0] == self._version:
+            return
+        if self._acyclic_order is not None and self._acyclic_order[0] == self._version:
+            return
+        if self._acyclic_order is not None:
+            placed = self._placed_order(self._acyclic_order[1])
+            if self._is_topological(placed):
+                self._acyclic_order = (self._version, placed)
+                return
+        self.topological_order()
+
+    def _placed_order(self, base: list[str]) -> list[str]:
+        """``base`` less the nodes removed since, with every node it lacks placed just
+        before the earliest of its readers (after them all if it has none), placing
+        the nodes in reverse insertion order so that a reader is placed first."""
+        succ = self._g._succ
+        position = {name: i for i, name in enumerate(base) if name in succ}
+        end = len(base)
+        key: dict[str, tuple[int, int]] = {}
+        new = [name for name in succ if name not in position]
+        for name in reversed(new):
+            first = (end, 0)
+            for user in succ[name]:
+                at = (position[user], 0) if user in position else key.get(user)
+                if at is not None and at < first:
+                    first = at
+            key[name] = (first[0], first[1] - 1)
+        before: dict[int, list[str]] = {}
+        for name in sorted(new, key=key.__getitem__):  # stable: ties in insertion order
+            before.setdefault(key[name][0], []).append(name)
+        order: list[str] = []
+        for i, name in enumerate(base):
+            order.extend(before.get(i, ()))
+            if name in position:
+                order.append(name)
+        order.extend(before.get(end, ()))
+        return order
+
+    def _is_topological(self, order: list[str],
+                        ignore_edge: Callable[[str, str], bool] | None = None) -> bool:
+        """Whether ``order`` holds every node once and every edge (but those
+        ``ignore_edge`` drops) goes forward in it: one sweep over the edges."""
+        succ = self._g._succ
+        index = {name: i for i, name in enumerate(order)}
+        if len(index) != len(succ) or len(order) != len(succ):
+            return False
+        for src, users in succ.items():
+            at = index.get(src)
+            if at is None:
+                return False
+            for dst in users:
+                if index[dst] <= at and (ignore_edge is None or not ignore_edge(src, dst)):
+                    return False
+        return True
 
     def _sorted(self, ignore_edge: Callable[[str, str], bool] | None) -> list[str]:
         """Kahn's algorithm over networkx's ``_succ``, the ready nodes in a heap of
-        their insertion indexes."""
+        their insertion indexes. Where the insertion order is itself topological
+        (a file as its exporter wrote it) that is the order Kahn's gives (the next
+        node in it is always ready, and the least index), so it is returned after
+        one sweep over the edges proves it."""
         import heapq
 
         names = list(self._g._succ)
+        if self._is_topological(names, ignore_edge):
+            return names
         index = {name: i for i, name in enumerate(names)}
         indegree = dict.fromkeys(names, 0)
         successors: dict[str, list[tuple[str, int]]] = {}

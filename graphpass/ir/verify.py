@@ -72,12 +72,12 @@ def _node_problem(graph: Graph, names: list[str]) -> str | None:
 
 
 def _check_acyclic(graph: Graph) -> None:
-    """Raise ``ValueError`` on a cycle other than through loop back-edges. The
-    order over all edges is tried first: it is the one passes ask for, and the
-    graph keeps it until its structure changes; only a graph with loops needs
-    the order without their back-edges."""
+    """Raise ``ValueError`` on a cycle other than through loop back-edges. All
+    edges are tried first (``Graph.check_acyclic``: linear where the last proven
+    order still holds, with a pass's new nodes placed); only a graph with loops
+    needs the order without their back-edges."""
     try:
-        graph.topological_order()
+        graph.check_acyclic()
     except ValueError:
         graph.topological_order(
             ignore_edge=lambda s, d: graph.dialect.is_back_edge(graph, s, d))

@@ -66,7 +66,7 @@ class RematPass(Pass):
             segments, skipped = marked_segments(graph, self.options, step.forward,
                                                 step.backward)
         entries = rewrite_segments(graph, segments, step,
-                                   self.options.tupleize_grads)
+                                   self.options.tupleize_grads, released_bytes=estimate)
         changed = any(e["copied"] for e in entries)
         peak_after = _peak_after(graph, step, batch, changed, peak_before, auto) \
             if estimate else None
@@ -130,9 +130,10 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
     for e in entries:
         line = f"segment {e['segment']}: "
         if e["copied"]:
+            size = "" if e["released_bytes"] is None else \
+                f" (~{e['released_bytes'] / 2**20:.1f} MiB)"
             line += (f"{e['copied']} nodes recomputed, {len(e['released'])} tensors no longer "
-                     f"kept (~{e['released_bytes'] / 2**20:.1f} MiB), trigger "
-                     f"{', '.join(e['triggers'][:3])}")
+                     f"kept{size}, trigger {', '.join(e['triggers'][:3])}")
         else:
             line += e["note"]
         summary.append(line)
@@ -158,6 +159,7 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
         "segments": entries,
         "skipped_marks": skipped,
         "nodes_added": sum(e["copied"] for e in entries),
-        "released_bytes": sum(e["released_bytes"] for e in entries),
+        "released_bytes": None if peak_before is None
+        else sum(e["released_bytes"] for e in entries),
         "summary": summary,
     }
