@@ -198,16 +198,23 @@ def solve_budget(units: list[Unit], budget: int, quantum: int | None = None
     optimum from below: the reported gap is proven, not guessed.
     """
     quantum = quantum or _quantum(units, budget)
+    found = _cheapest(units, budget, quantum)
+    if found is None or _divides(quantum, units):  # no rounding anywhere: optimal
+        return found
+    bound = _chain_dp(units, budget, quantum, up=False)
+    lower = bound[0] if bound else found.cost
+    gap = 0.0 if found.cost <= lower or found.cost == 0 else (found.cost - lower) / found.cost
+    return ChainPlan(found.runs, found.cost, found.peak, gap)
+
+
+def _cheapest(units: list[Unit], budget: int, quantum: int) -> ChainPlan | None:
+    """The budget program rounded up (a plan that truly meets ``budget``), or None;
+    its gap, 0.0, holds only where no figure is rounded (``solve_budget`` proves it)."""
     found = _chain_dp(units, budget, quantum, up=True)
     if found is None:
         return None
     cost, runs = found
-    if _divides(quantum, units):  # no rounding anywhere: optimal
-        return ChainPlan(runs, cost, model_peak(units, runs), 0.0)
-    bound = _chain_dp(units, budget, quantum, up=False)
-    lower = bound[0] if bound else cost
-    gap = 0.0 if cost <= lower or cost == 0 else (cost - lower) / cost
-    return ChainPlan(runs, cost, model_peak(units, runs), gap)
+    return ChainPlan(runs, cost, model_peak(units, runs), 0.0)
 
 
 def solve_min_peak(units: list[Unit]) -> ChainPlan:
@@ -216,11 +223,13 @@ def solve_min_peak(units: list[Unit]) -> ChainPlan:
     the bisection's resolution, relative to the peak found."""
     high = model_peak(units, ())
     quantum = _quantum(units, high)
-    best = solve_budget(units, high, quantum) or ChainPlan((), 0, high)
+    # Feasibility alone decides each step: the cost's lower bound (``solve_budget``'s
+    # second program) would be thrown away, half of the planner's time.
+    best = _cheapest(units, high, quantum) or ChainPlan((), 0, high)
     low = 0
     while high - low > quantum:
         middle = (low + high) // 2
-        found = solve_budget(units, middle, quantum)
+        found = _cheapest(units, middle, quantum)
         if found is None:
             low = middle
         else:
@@ -254,32 +263,30 @@ def _divides(quantum: int, units: list[Unit]) -> bool:
 
 def _chain_dp(units: list[Unit], budget: int, quantum: int,
               up: bool) -> tuple[int, tuple[tuple[int, int], ...]] | None:
-    """Least cost and its runs with byte figures in quanta, rounded up (``up``) or down."""
+    """Least cost and its runs with byte figures in quanta, rounded up (``up``) or down.
+
+    ``cost[i][k]``: the least recompute that has placed units ``0..i-1`` keeping
+    ``k`` quanta. From each reached position ``first`` the program keeps unit
+    ``first`` (one step) or recomputes a run ``first..last``; the runs from one
+    position all land on different positions, so they are relaxed together
+    (``_relax_runs``), in numpy, as a loop over them would relax them."""
     import numpy as np
 
-    def steps(value: int) -> int:
-        return -(-value // quantum) if up else value // quantum
-
-    sums = _Prefix(units)
     count, cap = len(units), budget // quantum if up else -(-budget // quantum)
+    figures = _RunFigures(units, quantum, up)
     infinite = np.iinfo(np.int64).max // 4
-    cost = [np.full(cap + 1, infinite, dtype=np.int64) for _ in range(count + 1)]
+    cost = np.full((count + 1, cap + 1), infinite, dtype=np.int64)
     # back[i][k] = (first unit of the last step, its last unit or -1 if kept, bucket before)
-    back = [np.full((cap + 1, 3), -1, dtype=np.int64) for _ in range(count + 1)]
+    back = np.full((count + 1, cap + 1, 3), -1, dtype=np.int64)
     cost[0][0] = 0
     for first in range(count):
         reached = np.flatnonzero(cost[first] < infinite)
         if not len(reached):
             continue
-        lowest = int(reached[0])
         kept = units[first].saved_bytes
-        _relax(cost, back, first, first + 1, steps(kept),
-               cap - steps(kept + units[first].scratch_bytes), 0, (first, -1))
-        for last in range(first, count):
-            if lowest + steps(sums.saved[last + 1] - sums.saved[first]) > cap:
-                break
-            _relax(cost, back, first, last + 1, steps(sums.kept(first, last)),
-                   cap - steps(sums.live(first, last)), sums.cost(first, last), (first, last))
+        _relax(cost, back, first, first + 1, figures.steps(kept),
+               cap - figures.steps(kept + units[first].scratch_bytes), 0, (first, -1))
+        _relax_runs(cost, back, first, *figures.runs_from(first, int(reached[0]), cap))
     if cost[count].min() >= infinite:
         return None
     bucket = int(np.argmin(cost[count]))
@@ -294,7 +301,74 @@ def _chain_dp(units: list[Unit], budget: int, quantum: int,
     return best, tuple(sorted(runs))
 
 
-def _relax(cost: list, back: list, source: int, target: int, shift: int, limit: int,
+class _RunFigures:
+    """``_Prefix``'s run figures for every run from one unit at once, in quanta."""
+
+    def __init__(self, units: list[Unit], quantum: int, up: bool) -> None:
+        import numpy as np
+
+        sums = _Prefix(units)
+        self.quantum, self.up = quantum, up
+        self.saved, self.pinned, self.flops, self.returned = (
+            np.array(values, dtype=np.int64)
+            for values in (sums.saved, sums.pinned, sums.flops, sums.returned))
+        self.cut_saved = np.array([u.cut_saved_bytes for u in units], dtype=np.int64)
+        self.busiest = np.array([sums.saved[i + 1] + u.scratch_bytes
+                                 for i, u in enumerate(units)], dtype=np.int64)
+        self.entry = [sums.entry(first) for first in range(len(units))]
+
+    def steps(self, value):
+        """Bytes in quanta, rounded up or down (ints or arrays)."""
+        return -(-value // self.quantum) if self.up else value // self.quantum
+
+    def runs_from(self, first: int, lowest: int, cap: int):
+        """For the runs ``first..last`` the program may take from ``first`` (those
+        whose own values fit in ``cap`` above the ``lowest`` reached bucket): their
+        last units, the quanta each keeps (the shift), how many buckets of
+        ``first`` each relaxes (those leaving room for its live bytes), its cost."""
+        import numpy as np
+
+        over = lowest + self.steps(self.saved[first + 1:] - self.saved[first]) > cap
+        lasts = np.arange(first, first + (int(np.argmax(over)) if over.any() else len(over)))
+        entry = self.entry[first]
+        kept = self.pinned[lasts + 1] - self.pinned[first] + self.cut_saved[lasts] + entry
+        busiest = np.maximum.accumulate(self.busiest[first:first + len(lasts)])
+        live = busiest - self.saved[first] + entry + self.returned[-1] - self.returned[lasts + 1]
+        shift = self.steps(kept)
+        size = np.minimum(cap - self.steps(live) + 1, cap + 1 - shift)
+        return lasts, shift, size, self.flops[lasts + 1] - self.flops[first]
+
+
+#: Buckets relaxed per numpy step of ``_relax_runs`` (bounds its temporary arrays).
+_RELAX_CHUNK = 2**20
+
+
+def _relax_runs(cost, back, first: int, lasts, shift, size, extra) -> None:
+    """``_relax`` of every run ``first..lasts[j]``: ``cost[lasts[j] + 1][k + shift[j]]
+    = min(., cost[first][k] + extra[j])`` for ``k < size[j]``, as one fancy-indexed
+    minimum (each run lands on its own row, so none sees another's update)."""
+    import numpy as np
+
+    keep = size > 0
+    lasts, shift, size, extra = lasts[keep], shift[keep], size[keep], extra[keep]
+    per_chunk = max(1, _RELAX_CHUNK // cost.shape[1])
+    for start in range(0, len(lasts), per_chunk):
+        part = slice(start, start + per_chunk)
+        sizes = size[part]
+        k = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        rows = np.repeat(lasts[part] + 1, sizes)
+        cols = np.repeat(shift[part], sizes) + k
+        candidate = cost[first][k] + np.repeat(extra[part], sizes)
+        better = candidate < cost[rows, cols]
+        if better.any():
+            rows, cols = rows[better], cols[better]
+            cost[rows, cols] = candidate[better]
+            back[rows, cols, 0] = first
+            back[rows, cols, 1] = np.repeat(lasts[part], sizes)[better]
+            back[rows, cols, 2] = k[better]
+
+
+def _relax(cost, back, source: int, target: int, shift: int, limit: int,
            extra: int, step: tuple[int, int]) -> None:
     """``cost[target][k + shift] = min(., cost[source][k] + extra)`` for ``k <= limit``."""
     import numpy as np
