@@ -292,3 +292,41 @@ def test_check_acyclic_places_new_nodes_before_their_readers_without_a_sort(monk
     graph.set_input("copy2", 0, Tensor("n6"))  # n6 -> copy2 -> copy3 -> n6
     with pytest.raises(ValueError, match="the graph has a cycle through"):
         graph.check_acyclic()
+
+
+def test_a_copy_is_what_networkx_copies():
+    """``Graph.copy`` builds the multigraph's dicts itself: the same nodes, edges,
+    data and orders as networkx's ``copy()``, each edge's data dict shared by its
+    two directions (networkx's own layout) and independent of the original."""
+    graph = _graph()
+    graph.set_input("c", 0, Tensor("b"))  # predecessor orders that differ from succ order
+    graph.add_control_input("c", "a")
+    graph.meta["x"] = 1
+    copy = graph.copy()._g
+    expected = graph._g.copy()
+    for view in ("_node", "_succ", "_pred"):
+        assert _ordered(getattr(copy, view)) == _ordered(getattr(expected, view))
+    assert all(copy._succ[u][v] is copy._pred[v][u] for u in copy._succ for v in copy._succ[u])
+    copy._succ["c"]["d"][0]["src_port"] = 5
+    assert graph._g._succ["c"]["d"][0]["src_port"] == 0
+    import networkx as nx
+
+    assert nx.is_directed_acyclic_graph(copy) and copy.number_of_edges() == \
+        graph._g.number_of_edges()
+
+
+def _ordered(value):
+    """A nested dict as nested lists of items, so that equality includes order."""
+    if isinstance(value, dict):
+        return [(key, _ordered(item)) for key, item in value.items()]
+    return value
+
+
+def test_input_nodes_are_the_data_and_control_inputs():
+    graph = _graph()
+    graph.set_input("d", 0, Tensor("b"))
+    graph.add_control_input("d", "c")
+    for name in graph:
+        assert graph.input_nodes(name) == ([t.node for t in graph.inputs(name)],
+                                           graph.control_inputs(name))
+    assert graph.input_nodes("d") == (["b", "c"], ["a", "b", "c"])

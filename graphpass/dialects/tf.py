@@ -1145,9 +1145,8 @@ class GrapplerView:
         self.noop: set[str] = set()
         self.bypassed: set[str] = set()
         for name in self.members:
-            entries = [] if name in known else \
-                [(t.node, False) for t in graph.inputs(name)] + \
-                [(c, True) for c in graph.control_inputs(name)]
+            data, control = ([], []) if name in known else graph.input_nodes(name)
+            entries = [(p, False) for p in data] + [(c, True) for c in control]
             self.inputs[name] = [(p, c) for p, c in entries if p in nodes and not
                                  is_back_edge(p, name) and not (c and p in known)]
             for producer, _ in self.inputs[name]:

@@ -9,9 +9,7 @@ along in ``node.meta["tf_extras"]``.
 
 from __future__ import annotations
 
-import gc
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
@@ -23,7 +21,7 @@ from graphpass.formats.files import (
     atomic_output,
     check_output_path,
 )
-from graphpass.ir.graph import Graph, parse_tensor_name
+from graphpass.ir.graph import Graph, gc_paused, parse_tensor_name
 from graphpass.ir.verify import MAX_PORT, port_problem
 
 _EXTRA_FIELDS = ("experimental_debug_info", "experimental_type")
@@ -121,7 +119,7 @@ def _read_step_function(graph_def, name: str, meta: dict) -> Graph:
     meta = dict(meta, outer_graph_def=graph_def, library=graph_def.library,
                 versions=graph_def.versions if graph_def.HasField("versions") else None,
                 graph_version=graph_def.version)
-    with _gc_paused():
+    with gc_paused():
         graph = tf_function.graph_from_function(functions[name], functions, meta)
     graph.meta["function"]["variables"] = tf_function.argument_sources(graph_def, name)
     return graph
@@ -142,30 +140,15 @@ def graph_from_graph_def(graph_def, meta: dict | None = None, *, shapes: bool = 
     left to the IR's checks, which refuse it."""
     from graphpass.dialects.tf import imported_shapes, record_shapes
 
-    with _gc_paused():
+    with gc_paused():
         attrs = _checked_attrs(graph_def.node)
     inferred = imported_shapes(graph_def.SerializeToString()) \
         if shapes and not _ports_too_large(graph_def.node) else None
-    with _gc_paused():
+    with gc_paused():
         graph = _graph_from_graph_def(graph_def, meta, attrs)
     if inferred is not None:
         record_shapes(graph, inferred)
     return graph
-
-
-@contextmanager
-def _gc_paused():
-    """Converting a large graph allocates millions of small objects and no cycles;
-    the cyclic collector's repeated full scans of them took a third of the
-    time of reading a 100k-node GraphDef and made the time grow faster than
-    the graph (tools/bench_io.py)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _graph_from_graph_def(graph_def, meta: dict | None, attrs: list[dict]) -> Graph:
@@ -256,7 +239,7 @@ def graph_def_from_graph(graph: Graph, into=None):
     """Lower the IR back to a ``GraphDef`` (node order = graph order): a new one, or
     written into the empty GraphDef ``into`` (a container's own field: copying a
     large GraphDef into it was a tenth of writing it)."""
-    with _gc_paused():
+    with gc_paused():
         return _graph_def_from_graph(graph, into)
 
 

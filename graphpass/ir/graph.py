@@ -20,9 +20,11 @@ would be too.
 
 from __future__ import annotations
 
+import gc
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from graphpass.errors import GraphpassError
@@ -59,6 +61,21 @@ def _free_suffix(base: str, taken: Callable[[str], bool], first: int) -> int:
 
 def _suffixed(base: str, suffix: int) -> str:
     return f"{base}_{suffix}" if suffix else base
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic collector off while a large graph is built or copied: that makes
+    millions of small containers and no cycles, and the collector's repeated
+    scans of them took a third of reading a 100k-node GraphDef (making the time
+    grow faster than the graph, tools/bench_io.py) and half of copying one."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def parse_tensor_name(text: str) -> Tensor:
@@ -303,6 +320,21 @@ class Graph:
         edges.sort()
         return [src for _, src in edges]
 
+    def input_nodes(self, name: str) -> tuple[list[str], list[str]]:
+        """The producers of ``name``'s data inputs in slot order and its control
+        inputs in added order, from one look at its in-edges: what ``inputs`` and
+        ``control_inputs`` give, for analyses that ask both of every node."""
+        data, control = [], []
+        for src, keyed in self._adjacent(self._g._pred, name).items():
+            for key, edge in keyed.items():
+                if key == CONTROL_KEY:
+                    control.append((edge["order"], src))
+                else:
+                    data.append((key, src))
+        data.sort()
+        control.sort()
+        return [src for _, src in data], [src for _, src in control]
+
     def input_texts(self, name: str) -> list[str]:
         """``name``'s inputs as text, as a NodeDef lists them: each data input's
         ``str`` in slot order, then ``^`` and each control input in added order.
@@ -513,12 +545,13 @@ class Graph:
         ``meta`` are shared (never mutated)."""
         other = Graph(self.format, {key: type(value)(value) if type(value) in (dict, list)
                                     else value for key, value in self.meta.items()})
-        other._g = self._g.copy()
-        for name, data in other._g._node.items():
-            data["attrs"] = data["attrs"].copy()
-            data["meta"] = dict(data["meta"])
-            data["outputs"] = list(data["outputs"])
-            other._views[name] = Node(name, data)
+        with gc_paused():
+            other._g = _copied_multigraph(self._g)
+            for name, data in other._g._node.items():
+                data["attrs"] = data["attrs"].copy()
+                data["meta"] = dict(data["meta"])
+                data["outputs"] = list(data["outputs"])
+                other._views[name] = Node(name, data)
         other._control_order = itertools.count(next(self._control_order))
         if self._acyclic_order is not None:  # a base for its checks, never current
             other._acyclic_order = (-1, self._acyclic_order[1])
@@ -663,6 +696,26 @@ class Graph:
     def _require(self, name: str, what: str) -> None:
         if name not in self._g._node:
             raise GraphpassError(f"{what} names {name!r}, which is not a node of the graph")
+
+
+def _copied_multigraph(g: nx.MultiDiGraph) -> nx.MultiDiGraph:
+    """What ``g.copy()`` gives (each node's and edge's data dict copied, nodes,
+    successors and predecessors in the same orders), built straight into the new
+    graph's dicts: networkx re-adds every edge through ``add_edges_from``, whose
+    checks were most of copying a large graph (the planner copies it per trial).
+    As networkx keeps them, ``_succ[u][v]`` and ``_pred[v][u]`` are one dict of
+    the edges' data by key."""
+    other = type(g)()
+    other.graph.update(g.graph)
+    succ, pred = other._succ, other._pred
+    for name, data in g._node.items():
+        other._node[name] = data.copy()
+        succ[name], pred[name] = {}, {}
+    for src, users in g._succ.items():
+        out = succ[src]
+        for dst, keyed in users.items():
+            out[dst] = pred[dst][src] = {key: data.copy() for key, data in keyed.items()}
+    return other
 
 
 def _has_data_edge(keyed: dict) -> bool:
