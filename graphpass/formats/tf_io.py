@@ -10,6 +10,7 @@ along in ``node.meta["tf_extras"]``.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
@@ -142,20 +143,26 @@ def graph_from_graph_def(graph_def, meta: dict | None = None, *, shapes: bool = 
 
     with gc_paused():
         attrs = _checked_attrs(graph_def.node)
-    inferred = imported_shapes(graph_def.SerializeToString()) \
-        if shapes and not _ports_too_large(graph_def.node) else None
+    inferred = None
+    if shapes and not _ports_too_large(graph_def.node):
+        # Nothing of ours is held through TF's import of the whole graph: the attr
+        # dicts are made again after it (held, they were 265 MiB of the peak of a
+        # 150k-node rewrite that estimates).
+        attrs = None
+        inferred = imported_shapes(graph_def.SerializeToString())
     with gc_paused():
-        graph = _graph_from_graph_def(graph_def, meta, attrs)
+        graph = _graph_from_graph_def(
+            graph_def, meta, attrs if attrs is not None else (dict(n.attr) for n in graph_def.node))
     if inferred is not None:
         record_shapes(graph, inferred)
     return graph
 
 
-def _graph_from_graph_def(graph_def, meta: dict | None, attrs: list[dict]) -> Graph:
+def _graph_from_graph_def(graph_def, meta: dict | None, attrs: Iterable[dict]) -> Graph:
     """The IR of ``graph_def``, whose nodes' attrs ``_checked_attrs`` gave; each node
     whose inputs the writer would write as the file does keeps its NodeDef as
-    its record (``Graph.keep_record``), which the writer re-emits while the node
-    is as read."""
+    its record (``Graph.keep_record``: the file's node list and its index there),
+    which the writer re-emits while the node is as read."""
     graph = Graph("tf", meta)
     for field in ("versions", "library"):  # absent stays absent on the way out
         graph.meta[field] = getattr(graph_def, field) if graph_def.HasField(field) else None
@@ -167,8 +174,11 @@ def _graph_from_graph_def(graph_def, meta: dict | None, attrs: list[dict]) -> Gr
         extras = node_extras(node_def)
         if extras:
             node.meta["tf_extras"] = extras
-    for node_def in nodes:
-        _connect(graph, node_def)
+    for index, node_def in enumerate(nodes):
+        if _connect(graph, node_def):
+            # The record names the NodeDef by its place in the file's list: holding
+            # every NodeDef's Python object held 640 MiB more after reading 150k nodes.
+            graph.keep_record(node_def.name, (nodes, index))
     problem = port_problem(graph)  # before anything hands the graph to TF (port >= 2^31 crashes it)
     if problem:
         raise GraphpassError(f"{problem}; the GraphDef is malformed: re-export it")
@@ -213,16 +223,15 @@ def _ports_too_large(nodes) -> bool:
                if not t.startswith("^"))
 
 
-def _connect(graph: Graph, node_def) -> None:
-    """A NodeDef's inputs: data inputs, then ``^``-prefixed control inputs. The
-    NodeDef is the node's record when the writer would list its inputs alike."""
+def _connect(graph: Graph, node_def) -> bool:
+    """A NodeDef's inputs: data inputs, then ``^``-prefixed control inputs; whether
+    the writer would list them alike (then the NodeDef may be its record)."""
     texts = list(node_def.input)
     data = [t for t in texts if not t.startswith("^")]
     tensors = [parse_tensor_name(t) for t in data]
     controls = [t[1:] for t in texts if t.startswith("^")]
     graph.connect(node_def.name, tensors, controls)
-    if _written_alike(texts, data, tensors, controls):
-        graph.keep_record(node_def.name, node_def)
+    return _written_alike(texts, data, tensors, controls)
 
 
 def _written_alike(texts: list[str], data: list[str], tensors: list, controls: list[str]
@@ -256,8 +265,9 @@ def _graph_def_from_graph(graph: Graph, graph_def=None):
         graph_def.version = graph.meta["graph_version"]
     for node in graph.nodes():
         record = graph.record(node.name)
-        if record is not None:  # as read: the NodeDef the reader kept
-            graph_def.node.add().CopyFrom(record)
+        if record is not None:  # as read: the NodeDef the reader named
+            nodes, index = record
+            graph_def.node.add().CopyFrom(nodes[index])
             continue
         node_def = graph_def.node.add(name=node.name, op=node.op, device=node.device)
         node_def.input.extend(graph.input_texts(node.name))
