@@ -3,8 +3,11 @@
 For each model (tools/keras3_models.py, SGD with momentum) the SavedModel is
 rewritten by the CLI, and every variant is measured in its own process: the CPU
 allocator's peak over one call of the ``train`` signature after a warm-up call,
-one inter-op thread, oneDNN on (its allocator keeps the statistics). Ratios are to
-the original, measured in the same run. Variants:
+one inter-op thread, oneDNN on (its allocator keeps the statistics). Beside it,
+"records": the peak of the kernels' allocation records over the same call run by a
+TF1 session, oneDNN off (``keras3_models.measure_records_peak``: every buffer,
+in the bytes asked for). Ratios are to the original, measured in the same run.
+Variants:
 
 * regex control -- ``--recompute <the model's block scopes>`` (control edges);
 * regex data    -- the same with ``--dependency data``;
@@ -41,13 +44,21 @@ def bench(model: str, size: str, work: Path) -> list[tuple[str, dict]]:
     source = work / f"{model}_original"
     subprocess.run([sys.executable, "-m", "tools.keras3_models", "export", model, "sgd",
                     str(source), "--size", size], cwd=ROOT, check=True, capture_output=True)
-    rows = [("original", keras3_models.measure_in_subprocess(source, model, size))]
+    rows = [("original", measured(source, model, size))]
     for name, args in VARIANTS.items():
         target = work / f"{model}_{name.replace(' ', '_')}"
         subprocess.run([sys.executable, "-m", "graphpass.cli", "rewrite", str(source), "-o",
                         str(target), "--quiet", *args(model)], cwd=ROOT, check=True)
-        rows.append((name, keras3_models.measure_in_subprocess(target, model, size)))
+        rows.append((name, measured(target, model, size)))
     return rows
+
+
+def measured(directory: Path, model: str, size: str) -> dict:
+    """The allocator's peak, and beside it (``records``) the allocation records' peak."""
+    result = keras3_models.measure_in_subprocess(directory, model, size)
+    records = keras3_models.measure_in_subprocess(directory, model, size, records=True)
+    assert records["loss"] == result["loss"], (records, result)
+    return {**result, "records": records["peak"]}
 
 
 def main() -> None:
@@ -57,14 +68,17 @@ def main() -> None:
                         choices=keras3_models.MODELS)
     args = parser.parse_args()
     print(f"peak of one train call, SGD momentum, size {args.size}, CPU")
-    print(f"{'model':12s} {'variant':14s} {'peak MiB':>9s} {'peak':>6s} {'loss':>12s}")
+    print(f"{'model':12s} {'variant':14s} {'peak MiB':>9s} {'peak':>6s} "
+          f"{'records MiB':>12s} {'records':>8s} {'loss':>12s}")
     with tempfile.TemporaryDirectory() as work:
         for model in args.models:
             rows = bench(model, args.size, Path(work))
-            base = rows[0][1]["peak"]
+            base = rows[0][1]
             for name, result in rows:
                 print(f"{model:12s} {name:14s} {result['peak'] / 2**20:9.1f} "
-                      f"{result['peak'] / base:5.2f}x {result['loss']:12.8g}")
+                      f"{result['peak'] / base['peak']:5.2f}x "
+                      f"{result['records'] / 2**20:12.1f} "
+                      f"{result['records'] / base['records']:7.2f}x {result['loss']:12.8g}")
 
 
 if __name__ == "__main__":

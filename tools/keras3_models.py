@@ -325,23 +325,54 @@ def measure_peak(directory: str | os.PathLike, model_name: str, *,
     return {"peak": peak, "loss": float(loss)}
 
 
+def measure_records_peak(directory: str | os.PathLike, model_name: str, *,
+                         size_name: str = "test", signature: str = "train") -> dict:
+    """Peak live bytes of the kernels' allocation records over one call of the train
+    signature (``tools/measure.py``'s figure): the signature called in a TF1 graph
+    and run by a session with ``FULL_TRACE``, after a warm-up run, one inter-op
+    thread. Unlike the allocator's statistics it counts buffers under 256 KiB and
+    needs no oneDNN; with oneDNN off the records are the bytes the kernels asked for,
+    the same on any CPU. Returns ``{"peak": bytes, "loss": float}``."""
+    from tools.measure import peak_from_step_stats
+
+    tf, _ = _keras()
+    tf1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        function = tf.saved_model.load(str(directory)).signatures[signature]
+        feed = {k: tf.constant(v) for k, v in inputs(model_name, size_name).items()}
+        loss = function(**feed)["loss"]
+        config = tf1.ConfigProto(inter_op_parallelism_threads=1)
+        with tf1.Session(graph=graph, config=config) as session:
+            session.run(tf1.global_variables_initializer())
+            session.run(loss)
+            metadata = tf1.RunMetadata()
+            value = session.run(loss, run_metadata=metadata, options=tf1.RunOptions(
+                trace_level=tf1.RunOptions.FULL_TRACE))
+    return {"peak": peak_from_step_stats(metadata.step_stats)[0], "loss": float(value)}
+
+
 def measure_in_subprocess(directory: str | os.PathLike, model_name: str,
-                          size_name: str = "test", xla_dump: Path | None = None) -> dict:
-    """:func:`measure_peak` in a fresh process (the allocator's peak is per process).
+                          size_name: str = "test", xla_dump: Path | None = None,
+                          records: bool = False) -> dict:
+    """:func:`measure_peak` in a fresh process (the allocator's peak is per process),
+    or with ``records`` :func:`measure_records_peak` there, oneDNN off.
     With ``xla_dump``, XLA dumps there what it compiles and ``xla_total`` is the
     largest "Total bytes used" of its buffer assignments (None: nothing compiled)."""
     import json
     import subprocess
     import sys
 
-    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1", TF_CPP_MIN_LOG_LEVEL="3")
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0" if records else "1",
+               TF_CPP_MIN_LOG_LEVEL="3")
     if xla_dump is not None:
         env["XLA_FLAGS"] = f"--xla_dump_to={xla_dump}"
     root = Path(__file__).resolve().parent.parent
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     out = subprocess.run(
         [sys.executable, "-m", "tools.keras3_models", "measure", str(directory), model_name,
-         "--size", size_name], env=env, capture_output=True, text=True, check=True)
+         "--size", size_name, *(["--records"] if records else [])],
+        env=env, capture_output=True, text=True, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     if xla_dump is not None:
         result["xla_total"] = xla_total_bytes(Path(xla_dump))
@@ -372,9 +403,12 @@ def main() -> None:
     measure.add_argument("directory")
     measure.add_argument("model", choices=MODELS)
     measure.add_argument("--size", choices=sorted(SIZES), default="test")
+    measure.add_argument("--records", action="store_true",
+                         help="the kernels' allocation records, not the allocator's peak")
     args = parser.parse_args()
     if args.command == "measure":
-        print(json.dumps(measure_peak(args.directory, args.model, size_name=args.size)))
+        how = measure_records_peak if args.records else measure_peak
+        print(json.dumps(how(args.directory, args.model, size_name=args.size)))
         return
     export(args.directory, args.model, args.optimizer, size_name=args.size,
            jit_compile=args.jit)
