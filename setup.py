@@ -1,5 +1,13 @@
 from setuptools import find_packages, setup
 
+# The runtimes are extras, found by import name at run time: `tf` or `tf-cpu` for
+# TensorFlow graphs, `onnx` for ONNX models (onnxruntime-training, which provides the
+# same `onnxruntime` module, serves instead of onnxruntime when installed beside
+# `pip install graphpass onnx`). No extra may depend on TensorFlow in another way:
+# a second TensorFlow distribution would be written over the first, so `test` leaves
+# tf-keras out (the Keras fixtures need it: `pip install --no-deps tf-keras`).
+TF = ">=2.21,<2.22"
+
 setup(
     name="graphpass",
     version="0.1.0",
@@ -8,16 +16,16 @@ setup(
     packages=find_packages(include=["graphpass", "graphpass.*"]),
     python_requires=">=3.10",
     install_requires=[
-        "tensorflow-cpu>=2.21,<2.22",
-        "onnx>=1.16",
-        "onnxruntime>=1.18",
         "networkx>=3.0",
         "numpy>=1.26",
-        "matplotlib>=3.7",
+        "matplotlib>=3.7",  # --memory-plot and --dump-dir's memory.svg
         "tomli>=2.0; python_version<'3.11'",
     ],
-    # tf-keras builds the Keras test/benchmark models (tools/keras_models.py); install it
-    # with `pip install --no-deps tf-keras` so that it does not replace tensorflow-cpu.
-    extras_require={"test": ["pytest>=8", "ruff", "tf-keras>=2.16,<2.22"]},
+    extras_require={
+        "tf": [f"tensorflow{TF}"],
+        "tf-cpu": [f"tensorflow-cpu{TF}"],
+        "onnx": ["onnx>=1.16", "onnxruntime>=1.18"],
+        "test": ["pytest>=8", "ruff"],
+    },
     entry_points={"console_scripts": ["graphpass=graphpass.cli:entry_point"]},
 )

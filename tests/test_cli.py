@@ -134,10 +134,46 @@ def test_inspect_text(mlp, capsys):
         f"{len(model.graph_def.node)}  control edges: {_control_edges(model.graph_def)}"
     assert "x" in fields["inputs"].split(", ")
     assert fields["variables"].startswith("12: block1/W, block2/W, block3/W, global_step, ")
-    assert "ResourceApplyAdam 3" in fields["ops"]
+    assert fields["ops"].startswith("Const ") and fields["ops"].endswith(" in all)")
     assert fields["regions"].startswith("forward ")
     assert fields["loss"] == "loss" and fields["train ops"] == "train"
     assert fields["global_step"] == "global_step"
+
+
+def test_inspect_all_prints_every_list_whole(mlp, capsys):
+    _, source = mlp
+    assert main(["inspect", str(source), "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "in all)" not in out
+    fields = dict(line.split(":", 1) for line in out.splitlines())
+    assert "ResourceApplyAdam 3" in fields["ops"]
+    assert main(["inspect", str(source), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert len(fields["ops"].split(", ")) == len(info["ops"]) > 10
+
+
+def test_every_long_list_of_inspect_is_cut_the_same_way():
+    """Inputs (a Keras graph has hundreds), outputs, variables, ops, regions' lists and
+    signatures: the first ten, then "... (N in all)"; ``limit=None`` (--all): whole."""
+    from graphpass.cli.text import describe_text
+
+    names = [f"n{i}" for i in range(582)]
+    info = {"format": "tf", "container": "graphdef", "nodes": 600, "control_edges": 0,
+            "inputs": names, "outputs": names, "variables": names,
+            "ops": {f"Op{i}": 1 for i in range(30)},
+            "signatures": [{"signature": s, "function": "f", "updates_variables": False}
+                           for s in names],
+            "regions": {"counts": {"forward": 1}, "losses": names, "train_ops": names,
+                        "updates": names, "gradients": names, "global_step": None}}
+    lines = describe_text(info).splitlines()
+    cut = [line for line in lines if line.split(":")[0] in
+           ("inputs", "outputs", "variables", "signatures", "loss", "train ops", "updates",
+            "gradients")]
+    assert len(cut) == 8
+    assert all(line.endswith(", n9 ... (582 in all)") for line in cut), cut
+    assert next(line for line in lines if line.startswith("ops")).endswith(" ... (30 in all)")
+    whole = describe_text(info, None)
+    assert "in all" not in whole and ", n581" in whole
 
 
 def test_inspect_inference_graph_describes_without_regions(tmp_path, capsys):

@@ -571,7 +571,12 @@ def test_inspect_saved_lists_what_the_backward_keeps(tmp_path, capsys):
     assert relu["readers"] == ["gradients/block3/Relu_grad/ReluGrad"]
     assert all(r.startswith("gradients/") for v in values for r in v["readers"])
     assert "block3/MatMul" not in by_tensor  # read by the Relu only, not by a gradient op
-    assert main(["inspect", str(source), "--saved"]) == 0
+    assert main(["inspect", str(source), "--saved", "--all"]) == 0
     text = capsys.readouterr().out
     assert f"saved:         {len(values)} forward values kept" in text
     assert "block3/Relu (Relu [16, 32]) <- gradients/block3/Relu_grad/ReluGrad" in text
+    assert main(["inspect", str(source), "--saved"]) == 0
+    short = capsys.readouterr().out.splitlines()
+    rows = [line for line in short if line.startswith("   ")]
+    assert len(values) > 10 and len(rows) == 10
+    assert short[-1] == f"  ... ({len(values)} in all)"

@@ -1,6 +1,6 @@
 """Graphviz views of what a pass changed: the *rewritten neighbourhood*.
 
-``dot`` cannot lay out a 100k-node training graph, and nobody could read it
+``dot`` cannot lay out a big training graph, and nobody could read it
 if it did, so a view shows only what a pass touched -- the nodes it added or
 changed, the consumers it rewired, the edges it added -- plus their direct
 neighbours, greyed, for context. The whole graph is drawn only on request

@@ -163,7 +163,7 @@ def write_graph_text(graph: Graph, stem: Path, *, graph_def=None) -> Path:
     """The graph in its format's text form: GraphDef pbtxt, or ONNX's printer syntax.
 
     The pbtxt comes from ``str(graph_def)``: with protobuf's upb backend that is
-    the C text encoder, ~10x faster than ``text_format`` on big graphs. Map
+    the C text encoder, much faster than ``text_format`` on big graphs. Map
     entries (attrs) keep the IR's order, so dumps of one run diff cleanly.
     """
     if graph.format != "tf":

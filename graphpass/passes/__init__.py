@@ -31,4 +31,12 @@ def build_passes(options: PipelineOptions) -> list[Pass]:
             if getattr(options, cls.name) is not None]
 
 
-__all__ = ["Pass", "PassContext", "Pipeline", "build_passes", "registered_passes"]
+def estimates_memory(options: PipelineOptions, estimates: bool = True) -> bool:
+    """Whether running ``options``' passes estimates the step's memory, which reads
+    every node's shape: a caller then loads with ``shapes=True``."""
+    ctx = PassContext.from_options(options, estimates=estimates)
+    return any(p.estimates_memory(ctx) for p in build_passes(options))
+
+
+__all__ = ["Pass", "PassContext", "Pipeline", "build_passes", "estimates_memory",
+           "registered_passes"]

@@ -24,10 +24,9 @@ class PassContext:
     """``target``: ``tf`` or ``xla``; ``dependency``: remat's default ordering
     (``data`` for xla, which ignores control edges; None: the dialect's first mode);
     ``estimates``: whether passes estimate the step's memory for their reports.
-    The CLI turns it off when no report is shown (``--quiet`` without ``--report``):
-    on a large graph the two estimates were a third of a rewrite's time and
-    nobody saw them. A pass that plans by the estimate (``--recompute auto``)
-    estimates regardless."""
+    The CLI turns it off when no report is shown (``--quiet`` without ``--report``),
+    as nobody would see the estimates and they cost real time on big graphs. A pass
+    that plans by the estimate (``--recompute auto``) estimates regardless."""
 
     target: str = "tf"
     device: str | None = None

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from graphpass.errors import GraphpassError
 from graphpass.inspect.verify.report import VerifyOptions, VerifyReport, format_report
+from graphpass.runtimes import require_onnxruntime, require_tensorflow
 
 __all__ = ["VerifyOptions", "VerifyReport", "enable_cpu_autojit", "format_report",
            "verify_files"]
@@ -41,9 +42,11 @@ def verify_files(original: str | Path, rewritten: str | Path,
     if kind_a == ONNX:
         if options.xla:
             raise GraphpassError("--xla applies to TF graphs; ONNX models run in onnxruntime")
+        require_onnxruntime("verifying")
         from graphpass.inspect.verify.onnx_runner import verify_onnx
 
         return verify_onnx(Path(original), Path(rewritten), options)
+    require_tensorflow("verifying")
     if kind_a == kind_b == SAVEDMODEL:
         from graphpass.inspect.verify.saved_model import (
             training_signature,

@@ -1,0 +1,199 @@
+"""Validation: a merged command line and config file, or a Python mapping, turned
+once into the frozen options of ``types.py``.
+
+Every mistake is a one-line ``GraphpassError`` naming the option. This module
+does not declare options (``table.py``) and never reads argv or files.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from graphpass.errors import GraphpassError
+from graphpass.options.table import OPTIONS, Option
+from graphpass.options.types import (
+    AUTO,
+    BUDGET,
+    MIN_PEAK,
+    LowerOptions,
+    PipelineOptions,
+    RegionOptions,
+    RematOptions,
+    RewriteOptions,
+    StaleOptions,
+)
+from graphpass.units import parse_bytes
+
+_RELATIVE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*x\s*")
+
+
+_FILE_KEYS = ("input", "output", "in_place", "output_format", "tag", "signature", "report",
+              "quiet")
+
+
+def rewrite_options(values: Mapping) -> RewriteOptions:
+    """``graphpass rewrite``'s merged command line and config file, validated."""
+    files = {k: values[k] for k in _FILE_KEYS if values.get(k) is not None}
+    rest = {k: v for k, v in values.items() if k not in _FILE_KEYS}
+    dumps = {k: rest.pop(k) for k in ("dump_dir", "dump_full") if k in rest}
+    return RewriteOptions(pipeline=pipeline_options(rest), **files, **dumps)
+
+
+def pipeline_options(values: Mapping) -> PipelineOptions:
+    """The pipeline's options from a mapping keyed like :data:`OPTIONS` (underscores);
+    None, False and empty values count as not given."""
+    known = {o.key: o for o in OPTIONS}
+    given = {k: v for k, v in values.items() if _given(v)}
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise GraphpassError(f"unknown option(s) {', '.join(unknown)}; "
+                             f"valid: {', '.join(sorted(known))}")
+    for key, value in given.items():
+        _check_choice(known[key], value)
+    target = _resolve_target(given.get("target"), given.get("device"))
+    return PipelineOptions(
+        target=target,
+        device=given.get("device"),
+        regions=RegionOptions(loss=given.get("loss"),
+                              train_ops=tuple(given.get("train_op") or ()),
+                              global_step=given.get("global_step")),
+        remat=_remat(given),
+        lower=_lower(given, target),
+        stale=_stale(given),
+    )
+
+
+def _given(value: object) -> bool:
+    """None, False and an empty list mean "not given"; 0 (``drop_stale = 0``) is given."""
+    return not (value is None or value is False
+                or (isinstance(value, (list, tuple)) and not value))
+
+
+def _check_choice(option: Option, value: object) -> None:
+    if option.choices and value not in option.choices:
+        raise GraphpassError(f"{option.flag} {value!r}: choose one of "
+                             f"{', '.join(option.choices)}")
+
+
+def _resolve_target(target: str | None, device: str | None) -> str:
+    """``--target``, with ``--device tpu`` implying xla (and refusing ``--target tf``)."""
+    if device == "tpu" and target == "tf":
+        raise GraphpassError("--device tpu needs --target xla (TPUs run only XLA-compiled "
+                             "steps); drop --target tf")
+    return target or ("xla" if device == "tpu" else "tf")
+
+
+def _remat(given: dict) -> RematOptions | None:
+    patterns = tuple(given.get("recompute") or ())
+    use_hints = bool(given.get("recompute_hints"))
+    auto = _check_auto(patterns, use_hints, given)
+    if not patterns and not use_hints:
+        return None
+    if not auto:
+        _check_patterns(patterns)
+    budget_bytes, fraction = _budget(given)
+    limited = budget_bytes is not None or fraction is not None
+    policy = given.get("recompute_policy") or (BUDGET if limited else MIN_PEAK)
+    _check_policy(policy, limited)
+    return RematOptions(
+        patterns=() if auto else patterns,
+        use_hints=use_hints,
+        auto=auto,
+        policy=policy,
+        memory_budget_bytes=budget_bytes,
+        memory_budget_fraction=fraction,
+        batch_size=positive_batch_size(given.get("batch_size")),
+        dependency=given.get("dependency"),
+        tupleize_grads=bool(given.get("tupleize_grads")),
+    )
+
+
+def _check_auto(patterns: tuple[str, ...], use_hints: bool, given: dict) -> bool:
+    """Whether the planner is asked for; refuses mixing it with explicit marks
+    (whose segments it would have to plan around) and planner options without it."""
+    auto = AUTO in patterns
+    if auto and (len(patterns) > 1 or use_hints):
+        raise GraphpassError(
+            "--recompute auto chooses the segments itself and cannot be combined with "
+            "other --recompute patterns or --recompute-hints; drop either")
+    for key in ("memory_budget_bytes", "memory_budget", "recompute_policy", "batch_size"):
+        if given.get(key) is not None and not auto:
+            raise GraphpassError(f"--{key.replace('_', '-')} is an option of the automatic "
+                                 "planner; add --recompute auto (or drop it)")
+    return auto
+
+
+def _budget(given: dict) -> tuple[int | None, float | None]:
+    """``(bytes, fraction of the estimated original peak)`` from the two budget options."""
+    absolute, relative = given.get("memory_budget_bytes"), given.get("memory_budget")
+    if absolute is not None and relative is not None:
+        raise GraphpassError("give --memory-budget-bytes or --memory-budget, not both")
+    if relative is None:
+        return (None if absolute is None else parse_bytes(absolute)), None
+    found = _RELATIVE.fullmatch(str(relative))
+    if found:
+        return None, float(found.group(1))
+    return parse_bytes(relative, "--memory-budget"), None
+
+
+def _check_policy(policy: str, limited: bool) -> None:
+    if limited and policy != BUDGET:
+        raise GraphpassError(f"--recompute-policy {policy} takes no memory budget; drop "
+                             "the budget or use --recompute-policy budget")
+    if policy == BUDGET and not limited:
+        raise GraphpassError("--recompute-policy budget needs --memory-budget-bytes N or "
+                             "--memory-budget 0.6x")
+
+
+def positive_batch_size(value) -> int | None:
+    """``--batch-size``: None, or a positive integer (from a string or an int)."""
+    if value is None:
+        return None
+    try:
+        size = int(value)
+    except (TypeError, ValueError):
+        size = 0
+    if size < 1 or str(size) != str(value).strip():
+        raise GraphpassError(f"--batch-size {value!r}: expected a positive integer")
+    return size
+
+
+def _check_patterns(patterns: tuple[str, ...]) -> None:
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise GraphpassError(f"--recompute {pattern!r} is not a valid regex: {exc}") from None
+
+
+def _lower(given: dict, target: str) -> LowerOptions | None:
+    """Lowering runs for --target xla or a --device; ``--xla-cluster step`` needs xla."""
+    if target == "tf" and not given.get("device"):
+        if given.get("xla_cluster") == "step":
+            raise GraphpassError("--xla-cluster step needs --target xla")
+        return None
+    return LowerOptions(xla_cluster=given.get("xla_cluster")
+                        or ("step" if target == "xla" else "none"))
+
+
+def _stale(given: dict) -> StaleOptions | None:
+    raw = given.get("drop_stale")
+    if raw is None:
+        return None
+    return StaleOptions(staleness=_parse_staleness(raw), counter=given.get("stale_counter"),
+                        summary=bool(given.get("staleness_summary")))
+
+
+def _parse_staleness(raw: object) -> int:
+    """An integer from the CLI (a string) or a config file (an int); anything else,
+    bools and 1.5 included, is a user error rather than a silent truncation."""
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str):
+        try:
+            return int(raw.strip())
+        except ValueError:
+            pass
+    raise GraphpassError(f"--drop-stale expects an integer staleness (global steps), "
+                         f"got {raw!r}")

@@ -1,0 +1,89 @@
+"""The frozen options the passes receive, and the names of their choices.
+
+Plain data: no parsing, no argparse, no defaults resolved from other options
+(``parse.py`` does that once). Passes import these; they never see the table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: The ``--recompute`` value that asks for the automatic planner.
+AUTO = "auto"
+#: ``--recompute-policy`` names (see passes/remat/plan.py).
+MIN_PEAK, BUDGET, CHEAP = "min-peak", "budget", "cheap"
+POLICIES = (MIN_PEAK, BUDGET, CHEAP)
+TARGETS = ("tf", "xla")
+DEVICES = ("cpu", "gpu", "tpu")
+DEPENDENCIES = ("control", "data")
+XLA_CLUSTERS = ("step", "none")
+
+
+@dataclass(frozen=True)
+class RegionOptions:
+    """Overrides for region analysis, shared by every pass that needs regions."""
+
+    loss: str | None = None
+    train_ops: tuple[str, ...] = ()
+    global_step: str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.loss or self.train_ops or self.global_step)
+
+
+@dataclass(frozen=True)
+class RematOptions:
+    patterns: tuple[str, ...] = ()
+    use_hints: bool = False
+    auto: bool = False  # the planner chooses what to recompute (passes/remat/plan.py)
+    policy: str = MIN_PEAK  # the planner's policy (POLICIES)
+    memory_budget_bytes: int | None = None  # the planner's target in bytes
+    memory_budget_fraction: float | None = None  # ... or relative to the estimated peak
+    batch_size: int | None = None  # the planner's size of unknown batch dimensions
+    dependency: str | None = None  # None: the context's default
+    tupleize_grads: bool = False
+
+
+@dataclass(frozen=True)
+class LowerOptions:
+    xla_cluster: str = "step"
+
+
+@dataclass(frozen=True)
+class StaleOptions:
+    """``staleness``: steps global_step may advance while gradients are computed
+    (negative drops every step); ``counter``: the drop counter's variable name."""
+
+    staleness: int
+    counter: str | None = None
+    summary: bool = False
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """What the passes run with: the resolved target (``--device tpu`` implies xla),
+    the region overrides, and one options object per requested pass (None: not run)."""
+
+    target: str = "tf"
+    device: str | None = None
+    regions: RegionOptions = field(default_factory=RegionOptions)
+    remat: RematOptions | None = None
+    lower: LowerOptions | None = None
+    stale: StaleOptions | None = None
+
+
+@dataclass(frozen=True)
+class RewriteOptions:
+    """Everything ``graphpass rewrite`` was asked: files, output and the pipeline."""
+
+    input: str
+    output: str
+    pipeline: PipelineOptions
+    in_place: bool = False
+    output_format: str | None = None
+    tag: str | None = None
+    signature: str | None = None
+    report: str | None = None
+    quiet: bool = False
+    dump_dir: str | None = None
+    dump_full: bool = False
