@@ -21,10 +21,5 @@ from graphpass.ir.graph import Graph
 
 def infer_shapes(graph: Graph, nodes: Iterable[str] | None = None) -> bool:
     """Run the dialect's inference when some node (of ``nodes``, default all) has
-    no recorded shapes; returns whether it ran."""
-    dialect = graph.dialect
-    wanted = graph if nodes is None else list(nodes)
-    if all(dialect.has_shapes(graph, name) for name in wanted):
-        return False
-    dialect.infer_shapes(graph, None if nodes is None else wanted)
-    return True
+    no recorded shapes (``Dialect.ensure_shapes``); returns whether it ran."""
+    return graph.dialect.ensure_shapes(graph, nodes)

@@ -9,7 +9,19 @@ nor conditionals the stale pass could gate with, nor device strings.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+from graphpass.ir.graph import Tensor
+
+
+class ResourceVariable(NamedTuple):
+    """The nodes of a variable a pass created (``ConditionalBuilder.resource_variable``;
+    names as TF's ``get_variable`` gives them)."""
+
+    handle: str
+    initializer: str
+    read: Tensor
+    initial_value: Tensor
 
 
 @runtime_checkable

@@ -4,7 +4,7 @@ Only the ``GraphDef.node`` list becomes IR; everything else (versions, the
 function library, the rest of a MetaGraphDef, the other MetaGraphs of a
 SavedModel) is carried in ``Graph.meta`` as the parsed protos and re-emitted
 untouched. NodeDef fields the IR does not model (debug info, full type) ride
-along in ``node.meta["tf_extras"]``.
+along on the node (``tf_node_def``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+from graphpass.dialects.tf_ops import attrs_problem
 from graphpass.errors import GraphpassError
 from graphpass.formats import tf_function
 from graphpass.formats.files import (
@@ -22,10 +23,11 @@ from graphpass.formats.files import (
     atomic_output,
     check_output_path,
 )
+from graphpass.formats.tf_importer import imported_shapes, record_shapes
+from graphpass.formats.tf_node_def import keep_extras, write_extras
 from graphpass.ir.graph import Graph, gc_paused, parse_tensor_name
 from graphpass.ir.verify import MAX_PORT, port_problem
 
-_EXTRA_FIELDS = ("experimental_debug_info", "experimental_type")
 _KIND_NAMES = {GRAPHDEF: "GraphDef", METAGRAPH: "MetaGraphDef", SAVEDMODEL: "SavedModel"}
 
 
@@ -74,7 +76,7 @@ def read_saved_model_proto(path: Path, tag: str | None = None):
     """The MetaGraphDef of a SavedModel that ``--tag`` (default train, then serve) picks."""
     from tensorflow.core.protobuf import saved_model_pb2
 
-    from graphpass.formats.detect import detect
+    from graphpass.formats.container import detect
 
     kind, is_text = detect(path)
     if kind != SAVEDMODEL:
@@ -126,11 +128,6 @@ def _read_step_function(graph_def, name: str, meta: dict) -> Graph:
     return graph
 
 
-def node_extras(node_def) -> dict:
-    """NodeDef fields the IR does not model, carried as they are."""
-    return {f: getattr(node_def, f) for f in _EXTRA_FIELDS if node_def.HasField(f)}
-
-
 def graph_from_graph_def(graph_def, meta: dict | None = None, *, shapes: bool = False) -> Graph:
     """Build the IR from a parsed ``GraphDef``; carries versions and library.
 
@@ -139,8 +136,6 @@ def graph_from_graph_def(graph_def, meta: dict | None = None, *, shapes: bool = 
     gone by then, where inferring the built IR held both at once (the peak
     memory of a 150k-node rewrite). A GraphDef with a port TF would crash on is
     left to the IR's checks, which refuse it."""
-    from graphpass.dialects.tf import imported_shapes, record_shapes
-
     with gc_paused():
         attrs = _checked_attrs(graph_def.node)
     inferred = None
@@ -171,9 +166,7 @@ def _graph_from_graph_def(graph_def, meta: dict | None, attrs: Iterable[dict]) -
     for node_def, node_attrs in zip(nodes, attrs):
         node = graph.add_node(node_def.name, node_def.op, attrs=node_attrs,
                               device=node_def.device)
-        extras = node_extras(node_def)
-        if extras:
-            node.meta["tf_extras"] = extras
+        keep_extras(node, node_def)
     for index, node_def in enumerate(nodes):
         if _connect(graph, node_def):
             # The record names the NodeDef by its place in the file's list: holding
@@ -192,8 +185,6 @@ def _checked_attrs(nodes) -> list[dict]:
     without a name or op, a name twice, and attrs TF's importer cannot take (a
     bad dtype, a function placeholder outside a function body). One sweep, whose
     attr dicts the IR takes: making them twice was a tenth of reading."""
-    from graphpass.dialects.tf import attrs_problem
-
     names: set[str] = set()
     checked = []
     for node_def in nodes:
@@ -273,8 +264,7 @@ def _graph_def_from_graph(graph: Graph, graph_def=None):
         node_def.input.extend(graph.input_texts(node.name))
         for key, value in node.attrs.items():
             node_def.attr[key].CopyFrom(value)
-        for field, value in node.meta.get("tf_extras", {}).items():
-            getattr(node_def, field).CopyFrom(value)
+        write_extras(node_def, node)
     return graph_def
 
 

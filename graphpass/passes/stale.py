@@ -55,7 +55,7 @@ from graphpass.passes.base import Pass
 from graphpass.passes.context import PassContext
 
 if TYPE_CHECKING:
-    from graphpass.dialects.tf import ResourceVariable
+    from graphpass.dialects.capabilities import ResourceVariable
 
 SCOPE = "graphpass/drop_stale"
 DEFAULT_COUNTER = "graphpass/stale_counter"
