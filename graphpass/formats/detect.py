@@ -27,7 +27,9 @@ def load(path: str | os.PathLike, *, tag: str | None = None,
     ``signature`` picks the TF2 signature whose function holds the training step.
     ``shapes``: infer a TF graph's shapes while reading it, for a command that will
     read them all (``tf_io.graph_from_graph_def``: less memory than inferring later;
-    analyses that read a few ask for those alone)."""
+    analyses that read a few ask for those alone). For a GraphDef whose top level
+    calls its step, the entry point (not the reader) asks the dialect which
+    function body holds optimizer updates (``_holds_updates``)."""
     path = Path(path)
     kind, is_text = detect(path)
     if kind == ONNX:
@@ -36,7 +38,14 @@ def load(path: str | os.PathLike, *, tag: str | None = None,
         return onnx_io.read_onnx(path)
     from graphpass.formats import tf_io
 
-    return tf_io.read_tf(path, kind, is_text, tag=tag, signature=signature, shapes=shapes)
+    return tf_io.read_tf(path, kind, is_text, tag=tag, signature=signature, shapes=shapes,
+                         holds_step=_holds_updates)
+
+
+def _holds_updates(graph: Graph) -> bool:
+    """Whether a function body holds the training step: its dialect finds optimizer
+    updates in it (region analysis's first question)."""
+    return bool(graph.dialect.optimizer_applies(graph))
 
 
 def save(graph: Graph, path: str | os.PathLike, *, output_format: str | None = None) -> None:

@@ -10,7 +10,7 @@ along on the node (``tf_node_def``).
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from graphpass.dialects.tf_ops import attrs_problem
@@ -32,13 +32,17 @@ _KIND_NAMES = {GRAPHDEF: "GraphDef", METAGRAPH: "MetaGraphDef", SAVEDMODEL: "Sav
 
 
 def read_tf(path: Path, kind: str, is_text: bool, *, tag: str | None = None,
-            signature: str | None = None, shapes: bool = False) -> Graph:
+            signature: str | None = None, shapes: bool = False,
+            holds_step: Callable[[Graph], bool] | None = None) -> Graph:
     """Parse a TF model file (or SavedModel directory) into a Graph.
 
     When the training step is a function (a TF2 ``train`` signature, or a GraphDef
     whose top level only calls it), the graph is that function's body; see
     :mod:`graphpass.formats.tf_function`. ``signature`` names the signature to follow;
-    ``shapes``: see ``graph_from_graph_def``.
+    ``shapes``: see ``graph_from_graph_def``. Which of a GraphDef's called
+    functions holds the step is a question of training structure, which the
+    reader does not answer: the caller's ``holds_step(body)`` does (without it,
+    the top level is read).
     """
     from tensorflow.core.framework import graph_pb2
     from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
@@ -64,7 +68,7 @@ def read_tf(path: Path, kind: str, is_text: bool, *, tag: str | None = None,
         graph_def = message.meta_graphs[index].graph_def
     if kind != GRAPHDEF:
         meta["signatures"] = tf_function.signatures(_meta_graph(message, meta))
-    step = _step_function(source, kind, message, meta, signature)
+    step = _step_function(source, kind, message, meta, signature, holds_step)
     if kind == METAGRAPH:
         meta["metagraph"] = _without_graph_def(message)
     if step is not None:
@@ -92,25 +96,27 @@ def _meta_graph(message, meta: dict):
         else message
 
 
-def _step_function(source: Path, kind: str, message, meta: dict,
-                   signature: str | None) -> str | None:
+def _step_function(source: Path, kind: str, message, meta: dict, signature: str | None,
+                   holds_step: Callable[[Graph], bool] | None) -> str | None:
     """The library function holding the training step, or None for a top-level step."""
     if kind == GRAPHDEF:
         if signature is not None:
             raise GraphpassError(f"{source}: --signature needs a SavedModel or MetaGraphDef; "
                                  "a GraphDef has no signatures")
-        return _graph_def_step(message, meta)
+        return _graph_def_step(message, meta, holds_step)
     return tf_function.choose_signature(_meta_graph(message, meta), signature, str(source))
 
 
-def _graph_def_step(graph_def, meta: dict) -> str | None:
-    """The one top-level call of a GraphDef whose function body holds optimizer
-    updates (a TF2 graph's others are checkpoint save and restore)."""
+def _graph_def_step(graph_def, meta: dict,
+                    holds_step: Callable[[Graph], bool] | None) -> str | None:
+    """The one top-level call of a GraphDef whose function body ``holds_step`` says
+    holds the training step (a TF2 graph's others are checkpoint save and restore)."""
+    if holds_step is None:
+        return None
     steps = []
     for name in tf_function.graph_def_steps(graph_def):
         try:
-            graph = _read_step_function(graph_def, name, meta)
-            if graph.dialect.optimizer_applies(graph):
+            if holds_step(_read_step_function(graph_def, name, meta)):
                 steps.append(name)
         except GraphpassError:
             continue
