@@ -283,6 +283,12 @@ class Dialect(ABC):
     def copy_node(self, graph: Graph, name: str, new_name: str) -> str:
         """Add a node with ``name``'s op, attrs and device but no inputs."""
 
+    def renamed_copy(self, graph: Graph, name: str, new_name: str) -> str:
+        """``copy_node`` for a node moving to ``new_name`` (the original goes next):
+        what the format carries on a node beyond op, attrs and device moves too.
+        The default format carries nothing more."""
+        return self.copy_node(graph, name, new_name)
+
     def keep_as_written(self, graph: Graph, name: str) -> None:
         """Ask the runtime's graph optimizer to leave node ``name`` as it is. Remat
         calls it on an original whose backward readers moved to its copy: with fewer

@@ -346,6 +346,13 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
         """``(node, op)`` of ``names`` without an XLA kernel (``tf_xla.xla_unsupported``)."""
         return tf_xla.xla_unsupported(graph, names)
 
+    def xla_clusterable(self, graph: Graph, name: str) -> bool:
+        return tf_xla.clusterable(graph, name)
+
+    def mark_xla_cluster(self, graph: Graph, names: list[str], scope: str) -> str:
+        """``_XlaCompile``, ``_XlaScope`` as ``jit_scope`` sets them (``tf_xla.mark_cluster``)."""
+        return tf_xla.mark_cluster(graph, names, scope)
+
 
 def _first_result(graph: Graph) -> str | None:
     """The function's result with the lowest index: it stands for all of them (they

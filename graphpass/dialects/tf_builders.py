@@ -13,6 +13,7 @@ from __future__ import annotations
 from graphpass.dialects.capabilities import ResourceVariable
 from graphpass.dialects.tf_ops import (
     DO_NOT_REWRITE_ATTR,
+    RESTORE_OPS,
     DType,
     Func,
     Raw,
@@ -27,6 +28,7 @@ from graphpass.dialects.tf_shapes import (
     same_shape,
 )
 from graphpass.formats import tf_library
+from graphpass.formats.tf_node_def import move_extras
 from graphpass.ir.graph import Graph, Tensor
 
 
@@ -271,6 +273,45 @@ class TFBuilders:
             if node in doomed:
                 graph.remove_node(node)
         return if_node
+
+    def colocate(self, graph: Graph, name: str, with_node: str) -> None:
+        """Place ``name`` wherever ``with_node`` runs (a ``loc:@`` colocation class)."""
+        self.set_attr(graph, name, "_class", [f"loc:@{with_node}"])
+
+    def renamed_copy(self, graph: Graph, name: str, new_name: str) -> str:
+        """``copy_node`` for a node moving to ``new_name``: the NodeDef fields the
+        IR does not model (debug info) move with it."""
+        self.copy_node(graph, name, new_name)
+        move_extras(graph.node(name), graph.node(new_name))
+        return new_name
+
+    def initializer_groups(self, graph: Graph) -> list[str]:
+        """Sink NoOps that group variable initializers (``global_variables_initializer``),
+        possibly through per-device NoOps; a Saver's restore op does not count."""
+        verdict: dict[str, bool] = {}
+
+        def groups_initializers(name: str) -> bool:
+            if name not in verdict:
+                verdict[name] = False
+                deps = graph.control_inputs(name)
+                verdict[name] = bool(deps) and all(
+                    self._is_initializer(graph, d) or (graph.node(d).op == "NoOp" and
+                                                       groups_initializers(d)) for d in deps)
+            return verdict[name]
+
+        return [n.name for n in graph.nodes()
+                if n.op == "NoOp" and not graph.users(n.name) and groups_initializers(n.name)]
+
+    def _is_initializer(self, graph: Graph, name: str) -> bool:
+        node = graph.node(name)
+        inputs = graph.inputs(name)
+        if node.op not in ("Assign", "AssignVariableOp") or len(inputs) < 2 or \
+                not self.is_variable(graph, inputs[0].node):
+            return False
+        value = inputs[1].node
+        while graph.node(value).op == "Identity" and graph.inputs(value):
+            value = graph.inputs(value)[0].node
+        return graph.node(value).op not in RESTORE_OPS
 
     # -- MetaGraphDef collections ---------------------------------------------
 

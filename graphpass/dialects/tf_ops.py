@@ -60,6 +60,8 @@ VARIABLE_WRITE_OPS = frozenset({
 })
 #: A function's result, as TF represents it inside a graph.
 RESULT_OP = "_Retval"
+#: Ops that restore a checkpoint (a Saver's restore op assigns their values).
+RESTORE_OPS = frozenset({"RestoreV2", "Restore", "RestoreSlice"})
 
 
 def called_functions(op: str, attrs, functions) -> list[str]:
