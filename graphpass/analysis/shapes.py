@@ -7,7 +7,7 @@ shape (``Dialect.shape``) never triggers inference: the analyses that need
 shapes (regions, the memory estimate) ask for them here first, for the whole
 graph or, where a few values' shapes decide (loss detection's scalars), for
 those values alone: a dialect may then infer only what they are computed from
-(TF: a third of a 65k-node training graph for its loss candidates). Nodes that a
+(TF: a fraction of the graph for its loss candidates). Nodes that a
 builder added with their shapes recorded need no new inference; one without
 makes the next request re-infer.
 """

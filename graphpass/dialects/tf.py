@@ -52,16 +52,10 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
     constant_folded_ops = frozenset({"Mul", "RealDiv", "Div"})
     #: TF's CPU allocator with oneDNN (a best-fit-with-coalescing allocator, as on
     #: GPUs) hands a request a whole free block up to twice its size and grows in
-    #: doubling regions, so its peak exceeds the step's allocation records. Measured
-    #: by ``tools/bench_planner.py`` (2026-12-01): up to 1.178x the records on the
-    #: planner's own plans (MobileNetV2 96x96 b32 ``auto``: 156.8 against 133.1 MiB;
-    #: its budget plans 1.04-1.16x, ResNet50's 1.02-1.05x, the transformer's
-    #: 1.05-1.16x, the MLP's 1.00-1.11x); hand-written per-block marks on MobileNetV2
-    #: reached 1.231x. Which blocks a step ends up in depends on every earlier
-    #: request (the steps before it included); replaying the records through a
-    #: model of the allocator came within -3%..+5% only under one guess of when the
-    #: initial values are released, and up to 8-10% off under others, so an
-    #: allowance is declared instead of a model (README, "The automatic planner").
+    #: doubling regions, so its peak exceeds the step's allocation records; which
+    #: blocks a step gets depends on every earlier request, so an allowance is
+    #: declared instead of a model (measured by ``tools/bench_planner.py``; see
+    #: README, "The automatic planner").
     allocator_headroom = 0.18
 
     # -- structure ---------------------------------------------------------

@@ -158,8 +158,8 @@ class GrapplerView:
         of another input" is "in the union of the inputs' ancestors": one union
         per node, not one test per pair of inputs (quadratic in a train op's
         hundreds of control inputs). A node's bit is made when used and its
-        ancestors are dropped once its last reader is done: kept, the bitsets of a
-        150k-node graph took 1.4 GB (each as long as the graph is)."""
+        ancestors are dropped once its last reader is done: each bitset is as long
+        as the graph, so keeping them all is quadratic in memory."""
         position = self.position
         readers = Counter(p for n in self.members
                           for p in dict.fromkeys(q for q, _ in self.inputs[n]))

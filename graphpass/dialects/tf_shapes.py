@@ -81,12 +81,11 @@ def _infer_shapes(graph: Graph, batch_size: int | None = None,
     ``meta["batch_shapes"][batch_size]``; with ``nodes``, over them and their data
     ancestors alone (control edges order, they decide no shape), recorded on
     ``nodes`` alone: reading an op's shapes back into Python is most of the cost,
-    and loss detection's 1.7k candidates have a 20k-node upstream.
+    and loss detection asks for a few candidates of a large upstream.
 
     Only TF's C importer runs (it infers each node's shapes as it adds the
     node): ``import_graph_def`` also builds colocation, device and control-flow
-    data in Python for every op, which was three quarters of its time and
-    decides no shape (tools/bench_scale.py).
+    data in Python for every op, most of its time, and decides no shape.
     """
     wanted = None if nodes is None else set(nodes)
     upstream = None if wanted is None else graph.ancestors(wanted, follow_control=False) | wanted
@@ -99,10 +98,9 @@ def _serialized_graph_def(graph: Graph, batch_size: int | None,
                           only: set[str] | None = None) -> bytes:
     """The graph lowered to a GraphDef (``only`` its nodes in that set, without
     control inputs), as the bytes TF's importer reads; the proto itself is gone
-    before the import starts (it was a tenth of the peak memory of a 150k-node
-    rewrite). A graph still as read serializes the GraphDef it was read from
-    (``Graph.source``; lowering gives the same nodes: the round trip is
-    lossless), a fifth of the time of shape inference."""
+    before the import starts, so the two are never held at once. A graph still
+    as read serializes the GraphDef it was read from (``Graph.source``; lowering
+    gives the same nodes: the round trip is lossless), which saves lowering it."""
     graph_def = graph.source()
     if graph_def is None:
         graph_def = graph_def_from_graph(graph)

@@ -38,8 +38,8 @@ def imported_shapes(data: bytes, wanted: set[str] | None = None) -> dict[str, li
     Each op is read through a Python ``Operation`` that is never registered with
     the ``tf.Graph`` (``Operation._from_c_op`` registers it, and colocation,
     device and control-flow data with it), so it dies once its shapes are read:
-    the registered ops were a quarter of a 150k-node rewrite's peak memory, and
-    freeing them (graph <-> op cycles) a cyclic-GC pass over all of them. An op
+    registered ops would stay alive with the graph, and freeing them (graph <-> op
+    cycles) would take a cyclic-GC pass over all of them. An op
     and its output tensors still refer to each other, so they are collected a
     batch at a time (``_SHAPE_BATCH``) with the full collector paused.
     """

@@ -139,16 +139,15 @@ def graph_from_graph_def(graph_def, meta: dict | None = None, *, shapes: bool = 
 
     With ``shapes``, TF's shape inference runs on ``graph_def`` before the IR is
     built and is recorded on the nodes once they exist: TF's imported graph is
-    gone by then, where inferring the built IR held both at once (the peak
-    memory of a 150k-node rewrite). A GraphDef with a port TF would crash on is
+    gone by then, where inferring the built IR holds both at once (a higher
+    peak). A GraphDef with a port TF would crash on is
     left to the IR's checks, which refuse it."""
     with gc_paused():
         attrs = _checked_attrs(graph_def.node)
     inferred = None
     if shapes and not _ports_too_large(graph_def.node):
         # Nothing of ours is held through TF's import of the whole graph: the attr
-        # dicts are made again after it (held, they added ~50 MiB to the peak of a
-        # 150k-node rewrite that estimates).
+        # dicts are made again after it, off the peak.
         attrs = None
         inferred = imported_shapes(graph_def.SerializeToString())
     with gc_paused():
@@ -175,8 +174,8 @@ def _graph_from_graph_def(graph_def, meta: dict | None, attrs: Iterable[dict]) -
         keep_extras(node, node_def)
     for index, node_def in enumerate(nodes):
         if _connect(graph, node_def):
-            # The record names the NodeDef by its place in the file's list: holding
-            # every NodeDef's Python object held 640 MiB more after reading 150k nodes.
+            # The record names the NodeDef by its place in the file's list: a Python
+            # object per NodeDef would be held as long as the graph.
             graph.keep_record(node_def.name, (nodes, index))
     problem = port_problem(graph)  # before anything hands the graph to TF (port >= 2^31 crashes it)
     if problem:
@@ -190,7 +189,7 @@ def _checked_attrs(nodes) -> list[dict]:
     """Each node's attrs, having refused, before TF or the IR sees them, nodes
     without a name or op, a name twice, and attrs TF's importer cannot take (a
     bad dtype, a function placeholder outside a function body). One sweep, whose
-    attr dicts the IR takes: making them twice was a tenth of reading."""
+    attr dicts the IR takes, so they are made once."""
     names: set[str] = set()
     checked = []
     for node_def in nodes:
@@ -243,8 +242,8 @@ def _written_alike(texts: list[str], data: list[str], tensors: list, controls: l
 
 def graph_def_from_graph(graph: Graph, into=None):
     """Lower the IR back to a ``GraphDef`` (node order = graph order): a new one, or
-    written into the empty GraphDef ``into`` (a container's own field: copying a
-    large GraphDef into it was a tenth of writing it)."""
+    written into the empty GraphDef ``into`` (a container's own field, which
+    saves copying a large GraphDef into it)."""
     with gc_paused():
         return _graph_def_from_graph(graph, into)
 
@@ -345,7 +344,7 @@ def _without_graph_def(meta_graph):
     """The rest of the MetaGraphDef, to carry untouched. The GraphDef is cleared
     from it, not copied out: a reference taken before (``meta_graph.graph_def``)
     stays valid on its own (protobuf detaches a cleared submessage), and a copy
-    was a tenth of the peak memory of a 150k-node rewrite."""
+    would hold the graph twice."""
     meta_graph.ClearField("graph_def")
     return meta_graph
 
