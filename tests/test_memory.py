@@ -199,7 +199,7 @@ def test_schedule_follows_the_graph_grappler_hands_the_executor():
     constant folding makes ``f`` (and the ``Shape`` it reads) run first, waiting on
     nothing; the fetched ``total`` is kept."""
     from graphpass.analysis.memory import _known_before
-    from graphpass.dialects.tf import GrapplerView
+    from graphpass.dialects.tf_runtime import GrapplerView
 
     graph = _tuple_graph()
     needed = graph.ancestors(["total"]) | {"total"}

@@ -83,7 +83,7 @@ def test_tf_shapes_asked_for_some_nodes_are_the_whole_graphs(monkeypatch, name):
     whole graph's gives (reading the others' shapes back was most of its cost)."""
     import graphpass
     from graphpass.analysis.shapes import infer_shapes
-    from graphpass.dialects import tf as tf_dialect
+    from graphpass.dialects import tf_shapes as tf_dialect
 
     graph = graphpass.load(DATA / f"{name}.meta")
     whole = graphpass.load(DATA / f"{name}.meta", shapes=True)
@@ -108,7 +108,7 @@ def test_commands_that_show_no_estimate_infer_part_of_the_graph(monkeypatch, tmp
     """Loss detection reads its candidates' shapes and a rewrite's report the bytes
     its segments release: only those and what they are computed from are inferred."""
     from graphpass.cli import main
-    from graphpass.dialects import tf as tf_dialect
+    from graphpass.dialects import tf_shapes as tf_dialect
 
     inferred = []
     record = tf_dialect.record_shapes
@@ -139,7 +139,7 @@ def rewrite_counts(monkeypatch, tmp_path, source: Path, pattern: str) -> tuple[i
     (with ``--report``, so the memory estimates before and after the rewrite run)."""
     from graphpass.cli import main
     from graphpass.dialects import onnx as onnx_dialect
-    from graphpass.dialects import tf as tf_dialect
+    from graphpass.dialects import tf_shapes as tf_dialect
     from graphpass.ir.graph import Graph
 
     walks = count_calls(monkeypatch, Graph, "_reach")

@@ -7,7 +7,7 @@ shape (``Dialect.shape``) never triggers inference: the analyses that need
 shapes (regions, the memory estimate) ask for them here first, for the whole
 graph or, where a few values' shapes decide (loss detection's scalars), for
 those values alone: a dialect may then infer only what they are computed from
-(TF: a third of a 65k-node training graph for its loss candidates). Nodes that a
+(TF: a fraction of the graph for its loss candidates). Nodes that a
 builder added with their shapes recorded need no new inference; one without
 makes the next request re-infer.
 """
@@ -21,10 +21,5 @@ from graphpass.ir.graph import Graph
 
 def infer_shapes(graph: Graph, nodes: Iterable[str] | None = None) -> bool:
     """Run the dialect's inference when some node (of ``nodes``, default all) has
-    no recorded shapes; returns whether it ran."""
-    dialect = graph.dialect
-    wanted = graph if nodes is None else list(nodes)
-    if all(dialect.has_shapes(graph, name) for name in wanted):
-        return False
-    dialect.infer_shapes(graph, None if nodes is None else wanted)
-    return True
+    no recorded shapes (``Dialect.ensure_shapes``); returns whether it ran."""
+    return graph.dialect.ensure_shapes(graph, nodes)

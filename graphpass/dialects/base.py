@@ -9,7 +9,7 @@ Builders add nodes to the graph and return the new tensor.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
@@ -233,6 +233,16 @@ class Dialect(ABC):
         """Whether inference (or the node's builder) recorded ``name``'s shapes."""
         return "shapes" in graph.node(name).meta
 
+    def ensure_shapes(self, graph: Graph, nodes: Iterable[str] | None = None) -> bool:
+        """Run :meth:`infer_shapes` when some node (of ``nodes``, default all) has no
+        recorded shapes; returns whether it ran. What the shapes analysis
+        (``analysis/shapes.py``) and the dialect's own recognisers ask for."""
+        wanted = graph if nodes is None else list(nodes)
+        if all(self.has_shapes(graph, name) for name in wanted):
+            return False
+        self.infer_shapes(graph, None if nodes is None else wanted)
+        return True
+
     def infer_shapes(self, graph: Graph, nodes: list[str] | None = None) -> None:
         """Record the output shapes (``node.meta["shapes"]``) of ``nodes``, at least,
         or of every node; the default format knows none."""
@@ -272,6 +282,12 @@ class Dialect(ABC):
     @abstractmethod
     def copy_node(self, graph: Graph, name: str, new_name: str) -> str:
         """Add a node with ``name``'s op, attrs and device but no inputs."""
+
+    def renamed_copy(self, graph: Graph, name: str, new_name: str) -> str:
+        """``copy_node`` for a node moving to ``new_name`` (the original goes next):
+        what the format carries on a node beyond op, attrs and device moves too.
+        The default format carries nothing more."""
+        return self.copy_node(graph, name, new_name)
 
     def keep_as_written(self, graph: Graph, name: str) -> None:
         """Ask the runtime's graph optimizer to leave node ``name`` as it is. Remat

@@ -9,7 +9,19 @@ nor conditionals the stale pass could gate with, nor device strings.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+from graphpass.ir.graph import Tensor
+
+
+class ResourceVariable(NamedTuple):
+    """The nodes of a variable a pass created (``ConditionalBuilder.resource_variable``;
+    names as TF's ``get_variable`` gives them)."""
+
+    handle: str
+    initializer: str
+    read: Tensor
+    initial_value: Tensor
 
 
 @runtime_checkable
@@ -45,6 +57,12 @@ class ConditionalBuilder(Protocol):
 
     def has_outputs(self, graph, name) -> bool: ...
 
+    def colocate(self, graph, name, with_node) -> None:
+        """Run ``name`` wherever ``with_node`` runs (the step counter's device)."""
+
+    def initializer_groups(self, graph) -> list[str]:
+        """The graph's init op(s): what must also initialise a variable a pass adds."""
+
 
 @runtime_checkable
 class TargetLowering(Protocol):
@@ -53,3 +71,11 @@ class TargetLowering(Protocol):
     def place(self, graph, names: list[str], device_type: str) -> bool: ...
 
     def xla_unsupported(self, graph, names: list[str]) -> list[tuple[str, str]]: ...
+
+    def xla_clusterable(self, graph, name: str) -> bool:
+        """Whether ``name`` may join an XLA cluster (fed values and ref variables
+        stay outside)."""
+
+    def mark_xla_cluster(self, graph, names: list[str], scope: str) -> str:
+        """Mark ``names`` as one XLA cluster named ``scope``; returns how they are
+        marked, for the report."""

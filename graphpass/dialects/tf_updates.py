@@ -32,13 +32,17 @@ updates are split into one step per gradient computation (:func:`gradient_steps`
 
 from __future__ import annotations
 
-from graphpass.analysis.shapes import infer_shapes
-from graphpass.dialects.tf import RESULT_OP, called_functions, writes_variables
+from graphpass.dialects.tf_ops import (
+    INTEGER_DTYPES,
+    RESULT_OP,
+    called_functions,
+    dtype_enum,
+    writes_variables,
+)
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 
 RESOURCE_SOURCE_OPS = frozenset({"VarHandleOp", "Placeholder", "_Arg"})
-INTEGER_DTYPES = frozenset({"int32", "int64"})
 
 
 def is_variable_write(graph: Graph, name: str) -> bool:
@@ -64,9 +68,7 @@ def resource_variable(graph: Graph, tensor: Tensor) -> str | None:
 
 
 def _resource_enum() -> int:
-    from tensorflow.python.framework import dtypes
-
-    return dtypes.resource.as_datatype_enum
+    return dtype_enum("resource")
 
 
 def returned_values(graph: Graph) -> list[Tensor]:
@@ -147,7 +149,7 @@ def _losses(graph: Graph, accesses: _Accesses) -> list[Tensor]:
         if not any(dialect.is_float(graph, Tensor(u, 0)) for u in graph.data_users(n))]
     computed = [t for t in candidates
                 if dialect.is_float(graph, t) and not dialect.is_source(graph, t.node)]
-    infer_shapes(graph, [t.node for t in computed])
+    graph.dialect.ensure_shapes(graph, [t.node for t in computed])
     found = [t for t in computed if not dialect.shape(graph, t)]  # scalar or unknown rank
     upstream = graph.ancestors({t.node for t in found}, follow_control=False)
     if not upstream & accesses.reads:
@@ -306,7 +308,7 @@ def step_increments(graph: Graph) -> list[tuple[str, str]]:
         variable = resource_variable(graph, inputs[0])
         if variable is not None:
             writes.append((node, inputs[1], variable))
-    infer_shapes(graph, [value.node for _, value, _ in writes])
+    graph.dialect.ensure_shapes(graph, [value.node for _, value, _ in writes])
     # A counter is a scalar (a random generator's state, also counted up, is not).
     return [(node.name, variable) for node, value, variable in writes
             if graph.dialect.shape(graph, value) == ()

@@ -1,5 +1,5 @@
-"""TF's device strings and its XLA kernel registry, for the TF dialect's
-``TargetLowering`` capability (``place``, ``xla_unsupported``)."""
+"""TF's device strings, its XLA kernel registry and the attributes that mark an
+XLA cluster, for the TF dialect's ``TargetLowering`` capability."""
 
 from __future__ import annotations
 
@@ -21,6 +21,22 @@ def place(graph: Graph, names: list[str], device_type: str) -> bool:
         node.device = current.make_merged_spec(wanted).to_string()
         changed = True
     return changed
+
+
+def clusterable(graph: Graph, name: str) -> bool:
+    """Fed values and ref variables stay outside the cluster (as jit_scope leaves them)."""
+    node = graph.node(name)
+    return not node.op.startswith("Placeholder") and node.op not in ("VariableV2", "Variable")
+
+
+def mark_cluster(graph: Graph, names: list[str], scope: str) -> str:
+    """The attributes ``tf.xla.experimental.jit_scope`` sets, on each of ``names``."""
+    dialect = graph.dialect
+    for name in names:
+        dialect.set_attr(graph, name, "_XlaCompile", True)
+        dialect.set_attr(graph, name, "_XlaScope", scope)
+        dialect.set_attr(graph, name, "_XlaSeparateCompiledGradients", False)
+    return f"_XlaScope={scope}"
 
 
 def xla_unsupported(graph: Graph, names: list[str]) -> list[tuple[str, str]]:

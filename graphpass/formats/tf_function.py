@@ -22,7 +22,7 @@ other functions, signatures) is not touched.
 
 from __future__ import annotations
 
-from graphpass.dialects.tf import (
+from graphpass.dialects.tf_ops import (
     RESULT_OP,
     called_functions,
     op_def,
@@ -31,6 +31,7 @@ from graphpass.dialects.tf import (
     writes_variables,
 )
 from graphpass.errors import GraphpassError
+from graphpass.formats.tf_node_def import keep_extras, write_extras
 from graphpass.ir.graph import Graph, Tensor
 
 CALL_OPS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
@@ -194,8 +195,6 @@ def argument_sources(graph_def, step: str) -> dict[str, str]:
 def graph_from_function(fdef, functions: dict, meta: dict) -> Graph:
     """The IR of one FunctionDef body (arguments as placeholders, results as
     ``_Retval`` nodes); ``meta`` is the container's, kept for writing back."""
-    from graphpass.formats.tf_io import node_extras
-
     graph = Graph("tf", meta)
     graph.meta["function"] = {
         "name": fdef.signature.name, "control_ret": dict(fdef.control_ret),
@@ -212,9 +211,7 @@ def graph_from_function(fdef, functions: dict, meta: dict) -> Graph:
                                  f"{node_def.name!r} appears twice; the library is malformed")
         node = graph.add_node(node_def.name, node_def.op, attrs=dict(node_def.attr),
                               device=node_def.device)
-        extras = node_extras(node_def)
-        if extras:
-            node.meta["tf_extras"] = extras
+        keep_extras(node, node_def)
         shapes = node_def.attr.get("_output_shapes")
         if shapes is not None:
             node.meta["shapes"] = [shape_tuple(p) for p in shapes.list.shape]
@@ -338,8 +335,7 @@ def function_from_graph(graph: Graph, original):
         node_def.input.extend("^" + c for c in graph.control_inputs(node.name))
         for key, value in node.attrs.items():
             node_def.attr[key].CopyFrom(value)
-        for field, value in node.meta.get("tf_extras", {}).items():
-            getattr(node_def, field).CopyFrom(value)
+        write_extras(node_def, node)
     for arg in original.signature.output_arg:
         fdef.ret[arg.name] = results[arg.name]
     control_ret = {k: v for k, v in graph.meta["function"]["control_ret"].items() if v in graph}

@@ -4,15 +4,16 @@ Only the ``GraphDef.node`` list becomes IR; everything else (versions, the
 function library, the rest of a MetaGraphDef, the other MetaGraphs of a
 SavedModel) is carried in ``Graph.meta`` as the parsed protos and re-emitted
 untouched. NodeDef fields the IR does not model (debug info, full type) ride
-along in ``node.meta["tf_extras"]``.
+along on the node (``tf_node_def``).
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from graphpass.dialects.tf_ops import attrs_problem
 from graphpass.errors import GraphpassError
 from graphpass.formats import tf_function
 from graphpass.formats.files import (
@@ -22,21 +23,26 @@ from graphpass.formats.files import (
     atomic_output,
     check_output_path,
 )
+from graphpass.formats.tf_importer import imported_shapes, record_shapes
+from graphpass.formats.tf_node_def import keep_extras, write_extras
 from graphpass.ir.graph import Graph, gc_paused, parse_tensor_name
 from graphpass.ir.verify import MAX_PORT, port_problem
 
-_EXTRA_FIELDS = ("experimental_debug_info", "experimental_type")
 _KIND_NAMES = {GRAPHDEF: "GraphDef", METAGRAPH: "MetaGraphDef", SAVEDMODEL: "SavedModel"}
 
 
 def read_tf(path: Path, kind: str, is_text: bool, *, tag: str | None = None,
-            signature: str | None = None, shapes: bool = False) -> Graph:
+            signature: str | None = None, shapes: bool = False,
+            holds_step: Callable[[Graph], bool] | None = None) -> Graph:
     """Parse a TF model file (or SavedModel directory) into a Graph.
 
     When the training step is a function (a TF2 ``train`` signature, or a GraphDef
     whose top level only calls it), the graph is that function's body; see
     :mod:`graphpass.formats.tf_function`. ``signature`` names the signature to follow;
-    ``shapes``: see ``graph_from_graph_def``.
+    ``shapes``: see ``graph_from_graph_def``. Which of a GraphDef's called
+    functions holds the step is a question of training structure, which the
+    reader does not answer: the caller's ``holds_step(body)`` does (without it,
+    the top level is read).
     """
     from tensorflow.core.framework import graph_pb2
     from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
@@ -62,7 +68,7 @@ def read_tf(path: Path, kind: str, is_text: bool, *, tag: str | None = None,
         graph_def = message.meta_graphs[index].graph_def
     if kind != GRAPHDEF:
         meta["signatures"] = tf_function.signatures(_meta_graph(message, meta))
-    step = _step_function(source, kind, message, meta, signature)
+    step = _step_function(source, kind, message, meta, signature, holds_step)
     if kind == METAGRAPH:
         meta["metagraph"] = _without_graph_def(message)
     if step is not None:
@@ -74,7 +80,7 @@ def read_saved_model_proto(path: Path, tag: str | None = None):
     """The MetaGraphDef of a SavedModel that ``--tag`` (default train, then serve) picks."""
     from tensorflow.core.protobuf import saved_model_pb2
 
-    from graphpass.formats.detect import detect
+    from graphpass.formats.container import detect
 
     kind, is_text = detect(path)
     if kind != SAVEDMODEL:
@@ -90,25 +96,27 @@ def _meta_graph(message, meta: dict):
         else message
 
 
-def _step_function(source: Path, kind: str, message, meta: dict,
-                   signature: str | None) -> str | None:
+def _step_function(source: Path, kind: str, message, meta: dict, signature: str | None,
+                   holds_step: Callable[[Graph], bool] | None) -> str | None:
     """The library function holding the training step, or None for a top-level step."""
     if kind == GRAPHDEF:
         if signature is not None:
             raise GraphpassError(f"{source}: --signature needs a SavedModel or MetaGraphDef; "
                                  "a GraphDef has no signatures")
-        return _graph_def_step(message, meta)
+        return _graph_def_step(message, meta, holds_step)
     return tf_function.choose_signature(_meta_graph(message, meta), signature, str(source))
 
 
-def _graph_def_step(graph_def, meta: dict) -> str | None:
-    """The one top-level call of a GraphDef whose function body holds optimizer
-    updates (a TF2 graph's others are checkpoint save and restore)."""
+def _graph_def_step(graph_def, meta: dict,
+                    holds_step: Callable[[Graph], bool] | None) -> str | None:
+    """The one top-level call of a GraphDef whose function body ``holds_step`` says
+    holds the training step (a TF2 graph's others are checkpoint save and restore)."""
+    if holds_step is None:
+        return None
     steps = []
     for name in tf_function.graph_def_steps(graph_def):
         try:
-            graph = _read_step_function(graph_def, name, meta)
-            if graph.dialect.optimizer_applies(graph):
+            if holds_step(_read_step_function(graph_def, name, meta)):
                 steps.append(name)
         except GraphpassError:
             continue
@@ -126,28 +134,20 @@ def _read_step_function(graph_def, name: str, meta: dict) -> Graph:
     return graph
 
 
-def node_extras(node_def) -> dict:
-    """NodeDef fields the IR does not model, carried as they are."""
-    return {f: getattr(node_def, f) for f in _EXTRA_FIELDS if node_def.HasField(f)}
-
-
 def graph_from_graph_def(graph_def, meta: dict | None = None, *, shapes: bool = False) -> Graph:
     """Build the IR from a parsed ``GraphDef``; carries versions and library.
 
     With ``shapes``, TF's shape inference runs on ``graph_def`` before the IR is
     built and is recorded on the nodes once they exist: TF's imported graph is
-    gone by then, where inferring the built IR held both at once (the peak
-    memory of a 150k-node rewrite). A GraphDef with a port TF would crash on is
+    gone by then, where inferring the built IR holds both at once (a higher
+    peak). A GraphDef with a port TF would crash on is
     left to the IR's checks, which refuse it."""
-    from graphpass.dialects.tf import imported_shapes, record_shapes
-
     with gc_paused():
         attrs = _checked_attrs(graph_def.node)
     inferred = None
     if shapes and not _ports_too_large(graph_def.node):
         # Nothing of ours is held through TF's import of the whole graph: the attr
-        # dicts are made again after it (held, they added ~50 MiB to the peak of a
-        # 150k-node rewrite that estimates).
+        # dicts are made again after it, off the peak.
         attrs = None
         inferred = imported_shapes(graph_def.SerializeToString())
     with gc_paused():
@@ -171,13 +171,11 @@ def _graph_from_graph_def(graph_def, meta: dict | None, attrs: Iterable[dict]) -
     for node_def, node_attrs in zip(nodes, attrs):
         node = graph.add_node(node_def.name, node_def.op, attrs=node_attrs,
                               device=node_def.device)
-        extras = node_extras(node_def)
-        if extras:
-            node.meta["tf_extras"] = extras
+        keep_extras(node, node_def)
     for index, node_def in enumerate(nodes):
         if _connect(graph, node_def):
-            # The record names the NodeDef by its place in the file's list: holding
-            # every NodeDef's Python object held 640 MiB more after reading 150k nodes.
+            # The record names the NodeDef by its place in the file's list: a Python
+            # object per NodeDef would be held as long as the graph.
             graph.keep_record(node_def.name, (nodes, index))
     problem = port_problem(graph)  # before anything hands the graph to TF (port >= 2^31 crashes it)
     if problem:
@@ -191,9 +189,7 @@ def _checked_attrs(nodes) -> list[dict]:
     """Each node's attrs, having refused, before TF or the IR sees them, nodes
     without a name or op, a name twice, and attrs TF's importer cannot take (a
     bad dtype, a function placeholder outside a function body). One sweep, whose
-    attr dicts the IR takes: making them twice was a tenth of reading."""
-    from graphpass.dialects.tf import attrs_problem
-
+    attr dicts the IR takes, so they are made once."""
     names: set[str] = set()
     checked = []
     for node_def in nodes:
@@ -246,8 +242,8 @@ def _written_alike(texts: list[str], data: list[str], tensors: list, controls: l
 
 def graph_def_from_graph(graph: Graph, into=None):
     """Lower the IR back to a ``GraphDef`` (node order = graph order): a new one, or
-    written into the empty GraphDef ``into`` (a container's own field: copying a
-    large GraphDef into it was a tenth of writing it)."""
+    written into the empty GraphDef ``into`` (a container's own field, which
+    saves copying a large GraphDef into it)."""
     with gc_paused():
         return _graph_def_from_graph(graph, into)
 
@@ -273,8 +269,7 @@ def _graph_def_from_graph(graph: Graph, graph_def=None):
         node_def.input.extend(graph.input_texts(node.name))
         for key, value in node.attrs.items():
             node_def.attr[key].CopyFrom(value)
-        for field, value in node.meta.get("tf_extras", {}).items():
-            getattr(node_def, field).CopyFrom(value)
+        write_extras(node_def, node)
     return graph_def
 
 
@@ -349,7 +344,7 @@ def _without_graph_def(meta_graph):
     """The rest of the MetaGraphDef, to carry untouched. The GraphDef is cleared
     from it, not copied out: a reference taken before (``meta_graph.graph_def``)
     stays valid on its own (protobuf detaches a cleared submessage), and a copy
-    was a tenth of the peak memory of a 150k-node rewrite."""
+    would hold the graph twice."""
     meta_graph.ClearField("graph_def")
     return meta_graph
 

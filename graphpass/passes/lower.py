@@ -2,9 +2,9 @@
 
 ``--target tf`` keeps control edges and v1 control flow and needs no lowering
 unless ``--device`` asks for device strings. ``--target xla`` (implied by
-``--device tpu``) marks the training step for XLA compilation with the
-attributes ``tf.xla.experimental.jit_scope`` sets (``_XlaCompile``,
-``_XlaScope``), unless ``--xla-cluster none`` leaves clustering to the runtime,
+``--device tpu``) marks the training step for XLA compilation as
+``tf.xla.experimental.jit_scope`` does (the dialect's ``mark_xla_cluster``),
+unless ``--xla-cluster none`` leaves clustering to the runtime,
 and checks that every op of the step has an XLA kernel: on TPU an op without
 one is an error listing each offending node; on CPU/GPU such nodes simply stay
 outside the cluster and are reported.
@@ -54,30 +54,22 @@ class LowerPass(Pass):
         changed = False
         if ctx.device:
             changed |= graph.dialect.place(graph, step, DEVICE_TYPES[ctx.device])
-        clustered = []
+        clustered, marked = [], ""
         if ctx.target == "xla" and self.options.xla_cluster == "step":
             left_out = {n for n, _ in unsupported}
-            clustered = [n for n in step if n not in left_out and _clusterable(graph, n)
+            clustered = [n for n in step if n not in left_out
+                         and graph.dialect.xla_clusterable(graph, n)
                          and regions.label(n) in CLUSTER_REGIONS]
-            for name in clustered:
-                graph.dialect.set_attr(graph, name, "_XlaCompile", True)
-                graph.dialect.set_attr(graph, name, "_XlaScope", XLA_SCOPE)
-                graph.dialect.set_attr(graph, name, "_XlaSeparateCompiledGradients", False)
+            marked = graph.dialect.mark_xla_cluster(graph, clustered, XLA_SCOPE)
             changed |= bool(clustered)
         self.report = {
             "target": ctx.target,
             "device": ctx.device,
             "clustered": len(clustered),
             "not_compilable": [{"node": n, "op": op} for n, op in unsupported],
-            "summary": _summary(ctx, clustered, unsupported),
+            "summary": _summary(ctx, clustered, marked, unsupported),
         }
         return changed
-
-
-def _clusterable(graph: Graph, name: str) -> bool:
-    """Fed values and ref variables stay outside the cluster (as jit_scope leaves them)."""
-    node = graph.node(name)
-    return not node.op.startswith("Placeholder") and node.op not in ("VariableV2", "Variable")
 
 
 def _unsupported_message(graph: Graph, unsupported: list[tuple[str, str]]) -> str:
@@ -87,10 +79,11 @@ def _unsupported_message(graph: Graph, unsupported: list[tuple[str, str]]) -> st
             "move them out of the step, or use --xla-cluster none on a non-TPU device")
 
 
-def _summary(ctx: PassContext, clustered: list[str], unsupported: list) -> list[str]:
+def _summary(ctx: PassContext, clustered: list[str], marked: str,
+             unsupported: list) -> list[str]:
     lines = [f"target {ctx.target}" + (f", device {ctx.device}" if ctx.device else "")]
     if clustered:
-        lines.append(f"{len(clustered)} step nodes marked for XLA (_XlaScope={XLA_SCOPE})")
+        lines.append(f"{len(clustered)} step nodes marked for XLA ({marked})")
     if unsupported:
         ops = sorted({op for _, op in unsupported})
         lines.append(f"{len(unsupported)} step nodes have no XLA kernel and stay outside the "

@@ -1,0 +1,306 @@
+"""A model of TF's runtime for the memory estimate: which kernels alias or
+forward their inputs' buffers, the graph Grappler hands the executor
+(``GrapplerView``) and the order the executor runs it in with one inter-op
+thread (``executor_order``).
+
+It reads the graph and never edits it; op kinds come from ``tf_ops``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from graphpass.dialects.tf_ops import VARIABLE_OPS
+from graphpass.ir.graph import Graph
+
+# Kernels whose IsExpensive() is false: the executor runs them inline, on the thread
+# that made them ready, before it takes up the next expensive node.
+INLINE_OPS = frozenset({
+    "Const", "HostConst", "Identity", "IdentityN", "NoOp", "Shape", "ShapeN", "Rank",
+    "Size", "Reshape", "Squeeze", "ExpandDims", "ReadVariableOp", "VarHandleOp",
+    "VariableV2", "Variable", "Placeholder", "PlaceholderV2", "PlaceholderWithDefault",
+    "_Arg", "_Retval", "StopGradient", "PreventGradient", "Snapshot", "Switch", "Merge",
+    "Enter", "Exit", "NextIteration", "LoopCond", "ControlTrigger",
+})
+# Outputs that share the buffer of the same-numbered input (no copy is made).
+ALIAS_OPS = frozenset({
+    "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
+    "PreventGradient", "EnsureShape", "CheckNumerics", "Bitcast", "Enter", "Exit",
+    "NextIteration",
+})
+# Elementwise kernels that write their output into an input's buffer when they hold
+# the only reference to it (``forward_input_or_allocate_output``): the input slots.
+_UNARY_FORWARD = (
+    "Abs", "Neg", "Sign", "Reciprocal", "Inv", "Square", "Sqrt", "Rsqrt", "Exp", "Expm1",
+    "Log", "Log1p", "Sin", "Cos", "Tan", "Tanh", "Sigmoid", "Erf", "Erfc", "Floor", "Ceil",
+    "Round", "Rint", "Relu", "Relu6", "Elu", "Selu", "Softplus", "Softsign", "LeakyRelu",
+    "LogicalNot", "ClipByValue", "_UnaryOpsComposition", "Snapshot",
+)
+_BINARY_FORWARD = (
+    "Add", "AddV2", "Sub", "Mul", "MulNoNan", "Div", "RealDiv", "DivNoNan", "Maximum",
+    "Minimum", "Pow", "SquaredDifference", "FloorDiv", "FloorMod", "TruncateDiv", "BiasAdd",
+    "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "SoftplusGrad", "SoftsignGrad",
+    "LeakyReluGrad", "TanhGrad", "SigmoidGrad", "RsqrtGrad", "SqrtGrad", "ReciprocalGrad",
+    "InvGrad", "LogicalAnd", "LogicalOr",
+)
+FORWARD_SLOTS = {op: (0,) for op in _UNARY_FORWARD} | {op: (0, 1) for op in _BINARY_FORWARD} \
+    | {"Select": (1, 2), "SelectV2": (1, 2)}
+
+def schedule(graph: Graph, nodes: set[str], known: frozenset[str], fetched: frozenset[str],
+             is_back_edge: Callable[[str, str], bool],
+             is_stateful: Callable[[str], bool]) -> list[str]:
+    """The executor's order with one inter-op thread (``executor.cc``) on the graph
+    Grappler hands it (``GrapplerView``): a node's newly ready successors,
+    data edges before control edges, go to its thread's inline queue if their
+    kernel is inexpensive; of the expensive ones the last continues on this
+    thread (when nothing inline waits) and the others are queued on the pool,
+    whose owner thread takes its own work back newest first (Eigen's run queue).
+    Roots (variable handles, constants) are taken as run first: TF interleaves
+    them with the forward pass, but they allocate nothing, and an update that
+    waits for its slot variable's handle would hold its gradient to the end."""
+    view = GrapplerView(graph, nodes, known, fetched, is_back_edge, is_stateful)
+    view.optimize()
+    order = executor_order(graph, nodes - view.bypassed, view.successors(),
+                           lambda n: n in view.noop or graph.node(n).op in INLINE_OPS)
+    return with_bypassed(graph, order, view.bypassed)
+
+
+#: Ops Grappler's dependency optimizer bypasses (``IsIdentity``, ``IsNoOp``).
+BYPASSED_OPS = frozenset({"Identity", "RefIdentity", "NoOp"})
+#: Inputs an Identity is never bypassed after (``SafeToRemoveIdentity``: variable reads).
+_NOT_BYPASSED_AFTER = VARIABLE_OPS | {"ReadVariableOp", "_Recv", "_HostRecv", "Switch",
+                                      "RefSwitch"}
+
+
+class GrapplerView:
+    """The dependencies of ``nodes`` after Grappler's rewrites that move work in time:
+
+    * ``known`` nodes (stored and folded values) wait for nothing: constant folding
+      makes them constants, which run first, so the dependency optimizer prunes
+      control edges into and out of them;
+    * a control input that another input already implies is dropped (transitive
+      reduction);
+    * a stateless node whose outputs no one reads becomes a NoOp (its data inputs
+      control inputs), as the dependency optimizer's ``SafeToConvertToNoOp`` does;
+    * NoOp and Identity nodes are bypassed when fan-in x fan-out <= fan-in +
+      fan-out (``BypassingNodeIsBeneficial``; never a fetched node or an Identity
+      after a variable read): their users read their input directly and wait on
+      their control inputs (``bypassed``: out of the executor's graph).
+
+    Conversion and bypass repeat until nothing changes, as the optimizer's work
+    list does.
+    """
+
+    def __init__(self, graph: Graph, nodes: set[str], known: frozenset[str],
+                 fetched: frozenset[str], is_back_edge: Callable[[str, str], bool],
+                 is_stateful: Callable[[str], bool]) -> None:
+        self.fetched, self.known = fetched, known
+        self.members = [n for n in graph if n in nodes]
+        self.ops = {n: graph.node(n).op for n in self.members}
+        # What a sweep may convert: fixed by the op alone (stateless, not bypassed
+        # itself) and not fetched; converted nodes join what may be bypassed.
+        self.stateless = {n for n in self.members if n not in fetched and
+                          self.ops[n] not in BYPASSED_OPS and not is_stateful(n)}
+        self.position = {n: i for i, n in enumerate(self.members)}
+        self.inputs: dict[str, list[tuple[str, bool]]] = {}
+        self.users: dict[str, set[str]] = {n: set() for n in self.members}
+        self.noop: set[str] = set()
+        self.bypassed: set[str] = set()
+        for name in self.members:
+            data, control = ([], []) if name in known else graph.input_nodes(name)
+            entries = [(p, False) for p in data] + [(c, True) for c in control]
+            self.inputs[name] = [(p, c) for p, c in entries if p in nodes and not
+                                 is_back_edge(p, name) and not (c and p in known)]
+            for producer, _ in self.inputs[name]:
+                self.users[producer].add(name)
+
+    def successors(self) -> dict[str, list[str]]:
+        """Each node's successors after the rewrites: data successors before control
+        successors (the executor propagates data edges first), each in graph order."""
+        members = [n for n in self.members if n not in self.bypassed]
+        data: dict[str, list[str]] = {n: [] for n in members}
+        control: dict[str, list[str]] = {n: [] for n in members}
+        for name in members:
+            entries = self.inputs[name]
+            readers = {p for p, is_control in entries if not is_control}
+            for producer in dict.fromkeys(p for p, _ in entries):
+                (data if producer in readers else control)[producer].append(name)
+        return {n: data[n] + control[n] for n in members}
+
+    def optimize(self, rounds: int = 8) -> None:
+        """The dependency optimizer as the meta optimizer runs it (twice): drop control
+        inputs other inputs imply, then convert and bypass until nothing changes (at
+        most ``rounds`` sweeps). A sweep visits only the nodes whose op allows a
+        change, in graph order."""
+        sweep = [n for n in self.members if n in self.stateless or
+                 (n not in self.fetched and self.ops[n] in BYPASSED_OPS)]
+        for _ in range(2):
+            self._reduce()
+            for _ in range(rounds):
+                changed = False
+                for name in sweep:
+                    if self._convertible(name):
+                        self.noop.add(name)
+                        self.inputs[name] = [(p, True) for p in dict.fromkeys(
+                            p for p, _ in self.inputs[name]) if p not in self.known]
+                        changed = True
+                    if self._bypassable(name):
+                        self._bypass(name)
+                        changed = True
+                if not changed:
+                    break
+
+    def _reduce(self) -> None:
+        """Drop each control input that another input already depends on
+        (``DependencyOptimizer::TransitiveReduction``), with ancestor bitsets.
+        A producer is no ancestor of itself (the graph is acyclic), so "an ancestor
+        of another input" is "in the union of the inputs' ancestors": one union
+        per node, not one test per pair of inputs (quadratic in a train op's
+        hundreds of control inputs). A node's bit is made when used and its
+        ancestors are dropped once its last reader is done: each bitset is as long
+        as the graph, so keeping them all is quadratic in memory."""
+        position = self.position
+        readers = Counter(p for n in self.members
+                          for p in dict.fromkeys(q for q, _ in self.inputs[n]))
+        ancestors: dict[str, int] = {}
+        for name in self._topological():
+            entries = self.inputs[name]
+            producers = dict.fromkeys(p for p, _ in entries)
+            implied = 0
+            for producer in producers:
+                implied |= ancestors[producer]
+            mask = implied
+            for producer in producers:
+                mask |= 1 << position[producer]
+                readers[producer] -= 1
+                if not readers[producer]:
+                    del ancestors[producer]
+            if readers[name]:
+                ancestors[name] = mask
+            if not any(c for _, c in entries):
+                continue
+            kept = []
+            for producer, is_control in entries:
+                if is_control and implied >> position[producer] & 1:
+                    self.users[producer].discard(name)
+                    continue
+                kept.append((producer, is_control))
+            self.inputs[name] = kept
+
+    def _topological(self) -> list[str]:
+        pending = {n: len(dict.fromkeys(p for p, _ in self.inputs[n])) for n in self.members}
+        ready = [n for n in self.members if not pending[n]]
+        order = []
+        while ready:
+            name = ready.pop()
+            order.append(name)
+            for user in self.users[name]:
+                pending[user] -= 1
+                if not pending[user]:
+                    ready.append(user)
+        return order
+
+    def _op(self, name: str) -> str:
+        return "NoOp" if name in self.noop else self.ops[name]
+
+    def _convertible(self, name: str) -> bool:
+        if name not in self.stateless or name in self.noop or not self.users[name]:
+            return False
+        return all((name, False) not in self.inputs[u] for u in self.users[name])
+
+    def _bypassable(self, name: str) -> bool:
+        op, entries, users = self._op(name), self.inputs[name], self.users[name]
+        if op not in BYPASSED_OPS or name in self.fetched or not users:
+            return False
+        if op != "NoOp" and (not entries or entries[0][1] or
+                             self.ops[entries[0][0]] in _NOT_BYPASSED_AFTER):
+            return False
+        return len(entries) * len(users) <= len(entries) + len(users)
+
+    def _bypass(self, name: str) -> None:
+        """Rewire ``name``'s users to its inputs (``DependencyOptimizer::OptimizeNode``)."""
+        entries = self.inputs[name]
+        forwarded = None if self._op(name) == "NoOp" else entries[0][0]
+        for user in sorted(self.users[name], key=self.position.__getitem__):
+            rewired = []
+            for producer, is_control in self.inputs[user]:
+                if producer != name:
+                    rewired.append((producer, is_control))
+                elif forwarded is not None:
+                    rewired.append((forwarded, is_control))
+            present = {p for p, _ in rewired}
+            for producer, _ in entries:
+                if producer not in present:
+                    rewired.append((producer, True))
+                    present.add(producer)
+                self.users[producer].add(user)
+            self.inputs[user] = rewired
+        for producer, _ in entries:
+            self.users[producer].discard(name)
+        self.inputs[name], self.users[name] = [], set()
+        self.bypassed.add(name)
+
+
+def with_bypassed(graph: Graph, order: list[str], bypassed: set[str]) -> list[str]:
+    """``order`` with each bypassed node (``GrapplerView``) right after the last of its
+    inputs: out of the executor's graph, it stands for its input's value (an Identity
+    aliases it) as soon as that exists."""
+    index = {n: i for i, n in enumerate(order)}
+    place: dict[str, tuple[int, int]] = {}  # bypassed node -> (position after, depth)
+
+    def placed(name: str) -> tuple[int, int]:
+        if name not in place:
+            spots = [(index[p], 0) if p in index else placed(p)
+                     for p in graph.producers(name) if p in index or p in bypassed]
+            after, depth = max(spots, default=(-1, 0))
+            place[name] = (after, depth + 1)
+        return place[name]
+
+    position = {n: i for i, n in enumerate(graph) if n in bypassed}
+    extra: dict[int, list[str]] = {}
+    for name in sorted(bypassed, key=lambda n: (placed(n)[1], position[n])):
+        extra.setdefault(place[name][0], []).append(name)
+    merged = extra.get(-1, [])
+    for i, name in enumerate(order):
+        merged.append(name)
+        merged.extend(extra.get(i, ()))
+    return merged
+
+
+def executor_order(graph: Graph, nodes: set[str], successors: dict[str, list[str]],
+                   inline: Callable[[str], bool]) -> list[str]:
+    """Simulate TF's executor on ``nodes`` with one inter-op thread (see
+    :func:`schedule`); ``inline(n)``: n's kernel is inexpensive."""
+    from collections import deque
+
+    pending = dict.fromkeys(nodes, 0)
+    for users in successors.values():
+        for user in users:
+            pending[user] += 1
+    pool: deque[str] = deque()
+    ready = deque(n for n in graph if n in nodes and pending[n] == 0)
+    order: list[str] = []
+    while ready or pool:
+        if not ready:
+            ready.append(pool.popleft())
+        while ready:
+            name = ready.popleft()
+            order.append(name)
+            expensive = None
+            for user in successors[name]:
+                pending[user] -= 1
+                if pending[user]:
+                    continue
+                if inline(user):
+                    ready.append(user)
+                    continue
+                if expensive is not None:
+                    pool.appendleft(expensive)
+                expensive = user
+            if expensive is not None:
+                if ready:
+                    pool.appendleft(expensive)
+                else:
+                    ready.append(expensive)
+    return order
