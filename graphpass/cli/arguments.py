@@ -95,7 +95,7 @@ def read_config(path: Path) -> dict:
         import tomllib
     except ImportError:  # Python < 3.11
         import tomli as tomllib
-    from graphpass.formats.detect import check_regular_file
+    from graphpass.formats.container import check_regular_file
 
     check_regular_file(path, "--config ")
     try:

@@ -76,7 +76,7 @@ def read_feeds(specs: list[str]) -> dict:
     """``NAME=FILE.npy`` options as ``{NAME: array}``."""
     import numpy as np
 
-    from graphpass.formats.detect import check_regular_file
+    from graphpass.formats.container import check_regular_file
 
     feeds = {}
     for spec in specs:

@@ -30,7 +30,8 @@ _CPU_JIT_FLAG = "--tf_xla_cpu_global_jit"
 def verify_files(original: str | Path, rewritten: str | Path,
                  options: VerifyOptions) -> VerifyReport:
     """Run both models ``options.steps`` steps and compare them (TF or ONNX by content)."""
-    from graphpass.formats.detect import ONNX, SAVEDMODEL, detect
+    from graphpass.formats.container import detect
+    from graphpass.formats.files import ONNX, SAVEDMODEL
 
     if options.xla:
         enable_cpu_autojit()  # before anything imports TF (detect may)

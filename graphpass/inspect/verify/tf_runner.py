@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphpass.dialects.tf import VARIABLE_OPS
+from graphpass.dialects.tf_ops import VARIABLE_OPS
 from graphpass.errors import GraphpassError
 from graphpass.inspect.progress import Progress
 from graphpass.inspect.verify.compare import InputMaker, compare_step
