@@ -109,7 +109,7 @@ def test_cyclic_graph_is_a_user_error_on_rewrite(graph_def, tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def onnx_model():
-    from tools import onnx_models
+    from tools.fixtures import onnx_models
 
     return onnx_models.block_mlp(batch=2, width=4, blocks=2, check=False).model
 
@@ -315,7 +315,7 @@ def test_temporaries_of_a_live_writer_are_kept(small, tmp_path):
 def test_drop_stale_for_xla_on_a_v1_while_loop(models, tmp_path, capsys):
     """Moving the apply ops into an If used to walk the whole graph in topological
     order, which a v1 while loop's back edge makes cyclic (ValueError)."""
-    from tools import tf_models
+    from tools.fixtures import tf_models
 
     model = models.model("control_flow")
     path = write_message(tmp_path / "model.pb", model.graph_def)

@@ -20,8 +20,8 @@ from graphpass.analysis.regions import BACKWARD, FORWARD, OPTIMIZER
 from graphpass.cli import main
 from graphpass.formats.onnx_io import graph_from_model
 from graphpass.ir.graph import Tensor
-from tools import onnx_autodiff, onnx_models
-from tools.onnx_optimizers import (
+from tools.fixtures import onnx_autodiff, onnx_models
+from tools.fixtures.onnx_optimizers import (
     OPTIMIZERS,
     PREVIEW_DOMAIN,
     PREVIEW_OPTIMIZERS,

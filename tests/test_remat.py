@@ -12,7 +12,7 @@ from graphpass.cli import main
 from graphpass.errors import GraphpassError
 from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
 from graphpass.passes.remat.marks import SCOPE
-from tools import tf_models
+from tools.fixtures import tf_models
 
 
 def _rewrite(model, **settings):

@@ -20,7 +20,7 @@ from graphpass.cli import main
 from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
 from graphpass.passes.remat.marks import SCOPE
 from graphpass.passes.remat.plan import _Prefix, model_peak, solve_budget, solve_min_peak
-from tools import keras_models, tf_models
+from tools.fixtures import keras_models, tf_models
 
 
 @pytest.fixture(scope="module")
@@ -322,7 +322,7 @@ def test_cheap_policy_recomputes_only_cheap_ops(ffn, grappler):
 def test_onnx_budget_is_met(tmp_path):
     import onnx
 
-    from tools import onnx_models
+    from tools.fixtures import onnx_models
 
     source = tmp_path / "step.onnx"
     onnx.save(onnx_models.block_mlp(batch=16, width=32).model, source)
@@ -343,8 +343,8 @@ def test_budget_holds_when_measured(tmp_path, fraction):
     allocation records' peak plus the fed values, which the estimate simulates.
     The MLP at test size (``tools/bench_memory.py --small``)."""
     from graphpass.analysis.memory import memory_profile
-    from tools import bench_memory
-    from tools.measure import measure
+    from tools.fixtures import memory_models as bench_memory
+    from tools.fixtures.measure import measure
 
     original = tmp_path / "mlp.meta"
     original.write_bytes(bench_memory.build("mlp", True).meta_graph.SerializeToString())

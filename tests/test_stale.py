@@ -14,7 +14,7 @@ from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
 from graphpass.options import pipeline_options
 from graphpass.passes import build_passes
 from graphpass.passes.stale import GATE_ATTR
-from tools import stale_cluster, tf_models
+from tools.fixtures import stale_cluster, tf_models
 
 STEPS = 3
 COUNTER = "graphpass/stale_counter"

@@ -15,7 +15,7 @@ from tf_helpers import listing
 import graphpass
 from graphpass.cli import main
 from graphpass.inspect.describe import describe
-from tools import keras3_models
+from tools.fixtures import keras3_models
 
 #: Forward name scopes of one block in each model's step function.
 BLOCKS = {"mlp": "mlp_1/block[1-7]_", "convnet": "convnet_1/block[1-2]_",

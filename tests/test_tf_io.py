@@ -300,7 +300,7 @@ def test_api_load_save_round_trip_keeps_node_data(models, tmp_path):
 def test_bench_io_synthetic_graphs_are_valid_and_round_trip():
     import tensorflow as tf
 
-    from tools import bench_io
+    from tools.fixtures import tf_synthetic as bench_io
 
     graph_def = bench_io.synthetic_graph_def(1000)
     assert len(graph_def.node) == 1000

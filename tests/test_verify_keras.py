@@ -15,7 +15,7 @@ import graphpass
 from graphpass.analysis.memory import estimated_peak_bytes, format_bytes
 from graphpass.analysis.regions import analyze
 from graphpass.cli import main
-from tools import keras_models
+from tools.fixtures import keras_models
 
 
 def _cli(*argv) -> tuple[int, str, str]:
