@@ -268,6 +268,7 @@ def _temporaries(directory: Path) -> list[str]:
     return [name for name in listing(directory) if ".graphpass-" in name]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point,survivor", [("written", "old"), ("exchanged", "new")])
 def test_saved_model_replace_survives_a_kill(saved_model, small, tmp_path, point, survivor):
     """Killed (SIGKILL) with the new directory complete, or just after the exchange:
@@ -288,6 +289,7 @@ def test_saved_model_replace_survives_a_kill(saved_model, small, tmp_path, point
     assert sorted(p.name for p in out.iterdir()) == ["saved_model.pb", "variables"]
 
 
+@pytest.mark.slow
 def test_file_output_survives_a_kill_and_temporaries_are_cleaned(small, tmp_path):
     model = write_message(tmp_path / "model.pb", small.graph_def)
     out = tmp_path / "out.pb"
@@ -388,6 +390,7 @@ def test_device_tpu_builds_the_xla_conditional(small, tmp_path):
 # -- machine-independent memory figures ------------------------------------------------
 
 
+@pytest.mark.slow
 def test_verify_peak_is_measured_with_onednn_on_and_off(models, tmp_path):
     """TF keeps CPU allocator statistics only with oneDNN on (off by default on CPUs
     without avx512_vnni); verify reads the step's RunMetadata allocation records

@@ -465,6 +465,7 @@ def test_verify_with_feeds(files, model, tmp_path, capsys):
                  "--feed", "x"]) == 2
 
 
+@pytest.mark.slow
 def test_verify_xla_compiles_and_matches(files):
     """In its own process: TF reads the CPU auto-jit flag once, at its first session."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0",

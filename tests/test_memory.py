@@ -29,6 +29,8 @@ from tools.fixtures import keras_models
 from tools.fixtures import memory_models as bench_memory
 from tools.fixtures.measure import measure
 
+pytestmark = pytest.mark.slow  # every test here measures in subprocesses
+
 FETCHES = bench_memory.FETCHES
 #: The issue's target: estimate within 10% of the measured allocator peak.
 TOLERANCE = 0.10

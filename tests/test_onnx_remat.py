@@ -210,6 +210,7 @@ def test_leaf_order_does_not_depend_on_where_the_file_computes_shared_scalars(tm
     assert tails[0][-2:] == ["adam/block4/update", "loss"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
 def test_estimate_is_the_peak_onnxruntime_measures(kind, tmp_path):
     """The estimate counts what ORT allocates: graph outputs (updated parameters and
@@ -239,6 +240,7 @@ def test_estimate_is_the_peak_onnxruntime_measures(kind, tmp_path):
     assert abs(estimate / measured - 1) <= 0.05, (estimate, measured)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["nesterov", "adam"])
 def test_deferred_updates_train_identically_and_lower_the_measured_peak(kind, tmp_path,
                                                                        monkeypatch):

@@ -235,6 +235,7 @@ def test_transformer_with_a_preview_op_trains_identically_after_remat(tmp_path):
     _assert_trains_identically(built, rewritten)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recompute", ["auto", "block[1-2]/"])
 @pytest.mark.parametrize("kind", ["sgd", "adamw", "rmsprop"])
 def test_transformer_block_stack_trains_identically_after_remat(kind, recompute, tmp_path):

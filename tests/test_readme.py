@@ -68,6 +68,7 @@ def test_help_is_plain_text(argv):
     assert not RST.search(out), RST.search(out)
 
 
+@pytest.mark.slow
 def test_readme_examples_run(tmp_path, monkeypatch):
     examples = commands(in_commands_section=False)
     assert len(examples) >= 4  # quick start, verify, dump and plot examples

@@ -267,6 +267,7 @@ def test_cli_option_errors(model, tmp_path, capsys, options, message):
 # -- tf_keras graphs: flat, one scope for every layer --------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grappler", [True, False])
 def test_mobilenet_trains_bitwise_identically(mobilenet, grappler):
     graph, result = _rewrite(mobilenet, recompute=["auto"])
@@ -277,6 +278,7 @@ def test_mobilenet_trains_bitwise_identically(mobilenet, grappler):
     _assert_same_training(mobilenet, graph, grappler)
 
 
+@pytest.mark.slow
 def test_mobilenet_structure(mobilenet):
     graph, result = _rewrite(mobilenet, recompute=["auto"])
     dialect = graph.dialect
@@ -334,6 +336,7 @@ def test_onnx_budget_is_met(tmp_path):
     assert result.changed and result.report["estimated_peak_bytes_after"] <= budget
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fraction", [0.8, 0.6, 0.5])
 def test_budget_holds_when_measured(tmp_path, fraction):
     """The step TF really runs stays within a budget the planner says it meets

@@ -40,6 +40,7 @@ def test_help_and_passes_import_no_runtime(argv):
     assert imported_after(argv) == []
 
 
+@pytest.mark.slow
 def test_onnx_commands_never_import_tensorflow(tmp_path):
     source = str(DATA / "onnx_mlp.onnx")
     assert "tensorflow" not in imported_after(["inspect", source])
@@ -48,6 +49,7 @@ def test_onnx_commands_never_import_tensorflow(tmp_path):
     assert "tensorflow" not in modules and "onnx" in modules
 
 
+@pytest.mark.slow
 def test_tf_commands_never_import_onnx(tmp_path):
     source = str(DATA / "mlp_adam.meta")
     modules = imported_after(["rewrite", source, "-o", str(tmp_path / "out.meta"),

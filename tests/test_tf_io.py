@@ -262,6 +262,7 @@ def test_output_format_pbtxt_and_back(models, tmp_path, container):
     assert (tmp_path / "back.pb").read_bytes() == message.SerializeToString(deterministic=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", [False, True], ids=["pb", "pbtxt"])
 def test_output_is_byte_identical_across_runs(models, tmp_path, text):
     model = models.model("conv_bn_dropout")
