@@ -25,8 +25,11 @@ from graphpass.analysis.memory import (
 )
 from graphpass.errors import GraphpassError
 from graphpass.formats.tf_io import graph_from_graph_def
-from tools import bench_memory, keras_models
-from tools.measure import measure
+from tools.fixtures import keras_models
+from tools.fixtures import memory_models as bench_memory
+from tools.fixtures.measure import measure
+
+pytestmark = pytest.mark.slow  # every test here measures in subprocesses
 
 FETCHES = bench_memory.FETCHES
 #: The issue's target: estimate within 10% of the measured allocator peak.

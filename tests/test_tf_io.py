@@ -262,6 +262,7 @@ def test_output_format_pbtxt_and_back(models, tmp_path, container):
     assert (tmp_path / "back.pb").read_bytes() == message.SerializeToString(deterministic=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", [False, True], ids=["pb", "pbtxt"])
 def test_output_is_byte_identical_across_runs(models, tmp_path, text):
     model = models.model("conv_bn_dropout")
@@ -300,7 +301,7 @@ def test_api_load_save_round_trip_keeps_node_data(models, tmp_path):
 def test_bench_io_synthetic_graphs_are_valid_and_round_trip():
     import tensorflow as tf
 
-    from tools import bench_io
+    from tools.fixtures import tf_synthetic as bench_io
 
     graph_def = bench_io.synthetic_graph_def(1000)
     assert len(graph_def.node) == 1000
