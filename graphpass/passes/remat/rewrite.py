@@ -57,16 +57,17 @@ def rewrite_segments(graph: Graph, segments: list[Segment], step: Step,
     # Tupleized gradients tie a segment's gradient ops to each other, which
     # may run against the order the reachability shortcut relies on.
     reach = _Reach(graph, step.backward, ordered=not tupleize_grads)
+    holders = _Holders(graph, [f for f in step.fetches if f not in step.forward])
     for segment in segments:
         segment_plan = _plan(graph, segment, step.forward, step.backward, reach)
         entries.append(_apply(graph, segment, segment_plan, step.dependency,
-                              tupleize_grads, released_bytes))
+                              tupleize_grads, released_bytes, holders))
         if entries[-1]["copied"]:
             reach.rewritten(segment_plan)
     return entries
 
 def _apply(graph: Graph, segment: Segment, plan: _Plan, dependency: str,
-           tupleize_grads: bool, released_bytes: bool) -> dict:
+           tupleize_grads: bool, released_bytes: bool, holders: _Holders) -> dict:
     """Copy, order and rewire one segment as ``plan`` says; its report entry."""
     entry = {"segment": segment.name, "marked": len(segment.nodes), "copied": 0,
              "copies": [], "triggers": [str(t) for t in plan.triggers],
@@ -78,16 +79,17 @@ def _apply(graph: Graph, segment: Segment, plan: _Plan, dependency: str,
         entry["note"] = "no gradient flows into this segment; left as is"
         return entry
     copy_of = _copy_nodes(graph, plan.copies)
+    # How many read each original value now (as TF's rewrites count them).
+    readers = {Tensor(o, p): len(graph.consumers(Tensor(o, p)))
+               for o in copy_of for p in graph.used_ports(o)}
     if dependency == "control":
-        order_by_control(graph, copy_of, plan.triggers)
+        order_by_control(graph, copy_of, plan.triggers, segment.name)
     else:
         order_by_data(graph, copy_of, plan.triggers, segment.name)
     released = sorted({orig for _, _, orig in plan.rewires})
     for consumer, slot, original in plan.rewires:
         graph.set_input(consumer, slot, Tensor(copy_of[original.node], original.port))
-    for original in copy_of:  # still computed in the forward pass: exactly as before
-        if graph.users(original):
-            graph.dialect.keep_as_written(graph, original)
+    _keep_readers(graph, segment, copy_of, readers, holders)
     if tupleize_grads:
         tupleize(graph, segment.name, [c for c, _, _ in plan.rewires], dependency)
     entry.update(copied=len(copy_of), copies=list(copy_of.values()),
@@ -95,6 +97,37 @@ def _apply(graph: Graph, segment: Segment, plan: _Plan, dependency: str,
     if released_bytes:
         entry["released_bytes"] = sum(tensor_bytes(graph, t) or 0 for t in released)
     return entry
+
+def _keep_readers(graph: Graph, segment: Segment, copy_of: dict[str, str],
+                  readers: dict[Tensor, int], holders: _Holders) -> None:
+    """Every original value and its copy keep as many readers as the value had
+    (``Dialect.keep_readers``): the runtime's rewrites then treat both as they
+    treated the original (a value that lost its backward readers to the copy
+    would be fused into its forward reader; a copy missing a reader its original
+    had, into its own)."""
+    dialect = graph.dialect
+    scope = f"{SCOPE}{segment.name.rstrip('/')}/reader"
+    for tensor, count in readers.items():
+        for value in (tensor, Tensor(copy_of[tensor.node], tensor.port)):
+            missing = count - len(graph.consumers(value))
+            if missing > 0:
+                dialect.keep_readers(graph, scope, value, missing, holders.of(tensor.node))
+
+
+class _Holders:
+    """The fetched nodes (train ops) that depend on a node, asked per node: one
+    walk per fetch, once, on the graph as read."""
+
+    def __init__(self, graph: Graph, fetches: list[str]) -> None:
+        self.graph = graph
+        self.fetches = fetches
+        self.ancestors: dict[str, set[str]] | None = None
+
+    def of(self, name: str) -> list[str]:
+        if self.ancestors is None:
+            self.ancestors = {f: self.graph.ancestors({f}) for f in self.fetches}
+        return [f for f in self.fetches if name in self.ancestors[f]]
+
 
 def _plan(graph: Graph, segment: Segment, forward: set[str], backward: set[str],
           reach: _Reach | None = None) -> _Plan:
