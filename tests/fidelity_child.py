@@ -92,7 +92,8 @@ def train(path: Path, out: Path) -> None:
 
 
 def kernels(path: Path, out: Path) -> None:
-    """The kernel of every node TF executes in one step: ``{name: [op, fused_ops]}``,
+    """The kernel of every node TF executes in one step, ``{name: [op, fused_ops,
+    data inputs]}``,
     from the partition graphs a session returns (after Grappler, function
     inlining and oneDNN's rewrites), names as written in the graph (a function
     body's without its call prefixes)."""
@@ -124,7 +125,8 @@ def kernels(path: Path, out: Path) -> None:
                 continue
             fused = [s.decode() for s in node.attr["fused_ops"].list.s] \
                 if "fused_ops" in node.attr else []
-            found[_body_name(node.name)] = [node.op, fused]
+            inputs = [_body_name(i) for i in node.input if not i.startswith("^")]
+            found[_body_name(node.name)] = [node.op, fused, inputs]
     out.write_text(json.dumps(found, indent=0, sort_keys=True))
 
 

@@ -1,0 +1,103 @@
+"""Remat's first promise on models nobody here wrote, with TF's CPU runtime as it
+comes: the rewritten step trains bit for bit as the original (3 steps, every
+variable and loss), with oneDNN on and off set explicitly (the CPU's default
+differs between machines), and every original node and copy runs the kernel
+its original ran (``kernel_parity``, on the graph TF executes).
+
+Each TF run is a child process (``fidelity_child.py``), so the whole matrix is
+slow; the fast test checks the rewrite's structure (what TF's rewrites see).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from graphpass.cli import main as graphpass_main
+from graphpass.passes.remat.marks import SCOPE
+from tests.fidelity_models import model_path
+from tests.kernel_parity import executed_kernels, graph_node_names, parity_errors, run_child
+
+#: --recompute patterns marking some blocks of each model (names in the step's body).
+PATTERNS = {
+    "gelu_mlp": "sequential_1/dense_(1_2|2_1)/",
+    "encoder": "functional_1/(dense_1_2|dense_2_1|layer_normalization_1_2)/",
+    "prenorm_ffn": "layer[1-3]/",
+}
+
+VARIANTS = {
+    "control": lambda m: ["--recompute", PATTERNS[m], "--dependency", "control"],
+    "data": lambda m: ["--recompute", PATTERNS[m], "--dependency", "data"],
+    "auto": lambda m: ["--recompute", "auto"],
+    "budget": lambda m: ["--recompute", "auto", "--recompute-policy", "budget",
+                         "--memory-budget", "0.8"],
+    "cheap": lambda m: ["--recompute", "auto", "--recompute-policy", "cheap"],
+}
+
+#: The matrix: (model, variant). The TF1 FFN runs in control mode with Grappler
+#: on (the session's default); the CNN with BatchNormalization under ``cheap``.
+CASES = [(m, v) for m in ("gelu_mlp", "encoder") for v in VARIANTS] + [
+    ("mobilenet", "cheap"), ("mobilenet", "auto"), ("prenorm_ffn", "control"),
+    ("prenorm_ffn", "auto")]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """Each model exported once (in a child process), by name."""
+    root = tmp_path_factory.mktemp("fidelity")
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            run_child("export", name, root / name)
+            made[name] = model_path(root / name, name)
+        return made[name]
+
+    return get
+
+
+def rewrite(source: Path, destination: Path, options: list[str]) -> Path:
+    """``graphpass rewrite`` into ``destination`` (a TF1 model's feeds and names go along)."""
+    target = destination / source.name if source.suffix == ".meta" else destination
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    if source.suffix == ".meta":
+        destination.mkdir(parents=True, exist_ok=True)
+        for suffix in (".json", ".npz"):
+            shutil.copy(source.with_suffix(suffix), target.with_suffix(suffix))
+    assert graphpass_main(["rewrite", str(source), "-o", str(target), "--quiet",
+                           *options]) == 0
+    return target
+
+
+def trained(model: Path, onednn: bool, scratch: Path) -> dict:
+    out = scratch / f"{model.name}.{int(onednn)}.npz"
+    run_child("train", model, out, onednn=onednn)
+    with np.load(out) as data:
+        return {key: data[key] for key in data.files}
+
+
+def differing(original: dict, rewritten: dict) -> list[str]:
+    assert sorted(original) == sorted(rewritten)
+    return [f"{k} (max |diff| {np.max(np.abs(original[k] - rewritten[k])):.3g})"
+            for k in sorted(original) if original[k].tobytes() != rewritten[k].tobytes()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn1", "onednn0"])
+@pytest.mark.parametrize("model,variant", CASES, ids=[f"{m}-{v}" for m, v in CASES])
+def test_trains_bit_identically_with_kernel_parity(exported, tmp_path, model, variant,
+                                                   onednn):
+    source = exported(model)
+    rewritten = rewrite(source, tmp_path / "rewritten", VARIANTS[variant](model))
+    nodes = graph_node_names(rewritten)
+    if not any(n.startswith(SCOPE) for n in nodes):
+        pytest.skip(f"{variant} recomputes nothing on {model}")
+    errors = parity_errors(executed_kernels(source, onednn), executed_kernels(rewritten, onednn),
+                           graph_node_names(source), nodes)
+    assert not errors, "\n".join(errors[:20])
+    original = trained(source, onednn, tmp_path / "original")
+    assert not differing(original, trained(rewritten, onednn, tmp_path)), \
+        differing(original, trained(rewritten, onednn, tmp_path))
