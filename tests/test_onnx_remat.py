@@ -221,8 +221,7 @@ def test_estimate_is_the_peak_onnxruntime_measures(kind, tmp_path):
     optimized graph over its executed order, and within 5% of the rewritten
     step's measured peak RSS (arena off, one mmap per tensor; tensors of 512 KiB)."""
     from tools.fixtures.onnx_optimizers import Optimizer
-    from tools.fixtures.ort_measure import executed_order_peak as _executed_order_peak
-    from tools.fixtures.ort_measure import run_worker
+    from tools.fixtures.ort_measure import executed_order_peak, run_worker
 
     mlp = onnx_models.block_mlp(batch=512, width=256, optimizer=Optimizer(kind, lr=0.01),
                                 params_as_inputs=True, check=False)
@@ -233,7 +232,7 @@ def test_estimate_is_the_peak_onnxruntime_measures(kind, tmp_path):
     np.savez(feeds, **{k.replace("/", "|"): v for k, v in mlp.feeds.items()})
     spec = {"model": str(target), "feeds": str(feeds), "threads": 1, "mem_pattern": False,
             "fetches": [mlp.loss, *mlp.carried.values()]}
-    executed = _executed_order_peak(spec, str(optimized), mlp.feeds)
+    executed = executed_order_peak(spec, str(optimized), mlp.feeds)
     measured = run_worker("rewritten", spec, 1)["peak"]
     estimate = result["report"]["estimated_peak_bytes_after"]
     assert executed <= estimate, (estimate, executed)
@@ -372,7 +371,7 @@ def test_auto_keeps_what_is_not_live_at_the_relu_gradient(kind, tmp_path):
 
 
 def test_peak_over_ort_executed_order_is_at_most_070x(tmp_path):
-    from tools.fixtures.ort_measure import executed_order_peak as _executed_order_peak
+    from tools.fixtures.ort_measure import executed_order_peak
 
     mlp = onnx_models.block_mlp(batch=64, width=64, params_as_inputs=True)
     source = tmp_path / "step.onnx"
@@ -386,7 +385,7 @@ def test_peak_over_ort_executed_order_is_at_most_070x(tmp_path):
     for path in (source, target):
         optimized = path.with_suffix(".optimized.onnx")
         _ort_session(path, optimized)
-        peaks[path.name] = _executed_order_peak(
+        peaks[path.name] = executed_order_peak(
             {"model": str(path), "fetches": fetches, "threads": 1}, str(optimized), mlp.feeds)
     assert peaks["out.onnx"] <= 0.70 * peaks["step.onnx"], peaks
 

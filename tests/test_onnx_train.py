@@ -1,4 +1,4 @@
-"""ONNX training steps beyond plain SGD: every optimizer of ``tools/onnx_models`` (in
+"""ONNX training steps beyond plain SGD: every optimizer of ``tools/fixtures/onnx_models`` (in
 standard ops and as ``ai.onnx.preview.training`` ops), found by structure, labelled
 right, and rewritten by remat into steps that train identically over 3 steps
 (onnxruntime for standard ops, ``onnx.reference.ReferenceEvaluator`` for the

@@ -344,17 +344,17 @@ def test_budget_holds_when_measured(tmp_path, fraction):
     allocator's own peak where it keeps statistics (oneDNN on: fragmentation
     included, which the dialect's allocator headroom leaves room for), else the
     allocation records' peak plus the fed values, which the estimate simulates.
-    The MLP at test size (``tools/bench_memory.py --small``)."""
+    The MLP at test size (``tools/memory_models.py --small``)."""
     from graphpass.analysis.memory import memory_profile
-    from tools.fixtures import memory_models as bench_memory
+    from tools.fixtures import memory_models
     from tools.fixtures.measure import measure
 
     original = tmp_path / "mlp.meta"
-    original.write_bytes(bench_memory.build("mlp", True).meta_graph.SerializeToString())
-    fed = memory_profile(graphpass.load(original), bench_memory.FETCHES).fed_bytes
+    original.write_bytes(memory_models.build("mlp", True).meta_graph.SerializeToString())
+    fed = memory_profile(graphpass.load(original), memory_models.FETCHES).fed_bytes
 
     def measured(path) -> int:
-        step = measure(path, bench_memory.FETCHES, steps=1)
+        step = measure(path, memory_models.FETCHES, steps=1)
         return step.allocator_peak_bytes or step.peak_bytes + fed
 
     budget = int(fraction * measured(original))

@@ -1,7 +1,7 @@
 """Scale: start-up imports nothing heavy, commands import only their format's
 runtime, and the analyses do a bounded number of graph walks whatever the size
 of the graph (the structural form of "linear": a walk per candidate would make
-the count grow with the graph). Timings live in tools/bench_scale.py."""
+the count grow with the graph). Timings live in python -m tools.bench.scale."""
 
 from __future__ import annotations
 

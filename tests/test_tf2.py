@@ -1,5 +1,5 @@
 """TF2 training steps: Keras 3 train functions saved as SavedModel signatures
-(tools/keras3_models.py). The step function's body is read as the IR, analysed
+(tools/fixtures/keras3_models.py). The step function's body is read as the IR, analysed
 (plain-op optimizer updates), rewritten, written back into the library, and the
 result is loaded with ``tf.saved_model.load`` and trained against the original."""
 

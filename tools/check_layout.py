@@ -10,15 +10,18 @@ Rules (ROOT defaults to the repository holding this file):
    lowest first, and imports only from its own layer or below:
 
    ============ ==========================================================
-   ir           ``graphpass.ir.*``, ``graphpass.errors``, ``graphpass.units``
+   ir           ``graphpass.ir.*`` and the leaves every layer may read:
+                ``graphpass.errors``, ``graphpass.units``, ``graphpass.runtimes``
+                (which runtimes are installed) and ``graphpass.options*`` (the
+                one typed options object: data and validation only)
    op tables    ``graphpass.dialects.*_ops`` (leaves: op kinds, dtypes, OpDef lookups)
    formats,     ``graphpass.formats.*``, ``graphpass.dialects.*`` (one level);
    dialects     a format may import op tables but never a dialect module;
                 a dialect may import formats
    analysis     ``graphpass.analysis.*``
-   passes       ``graphpass.passes.*``, ``graphpass.options``
+   passes       ``graphpass.passes.*``
    inspect      ``graphpass.inspect.*``
-   cli          ``graphpass.cli*``, ``graphpass`` (its ``__init__``), ``graphpass.runtimes*``
+   cli          ``graphpass.cli*``, ``graphpass`` (its ``__init__``)
    ============ ==========================================================
 
    A module in no layer is a problem too: a new file says where it belongs.
@@ -67,15 +70,14 @@ def layer(name: str) -> str | None:
     """The layer of a graphpass module (see the docstring's table), or None."""
     parts = name.split(".")
     top = parts[1] if len(parts) > 1 else ""
-    if top == "ir" or name in ("graphpass.errors", "graphpass.units"):
+    if top in ("ir", "options") or name in ("graphpass.errors", "graphpass.units",
+                                             "graphpass.runtimes"):
         return "ir"
     if top == "dialects":
         return "op tables" if parts[-1].endswith("_ops") else "dialects"
     if top in ("formats", "analysis", "passes", "inspect"):
         return top
-    if name == "graphpass.options":
-        return "passes"
-    if name == "graphpass" or top.startswith("cli") or top == "runtimes":
+    if name == "graphpass" or top.startswith("cli"):
         return "cli"
     return None
 
