@@ -93,32 +93,19 @@ def train(path: Path, out: Path) -> None:
 
 def kernels(path: Path, out: Path) -> None:
     """The kernel of every node TF executes in one step, ``{name: [op, fused_ops,
-    data inputs]}``,
-    from the partition graphs a session returns (after Grappler, function
-    inlining and oneDNN's rewrites), names as written in the graph (a function
-    body's without its call prefixes)."""
-    import tensorflow as tf
+    data inputs, attributes' digest]}``, after Grappler, function inlining and oneDNN's rewrites;
+    names as written in the graph (a function body's without its call prefixes).
 
-    tf1 = tf.compat.v1
-    options = tf1.RunOptions(output_partition_graphs=True)
-    metadata = tf1.RunMetadata()
+    A TF1 graph: the partition graphs its session returns. A SavedModel: the
+    partition graphs the eager call of its signature runs, as TF's graph dumper
+    writes them (a session that calls the signature optimizes the inlined body
+    with the rest of its graph, which is not what an eager call runs)."""
     if _is_tf1(path):
-        names, feeds = _tf1_model(path)
-        graph = _tf1_graph(tf, path)
-        with tf1.Session(graph=graph) as session:
-            session.run(names["init"])
-            session.run([names["loss"], names["train_op"]], feeds, options=options,
-                        run_metadata=metadata)
+        partitions = _session_partitions(path)
     else:
-        graph = tf.Graph()
-        with graph.as_default():
-            function = tf.saved_model.load(str(path)).signatures["train"]
-            loss = function(**_signature_inputs(tf, function))["loss"]
-            with tf1.Session(graph=graph) as session:
-                session.run(tf1.global_variables_initializer())
-                session.run(loss, options=options, run_metadata=metadata)
+        partitions = _eager_partitions(path, out.parent / "dumps")
     found = {}
-    for partition in metadata.partition_graphs:
+    for partition in partitions:
         for node in partition.node:
             if node.name.startswith("Func/") or node.op in ("_Send", "_Recv", "_Arg",
                                                              "_Retval"):
@@ -126,8 +113,54 @@ def kernels(path: Path, out: Path) -> None:
             fused = [s.decode() for s in node.attr["fused_ops"].list.s] \
                 if "fused_ops" in node.attr else []
             inputs = [_body_name(i) for i in node.input if not i.startswith("^")]
-            found[_body_name(node.name)] = [node.op, fused, inputs]
+            found[_body_name(node.name)] = [node.op, fused, inputs, _attrs_digest(node)]
     out.write_text(json.dumps(found, indent=0, sort_keys=True))
+
+
+def _session_partitions(path: Path) -> list:
+    import tensorflow as tf
+
+    tf1 = tf.compat.v1
+    options = tf1.RunOptions(output_partition_graphs=True)
+    metadata = tf1.RunMetadata()
+    names, feeds = _tf1_model(path)
+    graph = _tf1_graph(tf, path)
+    with tf1.Session(graph=graph) as session:
+        session.run(names["init"])
+        session.run([names["loss"], names["train_op"]], feeds, options=options,
+                    run_metadata=metadata)
+    return list(metadata.partition_graphs)
+
+
+def _eager_partitions(path: Path, dumps: Path) -> list:
+    """One eager step with TF's debug graph dumper on (read when TF starts)."""
+    assert "tensorflow" not in sys.modules, "the dumper must be set before TF starts"
+    dumps.mkdir(parents=True, exist_ok=True)
+    os.environ.update(TF_DUMP_GRAPH_PREFIX=str(dumps), TF_DUMP_GRAPH_NAME_FILTER="*",
+                      TF_DUMP_GRAPH_GROUPS="main")
+    import tensorflow as tf
+    from google.protobuf import text_format
+
+    loaded = tf.saved_model.load(str(path))
+    function = loaded.signatures["train"]
+    function(**_signature_inputs(tf, function))
+    partitions = []
+    for dump in sorted(dumps.glob("*_partition_*after_partition_passes.pbtxt")):
+        partitions.append(text_format.Parse(dump.read_text(), tf.compat.v1.GraphDef()))
+    assert partitions, f"TF wrote no partition graphs under {dumps}"
+    return partitions
+
+
+def _attrs_digest(node) -> str:
+    """What a node's attributes compute with (a constant's value, a conv's strides),
+    not TF's bookkeeping (``_``-prefixed attributes)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for key in sorted(node.attr):
+        if not key.startswith("_"):
+            digest.update(key.encode() + node.attr[key].SerializeToString(deterministic=True))
+    return digest.hexdigest()[:16]
 
 
 def _body_name(name: str) -> str:

@@ -46,13 +46,14 @@ def run_child(command: str, *args, onednn: bool = True) -> None:
 
 
 def executed_kernels(model: Path, onednn: bool) -> dict[str, tuple]:
-    """``{node: (op, fused_ops, data inputs)}`` of one executed step of ``model``."""
+    """``{node: (op, fused_ops, data inputs, attributes' digest)}`` of one executed
+    step of ``model``."""
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "kernels.json"
         run_child("kernels", model, out, onednn=onednn)
         found = json.loads(out.read_text())
-    return {name: (op, tuple(fused), tuple(inputs))
-            for name, (op, fused, inputs) in found.items()}
+    return {name: (op, tuple(fused), tuple(inputs), attrs)
+            for name, (op, fused, inputs, attrs) in found.items()}
 
 
 def counterpart(name: str) -> str:
@@ -64,62 +65,125 @@ def counterpart(name: str) -> str:
 
 def parity_errors(original: dict, rewritten: dict, original_nodes: set[str],
                   rewritten_nodes: set[str]) -> list[str]:
-    """Where the rewritten graph's kernels differ from the original's (empty: parity):
-    a node's kernel, or what it reads (the originals its inputs stand for, in
-    order: Grappler regroups sums by their readers, ``AddN`` of other terms).
+    """Where the rewritten graph computes differently from the original (empty:
+    parity), first causes only (what reads a differing value differs too).
 
-    ``original``, ``rewritten``: ``executed_kernels`` of each; ``*_nodes``: the
-    node names of each graph as written (its step function's body, for a
-    SavedModel), so that a node absorbed into a fusion is compared too.
+    Compared per node: its kernel (op, ``fused_ops``, attributes) and what it
+    computes from, as an expression over the step's inputs and stored values
+    (``_Expressions``), so a node absorbed into a fusion, a sum Grappler grouped
+    otherwise, a product it associated otherwise, all show; names Grappler
+    moves between the nodes of a chain it rebuilt do not. ``original``,
+    ``rewritten``: ``executed_kernels`` of each; ``*_nodes``: the node names of
+    each graph as written (a SavedModel's step function body).
     """
+    known = set(original) | original_nodes
+    numbers: dict[tuple, int] = {}  # shared: equal numbers, equal expressions
+    want = _Expressions(original, known, numbers)
+    got = _Expressions(rewritten, known, numbers)
     errors = []
-    stands_for = _Counterparts(rewritten, set(original) | original_nodes)
-    for name in sorted(set(original) | original_nodes):
-        want, got = original.get(name), rewritten.get(name)
-        if not _same(want, got):
-            errors.append(f"{name}: {_kernel(want)} in the original, {_kernel(got)} rewritten")
-        elif want and got and want[2] != stands_for.inputs(got[2]):
-            errors.append(f"{name}: reads {list(want[2])} in the original, "
-                          f"{list(stands_for.inputs(got[2]))} (as originals) rewritten")
+    for name in sorted(known):
+        if not _same(original.get(name), rewritten.get(name)):
+            errors.append(f"{name}: {_kernel(original.get(name))} in the original, "
+                          f"{_kernel(rewritten.get(name))} rewritten")
+        elif name in original and name in rewritten and \
+                want.of(name) != got.of(name) and _cause(want, got, name, name):
+            errors.append(f"{name}: computes from other values than in the original")
     copies = {n for n in set(rewritten) | rewritten_nodes if n.startswith(SCOPE)}
     for name in sorted(copies):
-        stands_for = counterpart(name)
-        if stands_for not in original and stands_for not in original_nodes:
+        source = counterpart(name)
+        if source not in known:
             continue  # graphpass's own nodes (ties, gates), or Grappler's made from them
-        want, got = original.get(stands_for), rewritten.get(name)
-        if not _same(want, got):
-            errors.append(f"copy {name}: {_kernel(got)}, its original ran {_kernel(want)}")
-        elif want and got and want[2] != stands_for.inputs(got[2]):
-            errors.append(f"copy {name}: reads {list(stands_for.inputs(got[2]))} (as "
-                          f"originals), its original read {list(want[2])}")
+        if not _same(original.get(source), rewritten.get(name)):
+            errors.append(f"copy {name}: {_kernel(rewritten.get(name))}, its original ran "
+                          f"{_kernel(original.get(source))}")
+        elif source in original and name in rewritten and \
+                want.of(source) != got.of(name) and _cause(want, got, source, name):
+            errors.append(f"copy {name}: computes from other values than its original")
     return errors
 
 
-class _Counterparts:
-    """A rewritten graph's inputs as the originals they stand for: a copy's name
-    less ``graphpass/remat/``; a node graphpass added that copies nothing (an
-    ordering ``Identity``, a data-mode tie ``x + signal``) passes its first
-    input on, which is what it computes (the tie adds zero in value)."""
+def _cause(want: _Expressions, got: _Expressions, original: str, rewritten: str) -> bool:
+    """The node itself differs, not only what it reads: no input of the original
+    that the rewritten graph has under its name (or its copy's, for a copy)
+    computes differently there (inputs Grappler made are not compared by name)."""
+    for reference in want.kernels[original][2]:
+        node, _, port = reference.partition(":")
+        other = SCOPE + node if rewritten.startswith(SCOPE) and SCOPE + node in got.kernels \
+            else node
+        if node in want.originals and other in got.kernels and \
+                want.value(reference) != got.value(f"{other}:{port or 0}"):
+            return False
+    return True
 
-    def __init__(self, rewritten: dict, originals: set[str]) -> None:
-        self.rewritten = rewritten
+
+class _Expressions:
+    """Each executed value as an expression: a number standing for (kernel,
+    attributes, the expressions it reads), equal across two graphs exactly when
+    both compute the same thing the same way. Leaves: the step's inputs and
+    stored values by the original's name (a copy's stands for its original's),
+    constants by value. An ``Identity`` and a node graphpass added that copies
+    nothing (an ordering ``Identity``, a data-mode tie ``x + signal``, which adds
+    zero) stand for their first input."""
+
+    def __init__(self, kernels: dict, originals: set[str], numbers: dict) -> None:
+        self.kernels = kernels
         self.originals = originals
+        self.numbers = numbers
+        self.values: dict[str, tuple] = {}
 
-    def inputs(self, inputs: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(self.input(i) for i in inputs)
+    def of(self, name: str) -> tuple:
+        return self.value(name + ":0")
 
-    def input(self, name: str) -> str:
-        for _ in range(len(self.rewritten) + 1):
-            node, _, port = name.partition(":")
-            if not node.startswith(SCOPE):
-                return name
-            if counterpart(node) in self.originals:
-                return counterpart(node) + (f":{port}" if port else "")
-            if node not in self.rewritten or not self.rewritten[node][2]:
-                return name
-            name = self.rewritten[node][2][0]
-        return name
+    def value(self, reference: str) -> tuple:
+        node, _, port = reference.partition(":")
+        stack = [node]
+        while stack:  # depth first without recursion: graphs are deep
+            name = stack[-1]
+            if name in self.values:
+                stack.pop()
+                continue
+            inputs = [i.partition(":")[0] for i in self._inputs(name)]
+            pending = [i for i in inputs if i not in self.values and i not in stack]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            self.values[name] = self._number(name)
+        passed = self._passes_on(node)
+        if passed is not None:
+            return self.value(passed)
+        return (self.values[node], port or "0")
 
+    def _inputs(self, name: str) -> tuple:
+        kernel = self.kernels.get(name)
+        return kernel[2] if kernel else ()
+
+    def _passes_on(self, name: str) -> str | None:
+        kernel = self.kernels.get(name)
+        if not kernel or not kernel[2]:
+            return None
+        generated = name.startswith(SCOPE) and counterpart(name) not in self.originals
+        return kernel[2][0] if kernel[0] == "Identity" or generated else None
+
+    def _number(self, name: str) -> int:
+        kernel = self.kernels.get(name)
+        if kernel is None or not kernel[2]:
+            key = ("const", kernel[3]) if kernel and kernel[0] == "Const" \
+                else ("leaf", counterpart(name))
+        else:
+            passed = self._passes_on(name)
+            if passed is not None:
+                key = ("same",) + self.value(passed)
+            else:
+                inputs = [self.value(i) for i in kernel[2]]
+                if kernel[0] in COMMUTATIVE or kernel[0] == "AddN" and len(inputs) == 2:
+                    inputs.sort()  # a * b and b * a round alike
+                key = (kernel[0], kernel[1], kernel[3], tuple(inputs))
+        return self.numbers.setdefault(key, len(self.numbers))
+
+
+#: Binary ops whose result does not depend on the order of their operands.
+COMMUTATIVE = {"Mul", "AddV2", "Add", "Maximum", "Minimum", "SquaredDifference"}
 
 #: Kernels that compute nothing, as good as absent: an ``Identity`` TF left
 #: where it removed the node in the other graph (``x / 1`` made an ``Identity``,
@@ -129,8 +193,11 @@ NOTHING = {None, ("Identity", ()), ("Const", ())}
 
 
 def _same(want, got) -> bool:
-    return want is not None and got is not None and want[:2] == got[:2] or \
-        {want and want[:2], got and got[:2]} <= NOTHING
+    """Same kernel and attributes (or both nothing)."""
+    if want is not None and got is not None:
+        return (want[0], want[1], want[3]) == (got[0], got[1], got[3]) or \
+            {want[:2], got[:2]} <= NOTHING
+    return {want and want[:2], got and got[:2]} <= NOTHING
 
 
 def _kernel(kernel) -> str:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from graphpass.cli import main as graphpass_main
+from graphpass.ir.graph import Tensor
 from graphpass.passes.remat.marks import SCOPE
 from tests.fidelity_models import model_path
 from tests.kernel_parity import executed_kernels, graph_node_names, parity_errors, run_child
@@ -101,3 +102,49 @@ def test_trains_bit_identically_with_kernel_parity(exported, tmp_path, model, va
     original = trained(source, onednn, tmp_path / "original")
     assert not differing(original, trained(rewritten, onednn, tmp_path)), \
         differing(original, trained(rewritten, onednn, tmp_path))
+
+
+def test_values_keep_their_reader_count_and_copies_no_control_inputs():
+    """What TF's fanout-deciding rewrites see: each released value and its copy
+    have as many readers as the value had, and copies that read something other
+    than constants wait through a kept ``Identity``, not a control input."""
+    import graphpass
+    from graphpass.formats.tf_io import graph_from_graph_def
+    from tools.fixtures import tf_models
+
+    model = tf_models.prenorm_ffn(layers=2)
+    before = graph_from_graph_def(model.graph_def, {})
+    graph = graph_from_graph_def(model.graph_def, {})
+    graphpass.run_passes(graph, {"recompute": ["layer2/"]})
+    copies = [n for n in graph if n.startswith(SCOPE) and n[len(SCOPE):] in before]
+    assert copies
+    for copy in copies:
+        original = copy[len(SCOPE):]
+        for port in before.used_ports(original):
+            want = len(before.consumers(Tensor(original, port)))
+            assert len(graph.consumers(Tensor(original, port))) == want, original
+            assert len(graph.consumers(Tensor(copy, port))) == want, copy
+        reads_constants_only = all(graph.dialect.is_constant(graph, t.node)
+                                   for t in graph.inputs(copy))
+        assert reads_constants_only or not graph.control_inputs(copy), copy
+    assert not any("_grappler_do_not_remove" in graph.node(n).attrs for n in before)
+
+
+def test_parity_errors_find_kernels_and_regrouped_sums():
+    scope, a = SCOPE, "digest"
+    original = {"x": ("Placeholder", (), (), a), "w": ("ReadVariableOp", (), (), a),
+                "mm": ("_FusedMatMul", ("BiasAdd",), ("x", "w"), a),
+                "sum": ("AddN", (), ("mm", "x", "w"), a), "c": ("Const", (), (), "one")}
+    names = {"x", "w", "mm", "sum", "c", "bias"}
+    copy = {f"{scope}mm": ("_FusedMatMul", ("BiasAdd",), (f"{scope}s/order/read", "w"), a),
+            f"{scope}s/order/read": ("Identity", (), ("x",), a),
+            "sum": ("AddN", (), (f"{scope}mm", "x", "w"), a)}
+    same = {**original, **copy}
+    copies = names | {f"{scope}mm"}
+    assert parity_errors(original, same, names, copies) == []
+    unfused = {**same, f"{scope}mm": ("MatMul", (), ("x", "w"), a)}
+    assert parity_errors(original, unfused, names, copies) == [
+        f"copy {scope}mm: MatMul, its original ran _FusedMatMul[BiasAdd]"]
+    regrouped = {**same, "sum": ("AddN", (), ("x", f"{scope}mm", "w"), a)}
+    assert parity_errors(original, regrouped, names, copies) == [
+        "sum: computes from other values than in the original"]
