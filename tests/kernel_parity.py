@@ -65,41 +65,40 @@ def counterpart(name: str) -> str:
 
 def parity_errors(original: dict, rewritten: dict, original_nodes: set[str],
                   rewritten_nodes: set[str]) -> list[str]:
-    """Where the rewritten graph computes differently from the original (empty:
-    parity), first causes only (what reads a differing value differs too).
-
-    Compared per node: its kernel (op, ``fused_ops``, attributes) and what it
-    computes from, as an expression over the step's inputs and stored values
-    (``_Expressions``), so a node absorbed into a fusion, a sum Grappler grouped
-    otherwise, a product it associated otherwise, all show; names Grappler
-    moves between the nodes of a chain it rebuilt do not. ``original``,
+    """Where a node of the rewritten graph runs another kernel than it (or, for a
+    copy, its original) ran in the original graph (empty: parity): op after TF's
+    rewrites, ``fused_ops``, attributes, and present or absorbed. ``original``,
     ``rewritten``: ``executed_kernels`` of each; ``*_nodes``: the node names of
-    each graph as written (a SavedModel's step function body).
-    """
+    each graph as written (a SavedModel's step function body), so that a node
+    absorbed into a fusion is compared too."""
+    known = set(original) | original_nodes
+    errors = [f"{name}: {_kernel(original.get(name))} in the original, "
+              f"{_kernel(rewritten.get(name))} rewritten"
+              for name in sorted(known)
+              if not _same(original.get(name), rewritten.get(name))]
+    for name in sorted(n for n in set(rewritten) | rewritten_nodes if n.startswith(SCOPE)):
+        source = counterpart(name)
+        if source in known and not _same(original.get(source), rewritten.get(name)):
+            errors.append(f"copy {name}: {_kernel(rewritten.get(name))}, its original ran "
+                          f"{_kernel(original.get(source))}")
+    return errors
+
+
+def expression_differences(original: dict, rewritten: dict, original_nodes: set[str]
+                           ) -> list[str]:
+    """Diagnostics, not a check: the original nodes that compute from other values
+    than in the original graph, first causes only, as expressions over the
+    step's inputs and stored values (``_Expressions``): a sum Grappler grouped
+    otherwise shows here, not as another kernel. Noisy where Grappler rebuilds
+    a chain and moves its names between the chain's nodes."""
     known = set(original) | original_nodes
     numbers: dict[tuple, int] = {}  # shared: equal numbers, equal expressions
     want = _Expressions(original, known, numbers)
     got = _Expressions(rewritten, known, numbers)
-    errors = []
-    for name in sorted(known):
-        if not _same(original.get(name), rewritten.get(name)):
-            errors.append(f"{name}: {_kernel(original.get(name))} in the original, "
-                          f"{_kernel(rewritten.get(name))} rewritten")
-        elif name in original and name in rewritten and \
-                want.of(name) != got.of(name) and _cause(want, got, name, name):
-            errors.append(f"{name}: computes from other values than in the original")
-    copies = {n for n in set(rewritten) | rewritten_nodes if n.startswith(SCOPE)}
-    for name in sorted(copies):
-        source = counterpart(name)
-        if source not in known:
-            continue  # graphpass's own nodes (ties, gates), or Grappler's made from them
-        if not _same(original.get(source), rewritten.get(name)):
-            errors.append(f"copy {name}: {_kernel(rewritten.get(name))}, its original ran "
-                          f"{_kernel(original.get(source))}")
-        elif source in original and name in rewritten and \
-                want.of(source) != got.of(name) and _cause(want, got, source, name):
-            errors.append(f"copy {name}: computes from other values than its original")
-    return errors
+    return [f"{name}: computes from other values than in the original"
+            for name in sorted(set(original) & set(rewritten))
+            if _same(original[name], rewritten[name]) and want.of(name) != got.of(name)
+            and _cause(want, got, name, name)]
 
 
 def _cause(want: _Expressions, got: _Expressions, original: str, rewritten: str) -> bool:

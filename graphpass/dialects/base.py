@@ -290,14 +290,15 @@ class Dialect(ABC):
         return self.copy_node(graph, name, new_name)
 
     def keep_readers(self, graph: Graph, name: str, tensor: Tensor, count: int,
-                     holders: list[str]) -> None:
+                     holders: list[str]) -> int:
         """Give ``tensor`` ``count`` more readers that the runtime's graph optimizer
         counts but that hold nothing, run by ``holders`` (fetched nodes that depend
         on ``tensor`` already). Remat calls it where a value lost readers to a copy,
         or a copy has fewer than its original: the runtime's rewrites decide by the
         number of readers (a remapper fuses an op into its only reader), and each
-        node must be rewritten as its original was. A runtime without such
-        rewrites needs nothing (the default)."""
+        node must be rewritten as its original was. Returns how many nodes it
+        added; a runtime without such rewrites needs none (the default)."""
+        return 0
 
     def ordered_read(self, graph: Graph, name: str, tensor: Tensor,
                      after: list[str]) -> Tensor:

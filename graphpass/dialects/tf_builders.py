@@ -46,7 +46,7 @@ class TFBuilders:
         return new_name
 
     def keep_readers(self, graph: Graph, name: str, tensor: Tensor, count: int,
-                     holders: list[str]) -> None:
+                     holders: list[str]) -> int:
         """``count`` ``Identity`` readers Grappler keeps as they are
         (``_grappler_do_not_remove``: not pruned, not rewritten), so its fanout
         counts see them; each runs as soon as ``tensor`` exists and holds
@@ -62,6 +62,7 @@ class TFBuilders:
             else:
                 for holder in holders:
                     graph.add_control_input(holder, reader.node)
+        return count
 
     def ordered_read(self, graph: Graph, name: str, tensor: Tensor,
                      after: list[str]) -> Tensor:

@@ -109,6 +109,13 @@ def _hint_segments(graph: Graph, forward: set[str],
     return segments, skipped
 
 
+def scope_of(segment: str, part: str) -> str:
+    """Where a segment's added nodes of one kind are named: the segment's name
+    made a name scope (a hint segment's ``hint 1 #0`` has characters no node
+    name may hold)."""
+    return f"{SCOPE}{re.sub(r'[^A-Za-z0-9_./-]', '_', segment.rstrip('/'))}/{part}"
+
+
 def unique(items) -> list:
     """``items`` without repeats, in first-seen order."""
     return list(dict.fromkeys(items))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from graphpass.analysis.memory import tensor_bytes
 from graphpass.analysis.shapes import infer_shapes
 from graphpass.ir.graph import Graph, Tensor
-from graphpass.passes.remat.marks import SCOPE, Segment, is_generated, unique
+from graphpass.passes.remat.marks import SCOPE, Segment, is_generated, scope_of, unique
 from graphpass.passes.remat.order import order_by_control, order_by_data, tupleize
 
 
@@ -71,7 +71,8 @@ def _apply(graph: Graph, segment: Segment, plan: _Plan, dependency: str,
     """Copy, order and rewire one segment as ``plan`` says; its report entry."""
     entry = {"segment": segment.name, "marked": len(segment.nodes), "copied": 0,
              "copies": [], "triggers": [str(t) for t in plan.triggers],
-             "released": [], "released_bytes": 0 if released_bytes else None, "note": ""}
+             "released": [], "released_bytes": 0 if released_bytes else None, "note": "",
+             "readers_kept": 0, "nodes_added": 0}
     if not plan.rewires:
         entry["note"] = "no gradient op reads this segment's internal values"
         return entry
@@ -82,36 +83,41 @@ def _apply(graph: Graph, segment: Segment, plan: _Plan, dependency: str,
     # How many read each original value now (as TF's rewrites count them).
     readers = {Tensor(o, p): len(graph.consumers(Tensor(o, p)))
                for o in copy_of for p in graph.used_ports(o)}
+    reads = 0
     if dependency == "control":
-        order_by_control(graph, copy_of, plan.triggers, segment.name)
+        reads = order_by_control(graph, copy_of, plan.triggers, segment.name)
     else:
         order_by_data(graph, copy_of, plan.triggers, segment.name)
     released = sorted({orig for _, _, orig in plan.rewires})
     for consumer, slot, original in plan.rewires:
         graph.set_input(consumer, slot, Tensor(copy_of[original.node], original.port))
-    _keep_readers(graph, segment, copy_of, readers, holders)
+    kept = _keep_readers(graph, segment, copy_of, readers, holders)
     if tupleize_grads:
         tupleize(graph, segment.name, [c for c, _, _ in plan.rewires], dependency)
     entry.update(copied=len(copy_of), copies=list(copy_of.values()),
-                 released=[str(t) for t in released])
+                 released=[str(t) for t in released], readers_kept=kept,
+                 nodes_added=len(copy_of) + reads + kept)
     if released_bytes:
         entry["released_bytes"] = sum(tensor_bytes(graph, t) or 0 for t in released)
     return entry
 
 def _keep_readers(graph: Graph, segment: Segment, copy_of: dict[str, str],
-                  readers: dict[Tensor, int], holders: _Holders) -> None:
+                  readers: dict[Tensor, int], holders: _Holders) -> int:
     """Every original value and its copy keep as many readers as the value had
     (``Dialect.keep_readers``): the runtime's rewrites then treat both as they
     treated the original (a value that lost its backward readers to the copy
     would be fused into its forward reader; a copy missing a reader its original
     had, into its own)."""
     dialect = graph.dialect
-    scope = f"{SCOPE}{segment.name.rstrip('/')}/reader"
+    scope = scope_of(segment.name, "reader")
+    kept = 0
     for tensor, count in readers.items():
         for value in (tensor, Tensor(copy_of[tensor.node], tensor.port)):
             missing = count - len(graph.consumers(value))
             if missing > 0:
-                dialect.keep_readers(graph, scope, value, missing, holders.of(tensor.node))
+                kept += dialect.keep_readers(graph, scope, value, missing,
+                                             holders.of(tensor.node))
+    return kept
 
 
 class _Holders:
