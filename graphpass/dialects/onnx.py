@@ -148,11 +148,11 @@ class ONNXDialect(Dialect):
     def graph_inputs(self, graph: Graph) -> list[str]:
         """The ``graphpass.Input`` nodes (fed values), in the model's input order."""
         fed = {n.outputs[0]: n.name for n in graph.nodes() if n.op == INPUT}
-        return [fed[v.name] for v in graph.meta["inputs"] if v.name in fed]
+        return [fed[v.name] for v in graph.format_state.inputs if v.name in fed]
 
     def graph_outputs(self, graph: Graph) -> list[str]:
         """The nodes producing the model's outputs, in output order."""
-        wanted = [v.name for v in graph.meta["outputs"]]
+        wanted = [v.name for v in graph.format_state.outputs]
         producers = {value: n.name for n in graph.nodes() for value in n.outputs if value}
         return list(dict.fromkeys(producers[v] for v in wanted if v in producers))
 
@@ -208,7 +208,7 @@ class ONNXDialect(Dialect):
         count would redo the search and a shape inference every segment."""
         from graphpass.dialects.onnx_training import find_updates
 
-        key = (id(graph), tuple(v.name for v in graph.meta["outputs"]))
+        key = (id(graph), tuple(v.name for v in graph.format_state.outputs))
         if self._updates_cache is None or self._updates_cache[0] != key:
             self._ensure_shapes(graph)  # the update cones compare shapes
             self._updates_cache = (key, find_updates(graph))

@@ -44,7 +44,7 @@ def constant_value(graph: Graph, tensor: Tensor) -> Any:
 
     node = graph.node(tensor.node)
     if node.op == INITIALIZER:
-        proto = graph.meta["initializers"].get(node.outputs[0])
+        proto = graph.format_state.initializers.get(node.outputs[0])
         if proto is not None and proto.data_location != proto.EXTERNAL:
             return numpy_helper.to_array(proto)
     if node.op == "Constant" and "value" in node.attrs:
@@ -77,7 +77,7 @@ def infer_types(graph: Graph) -> None:
     if model is not None:
         for info in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
             types[info.name] = _type_of(info.type)
-    for name, tensor in graph.meta["initializers"].items():
+    for name, tensor in graph.format_state.initializers.items():
         types[name] = (dtype_name(tensor.data_type), tuple(tensor.dims))
     for node in graph.nodes():
         known = [types.get(v, (None, None)) for v in node.outputs]

@@ -157,7 +157,7 @@ def computed_outputs(graph: Graph) -> list[Tensor]:
     """The model's outputs that an op computes, in output order."""
     producers = {value: Tensor(n.name, port) for n in graph.nodes()
                  if n.op not in SOURCE_OPS for port, value in enumerate(n.outputs) if value}
-    return [producers[v.name] for v in graph.meta["outputs"] if v.name in producers]
+    return [producers[v.name] for v in graph.format_state.outputs if v.name in producers]
 
 
 def _cone(graph: Graph, output: Tensor) -> Cone:
