@@ -54,8 +54,8 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
     #: GPUs) hands a request a whole free block up to twice its size and grows in
     #: doubling regions, so its peak exceeds the step's allocation records; which
     #: blocks a step gets depends on every earlier request, so an allowance is
-    #: declared instead of a model (measured by ``python -m tools.bench.planner``; see
-    #: README, "The automatic planner").
+    #: declared instead of a model (``python -m tools.bench.planner`` measures it;
+    #: docs/benchmarks.md).
     allocator_headroom = 0.18
 
     # -- structure ---------------------------------------------------------
