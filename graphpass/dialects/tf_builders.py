@@ -55,10 +55,9 @@ class TFBuilders:
         for _ in range(count):
             reader = self.identity(graph, name, tensor)
             graph.node(reader.node).attrs[DO_NOT_REWRITE_ATTR] = attr_value(True)
-            function = graph.meta.get("function")
-            if function is not None:  # a new dict: a graph's copies share the old one
-                graph.meta["function"] = {**function, "control_ret": {
-                    **function["control_ret"], reader.node: reader.node}}
+            function = graph.format_state.function
+            if function is not None:
+                function.control_ret[reader.node] = reader.node
             else:
                 for holder in holders:
                     graph.add_control_input(holder, reader.node)

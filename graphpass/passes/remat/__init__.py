@@ -158,7 +158,10 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
         "estimated_peak_bytes_after": peak_after,
         "segments": entries,
         "skipped_marks": skipped,
-        "nodes_added": sum(e["nodes_added"] for e in entries),
+        "nodes_added": sum(e["copied"] for e in entries),
+        # nodes that keep TF's view of each value and copy (see rewrite._keep_readers)
+        "readers_kept": sum(e["readers_kept"] for e in entries),
+        "ordering_reads": sum(e["ordering_reads"] for e in entries),
         "released_bytes": None if peak_before is None
         else sum(e["released_bytes"] for e in entries),
         "summary": summary,

@@ -18,6 +18,7 @@ from graphpass.options import RematOptions
 
 GENERATED_SCOPE = "graphpass/"
 SCOPE = "graphpass/remat/"
+KEPT_SCOPE = "graphpass/remat_kept/"
 HINT_ATTR = "_recompute_hint"
 
 
@@ -110,10 +111,11 @@ def _hint_segments(graph: Graph, forward: set[str],
 
 
 def scope_of(segment: str, part: str) -> str:
-    """Where a segment's added nodes of one kind are named: the segment's name
-    made a name scope (a hint segment's ``hint 1 #0`` has characters no node
-    name may hold)."""
-    return f"{SCOPE}{re.sub(r'[^A-Za-z0-9_./-]', '_', segment.rstrip('/'))}/{part}"
+    """Where a segment's nodes that keep the runtime's view (``order``'s reads,
+    the kept readers) are named: beside the copies' scope, which holds copies
+    and ties only; the segment's name made a name scope (a hint segment's
+    ``hint 1 #0`` has characters no node name may hold)."""
+    return f"{KEPT_SCOPE}{re.sub(r'[^A-Za-z0-9_./-]', '_', segment.rstrip('/'))}/{part}"
 
 
 def unique(items) -> list:

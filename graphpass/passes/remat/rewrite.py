@@ -72,7 +72,7 @@ def _apply(graph: Graph, segment: Segment, plan: _Plan, dependency: str,
     entry = {"segment": segment.name, "marked": len(segment.nodes), "copied": 0,
              "copies": [], "triggers": [str(t) for t in plan.triggers],
              "released": [], "released_bytes": 0 if released_bytes else None, "note": "",
-             "readers_kept": 0, "nodes_added": 0}
+             "readers_kept": 0, "ordering_reads": 0}
     if not plan.rewires:
         entry["note"] = "no gradient op reads this segment's internal values"
         return entry
@@ -96,7 +96,7 @@ def _apply(graph: Graph, segment: Segment, plan: _Plan, dependency: str,
         tupleize(graph, segment.name, [c for c, _, _ in plan.rewires], dependency)
     entry.update(copied=len(copy_of), copies=list(copy_of.values()),
                  released=[str(t) for t in released], readers_kept=kept,
-                 nodes_added=len(copy_of) + reads + kept)
+                 ordering_reads=reads)
     if released_bytes:
         entry["released_bytes"] = sum(tensor_bytes(graph, t) or 0 for t in released)
     return entry
