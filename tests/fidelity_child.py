@@ -70,12 +70,13 @@ def train(path: Path, out: Path) -> None:
     import tensorflow as tf
 
     if _is_tf1(path):
-        from tools.fixtures.tf_models import _variable_reads
+        from graphpass.inspect.verify.tf_runner import SESSION_VARIABLE_OPS, variable_value
 
         names, feeds = _tf1_model(path)
         graph = _tf1_graph(tf, path)
         with graph.as_default():
-            reads = _variable_reads(tf, graph)
+            reads = {op.name: variable_value(tf, op) for op in graph.get_operations()
+                     if op.type in SESSION_VARIABLE_OPS}
         with tf.compat.v1.Session(graph=graph) as session:
             session.run(names["init"])
             losses = [session.run([names["loss"], names["train_op"]], feeds)[0]
