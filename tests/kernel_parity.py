@@ -187,8 +187,9 @@ COMMUTATIVE = {"Mul", "AddV2", "Add", "Maximum", "Minimum", "SquaredDifference"}
 #: Kernels that compute nothing, as good as absent: an ``Identity`` TF left
 #: where it removed the node in the other graph (``x / 1`` made an ``Identity``,
 #: dropped unless a control edge holds it) passes the same bits on; of equal
-#: constants Grappler keeps one, whichever it meets first.
-NOTHING = {None, ("Identity", ()), ("Const", ())}
+#: constants Grappler keeps one, whichever it meets first; a ``NoOp`` only
+#: orders (one grouping a function's control outputs goes when they change).
+NOTHING = {None, ("Identity", ()), ("Const", ()), ("NoOp", ())}
 
 
 def _same(want, got) -> bool:

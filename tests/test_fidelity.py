@@ -40,7 +40,7 @@ VARIANTS = {
     "data": lambda m: ["--recompute", PATTERNS[m], "--dependency", "data"],
     "auto": lambda m: ["--recompute", "auto"],
     "budget": lambda m: ["--recompute", "auto", "--recompute-policy", "budget",
-                         "--memory-budget", "0.8"],
+                         "--memory-budget", "0.95x"],
     "cheap": lambda m: ["--recompute", "auto", "--recompute-policy", "cheap"],
 }
 
