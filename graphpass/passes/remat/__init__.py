@@ -137,6 +137,11 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
         else:
             line += e["note"]
         summary.append(line)
+        if e["read_once"]:
+            summary.append(
+                f"  not exact if TF fuses {', '.join(e['read_once'][:3])}"
+                f"{' ...' if len(e['read_once']) > 3 else ''} into its one reader: the "
+                f"copies read it too (mark from its producer on; check with verify)")
     if skipped:
         summary.append(f"{len(skipped)} marked gradient ops were skipped (only forward "
                        f"nodes are recomputed) "

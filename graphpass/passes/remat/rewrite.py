@@ -72,13 +72,20 @@ def _apply(graph: Graph, segment: Segment, plan: _Plan, dependency: str,
     entry = {"segment": segment.name, "marked": len(segment.nodes), "copied": 0,
              "copies": [], "triggers": [str(t) for t in plan.triggers],
              "released": [], "released_bytes": 0 if released_bytes else None, "note": "",
-             "readers_kept": 0, "ordering_reads": 0}
+             "readers_kept": 0, "ordering_reads": 0, "read_once": []}
     if not plan.rewires:
         entry["note"] = "no gradient op reads this segment's internal values"
         return entry
     if not plan.triggers:
         entry["note"] = "no gradient flows into this segment; left as is"
         return entry
+    copied = set(plan.copies)
+    # Computed values read once that copies will read too: the one reader TF may
+    # have fused them into no longer is the only one (the runtime's view changes;
+    # reported). Stored values (constants, variable reads) are fused into nothing.
+    once = unique(str(t) for n in plan.copies for t in graph.inputs(n)
+                  if t.node not in copied and len(graph.consumers(t)) == 1
+                  and not _stored(graph, t.node))
     copy_of = _copy_nodes(graph, plan.copies)
     # How many read each original value now (as TF's rewrites count them).
     readers = {Tensor(o, p): len(graph.consumers(Tensor(o, p)))
@@ -96,7 +103,7 @@ def _apply(graph: Graph, segment: Segment, plan: _Plan, dependency: str,
         tupleize(graph, segment.name, [c for c, _, _ in plan.rewires], dependency)
     entry.update(copied=len(copy_of), copies=list(copy_of.values()),
                  released=[str(t) for t in released], readers_kept=kept,
-                 ordering_reads=reads)
+                 ordering_reads=reads, read_once=once)
     if released_bytes:
         entry["released_bytes"] = sum(tensor_bytes(graph, t) or 0 for t in released)
     return entry
@@ -118,6 +125,17 @@ def _keep_readers(graph: Graph, segment: Segment, copy_of: dict[str, str],
                 kept += dialect.keep_readers(graph, scope, value, missing,
                                              holders.of(tensor.node))
     return kept
+
+
+def _stored(graph: Graph, name: str) -> bool:
+    """A stored value, or one computed from stored values only (a reshaped weight)."""
+    dialect = graph.dialect
+
+    def source(node: str) -> bool:
+        return dialect.is_source(graph, node) or dialect.is_constant(graph, node) \
+            or dialect.is_variable_value(graph, node)
+
+    return source(name) or all(source(t.node) for t in graph.inputs(name))
 
 
 class _Holders:
