@@ -64,7 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         for model, variant in CASES:
             if model not in models or variant not in variants:
                 continue
-            row = measure(model, variant, Path(scratch), not args.no_kernels)
+            try:
+                row = measure(model, variant, Path(scratch), not args.no_kernels)
+            except BaseException as error:  # pytest.skip: a budget this model cannot meet
+                if type(error).__name__ != "Skipped":
+                    raise
+                print(f"| {model} | {variant} | {error} | | | |", flush=True)
+                continue
             cells = [f"{row[o]['max']:.3g} ({row[o]['differ']}/{row[o]['total']}) | "
                      f"{'-' if row[o]['parity'] is None else row[o]['parity']}"
                      for o in (True, False)]
