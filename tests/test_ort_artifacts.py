@@ -128,3 +128,35 @@ def test_contrib_op_artifacts_train_bit_for_bit(case, tmp_path):
     _, target = _rewrite(case, tmp_path)
     result = run_in_env(TRAIN, str(ARTIFACTS / case), str(target))
     assert result["rewritten"] == result["original"]
+
+
+def test_verify_without_the_training_build_says_what_it_needs(tmp_path, capsys):
+    """The main environment has plain onnxruntime: no training kernels."""
+    from graphpass.runtimes import MissingRuntime, require_onnxruntime_training
+
+    try:
+        require_onnxruntime_training()
+        pytest.skip("this environment has onnxruntime-training")
+    except MissingRuntime:
+        pass
+    source, target = _rewrite("mlp_ce", tmp_path)
+    assert main(["verify", str(source), str(target)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "onnxruntime-training" in err and "make_ort_training_env.sh" in err
+
+
+VERIFY = """
+import json, sys
+from graphpass.cli import main
+print(json.dumps({"rc": main(["verify", sys.argv[1], sys.argv[2], "--quiet", "--steps", "3"])}))
+"""
+
+
+@pytest.mark.slow
+def test_verify_trains_both_artifacts_in_ort_training(tmp_path):
+    source, target = _rewrite("mlp_ce", tmp_path)
+    assert run_in_env(VERIFY, str(source), str(target)) == {"rc": 0}
+    # Another step (MSE loss, some layers frozen) with other inputs is refused.
+    other = ARTIFACTS / "mlp_mse_some" / "training_model.onnx"
+    assert run_in_env(VERIFY.replace('"--quiet", ', ""), str(source), str(other))["rc"] != 0
