@@ -220,13 +220,14 @@ def plain_updates(graph: Graph, *, strict: bool = True,
     trainable = {accesses.variable_of[r] for r in accesses.reads if r in forward} & \
         set(accesses.writes)
     optimizer_math = _optimizer_math(graph, accesses, forward)
-    updates = {}
+    updates, constants = {}, {}
     for variable in sorted(trainable - set(skip)):
         for write in accesses.writes[variable]:
-            gradients = _gradients(graph, accesses, write, optimizer_math, forward)
+            gradients = _gradients(graph, accesses, write, optimizer_math, forward,
+                                   constants=constants)
             if gradients and _reads_forward_values(graph, gradients, forward):
                 updates[write] = gradients if write in accesses.calls \
-                    else _one_gradient(graph, gradients, forward)
+                    else _one_gradient(graph, gradients, forward, constants)
             elif not gradients and _reads_only_forward(graph, write, optimizer_math, forward):
                 continue  # a moving average or a reset: not a gradient update
             elif strict:
@@ -296,13 +297,16 @@ def gradient_steps(graph: Graph, updates: dict[str, list[Tensor]]) -> list[list[
 
 
 def _gradients(graph: Graph, accesses: _Accesses, write: str, optimizer_math: set[str],
-               forward: set[str], seen: set[str] | None = None) -> list[Tensor]:
+               forward: set[str], seen: set[str] | None = None,
+               constants: dict[str, bool] | None = None) -> list[Tensor]:
     """Walk back from ``write`` through optimizer math (and from slot reads, or the
     outputs of ref writes, to the slot writes before them) to the tensors computed
-    without optimizer state; ``seen`` collects the math walked through."""
+    without optimizer state and not from constants alone (Nadam's ``1 - 0.96``);
+    ``seen`` collects the math walked through, ``constants`` what is constant."""
     dialect = graph.dialect
     found: list[Tensor] = []
     seen = set() if seen is None else seen
+    constants = {} if constants is None else constants
     stack = [write]
     while stack:
         name = stack.pop()
@@ -319,19 +323,20 @@ def _gradients(graph: Graph, accesses: _Accesses, write: str, optimizer_math: se
                 stack.append(tensor.node)
             elif tensor not in found and tensor.node not in forward \
                     and not dialect.is_source(graph, tensor.node) \
-                    and dialect.is_float(graph, tensor):
+                    and dialect.is_float(graph, tensor) \
+                    and not _constant(graph, tensor.node, constants):
                 found.append(tensor)
     return found
 
 
-def _one_gradient(graph: Graph, found: list[Tensor], forward: set[str]) -> list[Tensor]:
+def _one_gradient(graph: Graph, found: list[Tensor], forward: set[str],
+                  constants: dict[str, bool]) -> list[Tensor]:
     """The one tensor every value in ``found`` (what one variable's write applies) is
     computed from, alone or with constants: the first tensor on the first value's
     chain (:func:`_chain`) that lies on every other chain; ``found`` when there is
     none (the values come from separate computations)."""
     if len(found) < 2:
         return found
-    constants: dict[str, bool] = {}
     chains = [_chain(graph, t, forward, constants) for t in found]
     others = [set(chain) for chain in chains[1:]]
     for tensor in chains[0]:
@@ -388,8 +393,9 @@ def update_math(graph: Graph, writes: list[str]) -> set[str]:
     forward = _forward(graph, _losses(graph, accesses))
     optimizer_math = _optimizer_math(graph, accesses, forward)
     seen: set[str] = set()
+    constants: dict[str, bool] = {}
     for write in writes:
-        _gradients(graph, accesses, write, optimizer_math, forward, seen)
+        _gradients(graph, accesses, write, optimizer_math, forward, seen, constants)
     return {n for n in seen if not graph.dialect.is_source(graph, n)} - set(writes)
 
 
