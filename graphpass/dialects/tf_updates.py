@@ -185,9 +185,11 @@ def _losses(graph: Graph, accesses: _Accesses) -> list[Tensor]:
     top level (no results), the float scalars that nothing computes with."""
     dialect = graph.dialect
     returned = returned_values(graph)
+    # A value written to a variable (Nadam's momentum schedule) is no loss either.
     candidates = returned if any(graph.node(n).op == RESULT_OP for n in graph) else [
         Tensor(n, 0) for n in graph
-        if not any(dialect.is_float(graph, Tensor(u, 0)) for u in graph.data_users(n))]
+        if not any(dialect.is_float(graph, Tensor(u, 0)) or u in accesses.written
+                   for u in graph.data_users(n))]
     # A ref write's output (``Assign`` of Adam's beta powers) is a variable, not a loss.
     computed = [t for t in candidates if dialect.is_float(graph, t)
                 and not dialect.is_source(graph, t.node) and t.node not in accesses.written]
@@ -230,6 +232,8 @@ def plain_updates(graph: Graph, *, strict: bool = True,
                     else _one_gradient(graph, gradients, forward, constants)
             elif not gradients and _reads_only_forward(graph, write, optimizer_math, forward):
                 continue  # a moving average or a reset: not a gradient update
+            elif _initializer(graph, write, accesses, forward):
+                continue
             elif strict:
                 raise GraphpassError(
                     f"the update {write!r} of variable {_saved_name(graph, variable)!r} "
@@ -243,6 +247,16 @@ def _optimizer_math(graph: Graph, accesses: _Accesses, forward: set[str]) -> set
     (a ref write's output reads its variable too) and what they feed (data edges)."""
     state = {a for a in accesses.reads | accesses.written if a not in forward}
     return graph.descendants(state, follow_control=False) | state
+
+
+def _initializer(graph: Graph, write: str, accesses: _Accesses, forward: set[str]) -> bool:
+    """Whether ``write`` is a variable's initializer or restore (a TF 1.x graph holds
+    them beside the step): its value reads no variable, no forward value and no
+    input fed to the step, only constants, random ops and checkpoint reads."""
+    values = {t.node for t in graph.inputs(write) if variable_of(graph, t) is None}
+    upstream = graph.ancestors(values, follow_control=False) | values
+    fed = set(graph.dialect.runtime_fed(graph))
+    return not (upstream & (forward | accesses.reads | accesses.written | fed))
 
 
 def _reads_forward_values(graph: Graph, gradients: list[Tensor], forward: set[str]) -> bool:
