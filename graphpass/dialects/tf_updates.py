@@ -37,11 +37,12 @@ updates are split into one step per gradient computation (:func:`gradient_steps`
 A write of one variable applies one gradient: where its walk meets several values
 computed without optimizer state (Adam's ``g`` and ``square(g)``; an embedding's
 ``UnsortedSegmentSum`` of the ``IndexedSlices`` values and of their squares), they are
-all computed from one tensor, and that tensor is its gradient (:func:`_one_gradient`).
+all computed from one tensor, and that tensor is its gradient (``tf_gradient_chain``).
 """
 
 from __future__ import annotations
 
+from graphpass.dialects.tf_gradient_chain import is_constant, one_gradient
 from graphpass.dialects.tf_ops import (
     APPLY_OP,
     INTEGER_DTYPES,
@@ -229,7 +230,7 @@ def plain_updates(graph: Graph, *, strict: bool = True,
                                    constants=constants)
             if gradients and _reads_forward_values(graph, gradients, forward):
                 updates[write] = gradients if write in accesses.calls \
-                    else _one_gradient(graph, gradients, forward, constants)
+                    else one_gradient(graph, gradients, forward, constants)
             elif not gradients and _reads_only_forward(graph, write, optimizer_math, forward):
                 continue  # a moving average or a reset: not a gradient update
             elif _initializer(graph, write, accesses, forward):
@@ -338,65 +339,9 @@ def _gradients(graph: Graph, accesses: _Accesses, write: str, optimizer_math: se
             elif tensor not in found and tensor.node not in forward \
                     and not dialect.is_source(graph, tensor.node) \
                     and dialect.is_float(graph, tensor) \
-                    and not _constant(graph, tensor.node, constants):
+                    and not is_constant(graph, tensor.node, constants):
                 found.append(tensor)
     return found
-
-
-def _one_gradient(graph: Graph, found: list[Tensor], forward: set[str],
-                  constants: dict[str, bool]) -> list[Tensor]:
-    """The one tensor every value in ``found`` (what one variable's write applies) is
-    computed from, alone or with constants: the first tensor on the first value's
-    chain (:func:`_chain`) that lies on every other chain; ``found`` when there is
-    none (the values come from separate computations)."""
-    if len(found) < 2:
-        return found
-    chains = [_chain(graph, t, forward, constants) for t in found]
-    others = [set(chain) for chain in chains[1:]]
-    for tensor in chains[0]:
-        if all(tensor in chain for chain in others):
-            return [tensor]
-    return found
-
-
-def _chain(graph: Graph, tensor: Tensor, forward: set[str],
-           constants: dict[str, bool]) -> list[Tensor]:
-    """``tensor`` and, while its producer computes from one float value only (the
-    others constants or integers: ``square(g)``, ``g * (1 - beta1)``, an
-    ``UnsortedSegmentSum`` of ``IndexedSlices`` values), that value, upstream,
-    outside the forward pass."""
-    chain = [tensor]
-    while True:
-        values = {t for t in graph.inputs(tensor.node)
-                  if graph.dialect.is_float(graph, t) and not _constant(graph, t.node, constants)}
-        if len(values) != 1:
-            return chain
-        tensor = values.pop()
-        if tensor.node in forward or tensor in chain:
-            return chain
-        chain.append(tensor)
-
-
-def _constant(graph: Graph, name: str, memo: dict[str, bool]) -> bool:
-    """Computed from ``Const`` ops alone (``1 - beta1``)."""
-    stack, visiting = [name], set()
-    while stack:
-        current = stack[-1]
-        if current in memo:
-            stack.pop()
-            continue
-        producers = [t.node for t in graph.inputs(current)]
-        if graph.node(current).op in ("Const", "HostConst") or not producers \
-                or graph.dialect.is_stateful(graph, current):
-            memo[stack.pop()] = graph.node(current).op in ("Const", "HostConst")
-            continue
-        pending = [p for p in producers if p not in memo]
-        if pending and current not in visiting:  # a loop's cycle is not constant
-            visiting.add(current)
-            stack.extend(pending)
-            continue
-        memo[stack.pop()] = all(memo.get(p, False) for p in producers)
-    return memo[name]
 
 
 def update_math(graph: Graph, writes: list[str]) -> set[str]:
