@@ -226,7 +226,8 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
                 applies[node.name] = [inputs[s] for s in slots if s < len(inputs)]
         if applies:
             trained = tf_updates.applied_variables(graph, applies)
-            plain = tf_updates.plain_updates(graph, strict=False, skip=trained)
+            plain = tf_updates.plain_updates(graph, strict=False, skip=trained, applied=[
+                t for tensors in applies.values() for t in tensors])
             if not plain:
                 return applies
             return {n: applies[n] if n in applies else plain[n] for n in graph

@@ -204,10 +204,14 @@ def _losses(graph: Graph, accesses: _Accesses) -> list[Tensor]:
 
 
 def plain_updates(graph: Graph, *, strict: bool = True,
-                  skip: frozenset[str] | set[str] = frozenset()) -> dict[str, list[Tensor]]:
+                  skip: frozenset[str] | set[str] = frozenset(),
+                  applied: list[Tensor] | None = None) -> dict[str, list[Tensor]]:
     """``{write of a trainable variable: the gradient tensors it applies}`` for
     optimizers that update with plain ops; empty when there is no such update.
-    Variables in ``skip`` (those ``Apply*`` ops train) are left out.
+    Variables in ``skip`` (those ``Apply*`` ops train) are left out; ``applied``
+    are the gradients those ``Apply*`` ops read: what shares their computation
+    is a gradient too, even where a loss linear in a variable makes it a
+    constant (``tf.gradients`` seeds from ``Fill(shape, 1)``, not the loss).
 
     A write whose value is neither a gradient nor forward values (an assignment
     from the step's inputs alone) is reported unless not ``strict`` (the user
@@ -223,12 +227,16 @@ def plain_updates(graph: Graph, *, strict: bool = True,
     trainable = {accesses.variable_of[r] for r in accesses.reads if r in forward} & \
         set(accesses.writes)
     optimizer_math = _optimizer_math(graph, accesses, forward)
-    updates, constants = {}, {}
+    backward = _computed_backward(graph, applied or [], forward)
+    # Whatever is computed from the gradient computation is no constant.
+    constants: dict[str, bool] = dict.fromkeys(backward, False)
+    updates = {}
     for variable in sorted(trainable - set(skip)):
         for write in accesses.writes[variable]:
             gradients = _gradients(graph, accesses, write, optimizer_math, forward,
                                    constants=constants)
-            if gradients and _reads_forward_values(graph, gradients, forward):
+            if gradients and (_reads_forward_values(graph, gradients, forward)
+                              or _shares(graph, gradients, backward)):
                 updates[write] = gradients if write in accesses.calls \
                     else one_gradient(graph, gradients, forward, constants)
             elif not gradients and _reads_only_forward(graph, write, optimizer_math, forward):
@@ -248,6 +256,22 @@ def _optimizer_math(graph: Graph, accesses: _Accesses, forward: set[str]) -> set
     (a ref write's output reads its variable too) and what they feed (data edges)."""
     state = {a for a in accesses.reads | accesses.written if a not in forward}
     return graph.descendants(state, follow_control=False) | state
+
+
+def _computed_backward(graph: Graph, gradients: list[Tensor], forward: set[str]) -> set[str]:
+    """The computed (not source) nodes ``gradients`` are computed from, outside the
+    forward pass."""
+    producers = {t.node for t in gradients}
+    upstream = graph.ancestors(producers, follow_control=False) | producers
+    return {n for n in upstream - forward if not graph.dialect.is_source(graph, n)}
+
+
+def _shares(graph: Graph, gradients: list[Tensor], backward: set[str]) -> bool:
+    """Whether ``gradients`` are computed from the computation ``backward``."""
+    if not backward:
+        return False
+    producers = {t.node for t in gradients}
+    return bool((graph.ancestors(producers, follow_control=False) | producers) & backward)
 
 
 def _initializer(graph: Graph, write: str, accesses: _Accesses, forward: set[str]) -> bool:
