@@ -230,6 +230,8 @@ def plain_updates(graph: Graph, *, strict: bool = True,
     backward = _computed_backward(graph, applied or [], forward)
     # Whatever is computed from the gradient computation is no constant.
     constants: dict[str, bool] = dict.fromkeys(backward, False)
+    step_values = forward | accesses.reads | accesses.written | set(
+        graph.dialect.runtime_fed(graph))
     updates = {}
     for variable in sorted(trainable - set(skip)):
         for write in accesses.writes[variable]:
@@ -241,7 +243,7 @@ def plain_updates(graph: Graph, *, strict: bool = True,
                     else one_gradient(graph, gradients, forward, constants)
             elif not gradients and _reads_only_forward(graph, write, optimizer_math, forward):
                 continue  # a moving average or a reset: not a gradient update
-            elif _initializer(graph, write, accesses, forward):
+            elif _initializer(graph, write, step_values):
                 continue
             elif strict:
                 raise GraphpassError(
@@ -268,29 +270,25 @@ def _computed_backward(graph: Graph, gradients: list[Tensor], forward: set[str])
 
 def _shares(graph: Graph, gradients: list[Tensor], backward: set[str]) -> bool:
     """Whether ``gradients`` are computed from the computation ``backward``."""
-    if not backward:
-        return False
-    producers = {t.node for t in gradients}
-    return bool((graph.ancestors(producers, follow_control=False) | producers) & backward)
+    return bool(backward) and _reaches(graph, {t.node for t in gradients}, backward.__contains__)
 
 
-def _initializer(graph: Graph, write: str, accesses: _Accesses, forward: set[str]) -> bool:
+def _initializer(graph: Graph, write: str, step_values: set[str]) -> bool:
     """Whether ``write`` is a variable's initializer or restore (a TF 1.x graph holds
-    them beside the step): its value reads no variable, no forward value and no
-    input fed to the step, only constants, random ops and checkpoint reads."""
+    them beside the step): its value reads none of ``step_values`` (the variables'
+    reads and writes, the forward pass, the inputs fed to the step), only
+    constants, random ops and checkpoint reads."""
     values = {t.node for t in graph.inputs(write) if variable_of(graph, t) is None}
-    upstream = graph.ancestors(values, follow_control=False) | values
-    fed = set(graph.dialect.runtime_fed(graph))
-    return not (upstream & (forward | accesses.reads | accesses.written | fed))
+    return not _reaches(graph, values, step_values.__contains__)
 
 
 def _reads_forward_values(graph: Graph, gradients: list[Tensor], forward: set[str]) -> bool:
     """Whether the gradients are computed from forward values (activations, variable
     reads), as a gradient computation is; a value computed from the step's inputs
     and constants alone is not a gradient."""
-    producers = {t.node for t in gradients}
-    upstream = graph.ancestors(producers, follow_control=False) | producers
-    return any(not graph.dialect.is_source(graph, n) for n in upstream & forward)
+    is_source = graph.dialect.is_source
+    return _reaches(graph, {t.node for t in gradients},
+                    lambda n: n in forward and not is_source(graph, n))
 
 
 def _saved_name(graph: Graph, variable: str) -> str:
@@ -385,9 +383,26 @@ def update_math(graph: Graph, writes: list[str]) -> set[str]:
 def _reads_only_forward(graph: Graph, write: str, optimizer_math: set[str],
                         forward: set[str]) -> bool:
     """Whether ``write``'s value is computed from the forward pass, optimizer state
-    and constants only."""
-    upstream = graph.ancestors([write], follow_control=False) - forward - optimizer_math
-    return all(graph.dialect.is_source(graph, n) for n in upstream)
+    and constants only (the walk stops at the forward pass: all it reads is forward)."""
+    is_source = graph.dialect.is_source
+    return not _reaches(graph, graph.data_producers(write), lambda n: n not in optimizer_math
+                        and not is_source(graph, n), forward)
+
+
+def _reaches(graph: Graph, starts, found, stop: set[str] = frozenset()) -> bool:
+    """Whether ``starts`` or what they are computed from (data edges; not past the
+    nodes ``stop``) has a node for which ``found`` holds; the walk ends at the first."""
+    seen: set[str] = set()
+    stack = list(starts)
+    while stack:
+        name = stack.pop()
+        if name in seen or name in stop:
+            continue
+        seen.add(name)
+        if found(name):
+            return True
+        stack.extend(graph.data_producers(name))
+    return False
 
 
 def step_increments(graph: Graph) -> list[tuple[str, str]]:
