@@ -195,24 +195,55 @@ def _keras3_train(directory: Path, steps: int = STEPS) -> tuple[list, dict]:
     return losses, {v.name: v.numpy() for v in function.variables}
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
-def test_keras3_embedding_drop_every_step_and_nothing_stale(keras3_dir, optimizer):
+#: Keras 3 optimizers and the write each applies to the embedding with (Adagrad also
+#: scatters into its accumulator: ResourceScatterAdd).
+KERAS3_SPARSE = {"adam": "AssignSubVariableOp", "sgd": "AssignAddVariableOp",
+                 "sgd-plain": "ResourceScatterSub", "adagrad": "ResourceScatterSub"}
+#: Grappler's arithmetic optimizer turns Adagrad's ``lr * g / sqrt(acc + eps)`` into
+#: ``* rsqrt`` in the step function's body but not inside the If's branch that
+#: holds the gated update (bit-identical with arithmetic_optimization off).
+ADAGRAD_ULP = pytest.mark.xfail(strict=True, reason="the If branch escapes Grappler's "
+                                "Div(x, Sqrt(y)) -> Mul(x, Rsqrt(y)): 1 ulp")
+
+
+def _keras3_source(keras3_dir: Path, optimizer: str) -> Path:
+    source = keras3_dir / f"source_{optimizer}"
+    if not source.exists():
+        sparse_models.export_keras3_embedding(source, optimizer)
+    return source
+
+
+def _keras3_rewrite(source: Path, staleness: str) -> Path:
     from graphpass.cli import main
 
-    source = sparse_models.export_keras3_embedding(keras3_dir / f"source_{optimizer}",
-                                                   optimizer)
+    target = source.with_name(f"{source.name}_stale{staleness}")
+    assert main(["rewrite", str(source), "-o", str(target), "--quiet",
+                 "--drop-stale", staleness]) == 0
+    return target
+
+
+@pytest.mark.parametrize("optimizer", sorted(KERAS3_SPARSE))
+def test_keras3_embedding_drop_every_step_freezes(keras3_dir, optimizer):
+    source = _keras3_source(keras3_dir, optimizer)
+    graph = graphpass.load(source)
+    ops = {graph.node(n).op for n in graphpass.analyze(graph).steps[0].applies}
+    assert KERAS3_SPARSE[optimizer] in ops, ops
     _, initial = _keras3_train(source, steps=0)
-    losses, trained = _keras3_train(source)
+    _, trained = _keras3_train(source)
     assert any("embed" in n and not np.array_equal(initial[n], trained[n]) for n in initial)
-    for staleness, want in (("-1", initial), ("0", trained)):
-        target = keras3_dir / f"{optimizer}{staleness}"
-        assert main(["rewrite", str(source), "-o", str(target), "--quiet",
-                     "--drop-stale", staleness]) == 0
-        got_losses, got = _keras3_train(target)
-        assert sorted(got) == sorted(want)
-        assert [n for n in want if got[n].tobytes() != want[n].tobytes()] == [], staleness
-        if staleness == "0":
-            assert np.array(got_losses).tobytes() == np.array(losses).tobytes()
+    _, got = _keras3_train(_keras3_rewrite(source, "-1"))
+    assert sorted(got) == sorted(initial)
+    assert [n for n in initial if got[n].tobytes() != initial[n].tobytes()] == []
+
+
+@pytest.mark.parametrize("optimizer", [pytest.param(o, marks=ADAGRAD_ULP) if o == "adagrad"
+                                       else o for o in sorted(KERAS3_SPARSE)])
+def test_keras3_embedding_nothing_stale_trains_exactly(keras3_dir, optimizer):
+    source = _keras3_source(keras3_dir, optimizer)
+    losses, trained = _keras3_train(source)
+    got_losses, got = _keras3_train(_keras3_rewrite(source, "0"))
+    assert np.array(got_losses).tobytes() == np.array(losses).tobytes()
+    assert [n for n in trained if got[n].tobytes() != trained[n].tobytes()] == []
 
 
 # -- TF's distributed matrix with a sparse variable ---------------------------------------------
