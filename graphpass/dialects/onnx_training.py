@@ -44,10 +44,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from graphpass.dialects.onnx_ops import DEFAULT_DOMAINS
 from graphpass.formats.onnx_order import INPUT, SOURCE_OPS
 from graphpass.ir.graph import Graph, Tensor
 
-DEFAULT_DOMAINS = ("", "ai.onnx")
 PREVIEW_DOMAIN = "ai.onnx.preview.training"
 #: Preview training op -> number of per-parameter input groups (X, G, state...).
 PREVIEW_OPS = {"Momentum": 3, "Adam": 4, "Adagrad": 3}
@@ -157,7 +157,7 @@ def computed_outputs(graph: Graph) -> list[Tensor]:
     """The model's outputs that an op computes, in output order."""
     producers = {value: Tensor(n.name, port) for n in graph.nodes()
                  if n.op not in SOURCE_OPS for port, value in enumerate(n.outputs) if value}
-    return [producers[v.name] for v in graph.meta["outputs"] if v.name in producers]
+    return [producers[v.name] for v in graph.format_state.outputs if v.name in producers]
 
 
 def _cone(graph: Graph, output: Tensor) -> Cone:

@@ -54,8 +54,8 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
     #: GPUs) hands a request a whole free block up to twice its size and grows in
     #: doubling regions, so its peak exceeds the step's allocation records; which
     #: blocks a step gets depends on every earlier request, so an allowance is
-    #: declared instead of a model (measured by ``python -m tools.bench.planner``; see
-    #: README, "The automatic planner").
+    #: declared instead of a model (``python -m tools.bench.planner`` measures it;
+    #: docs/benchmarks.md).
     allocator_headroom = 0.18
 
     # -- structure ---------------------------------------------------------
@@ -113,13 +113,13 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
         return self.get_attr(graph, name, "dtype")
 
     def in_function_body(self, graph: Graph) -> bool:
-        return graph.meta.get("function") is not None
+        return graph.format_state.function is not None
 
     def default_dependency(self, graph: Graph) -> str:
         """Data for a function body that XLA must compile (``jit_compile=True``:
         XLA ignores control edges), else control."""
-        function = graph.meta.get("function")
-        return "data" if function and function.get("xla_must_compile") else "control"
+        function = graph.format_state.function
+        return "data" if function and function.xla_must_compile else "control"
 
     def is_fetch(self, graph: Graph, name: str) -> bool:
         """A function result (``_Retval``), or an ``Identity`` only results read."""
@@ -233,8 +233,8 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
             return {n: applies[n] if n in applies else plain[n] for n in graph
                     if n in applies or n in plain}
         updates = tf_updates.plain_updates(graph, strict=strict)
-        listed = graph.meta.get("signatures")
-        if not updates and listed and "function" not in graph.meta:
+        listed = graph.format_state.signatures
+        if not updates and listed and graph.format_state.function is None:
             raise GraphpassError(
                 "no signature of this SavedModel holds a training step (signatures: "
                 f"{', '.join(s['signature'] for s in listed)}); export the train function "

@@ -166,7 +166,7 @@ class _Accesses:
 
 def _writing_functions(graph: Graph) -> dict:
     """The library's functions that write variables, themselves or through calls."""
-    library = graph.meta.get("library")
+    library = graph.format_state.library
     functions = {f.signature.name: f for f in library.function} if library is not None else {}
     verdict: dict[str, bool] = {}
 
@@ -293,8 +293,8 @@ def _reads_forward_values(graph: Graph, gradients: list[Tensor], forward: set[st
 
 def _saved_name(graph: Graph, variable: str) -> str:
     """A function argument's variable as the SavedModel names it, else ``variable``."""
-    function = graph.meta.get("function") or {}
-    return function.get("variables", {}).get(variable, variable)
+    function = graph.format_state.function
+    return function.variables.get(variable, variable) if function else variable
 
 
 def _forward(graph: Graph, losses: list[Tensor]) -> set[str]:

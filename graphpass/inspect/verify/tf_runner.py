@@ -240,9 +240,9 @@ def _initializers(graph: Graph, init: str | None) -> list[str]:
 
 
 def _collection_initializers(graph: Graph) -> list[str]:
-    metagraph = graph.meta.get("metagraph")
-    if metagraph is None and graph.meta.get("savedmodel") is not None:
-        metagraph = graph.meta["savedmodel"].meta_graphs[graph.meta["metagraph_index"]]
+    metagraph = graph.format_state.metagraph
+    if metagraph is None and graph.format_state.savedmodel is not None:
+        metagraph = graph.format_state.savedmodel.meta_graphs[graph.format_state.metagraph_index]
     if metagraph is None:
         return []
     from tensorflow.core.framework import variable_pb2
