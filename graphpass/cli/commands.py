@@ -173,7 +173,9 @@ class Verify(Command):
 
     Both start from the same variable values and get the same inputs; losses
     and every variable (ONNX: every output) are compared after every step.
-    Exits 0 on a match, 1 on a mismatch.
+    The original runs twice on the same inputs first: if those runs differ
+    (unseeded dropout, nondeterministic kernels), nothing is verified.
+    Exits 0 on a match, 1 on a mismatch or an original that is not deterministic.
     """
 
     name = "verify"
