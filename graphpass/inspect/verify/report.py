@@ -34,6 +34,8 @@ class VerifyOptions:
     quiet: bool = False
     signature: str | None = None
     batch_size: int | None = None
+    #: onnxruntime training artifacts: the checkpoint (default: beside the original).
+    checkpoint: str | None = None
 
 
 @dataclass
