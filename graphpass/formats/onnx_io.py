@@ -57,6 +57,7 @@ from graphpass.errors import GraphpassError
 from graphpass.formats.files import atomic_output, check_output_path
 from graphpass.formats.onnx_order import INITIALIZER, INPUT, READ_INDEX, SOURCE_OPS, file_order
 from graphpass.formats.onnx_state import ONNXState
+from graphpass.formats.ort_artifacts import artifact_kind
 from graphpass.ir.graph import Graph, Tensor, fresh_name
 
 # NodeProto fields the IR models; any other field rides along in node.meta["onnx_extras"].
@@ -124,7 +125,8 @@ def graph_from_model(model, source_dir: Path | str = ".") -> Graph:
     graph = Graph("onnx", ONNXState(
         model=skeleton, inputs=list(onnx_graph.input), outputs=list(onnx_graph.output),
         value_info=list(onnx_graph.value_info), initializers=initializers,
-        sparse_initializers=sparse, source_dir=Path(source_dir)))
+        sparse_initializers=sparse, source_dir=Path(source_dir),
+        artifact=artifact_kind(model)))
     sources = _source_values(onnx_graph, initializers, sparse)
     keys = _node_keys(onnx_graph.node, sources)
     producers: dict[str, Tensor] = {}

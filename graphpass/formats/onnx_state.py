@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from graphpass.formats import ort_artifacts
+
 
 @dataclass
 class ONNXState:
@@ -25,12 +27,14 @@ class ONNXState:
     initializers: dict[str, Any] = field(default_factory=dict)  # name -> TensorProto
     sparse_initializers: dict[str, Any] = field(default_factory=dict)
     source_dir: Path = Path(".")  # where relative external-data locations point
+    #: Which onnxruntime training artifact the model is (``ort_artifacts``), if one.
+    artifact: str | None = None
 
     def copy(self) -> ONNXState:
         """Independent containers (a builder may add to them), shared protos."""
         return ONNXState(self.model, list(self.inputs), list(self.outputs),
                          list(self.value_info), dict(self.initializers),
-                         dict(self.sparse_initializers), self.source_dir)
+                         dict(self.sparse_initializers), self.source_dir, self.artifact)
 
     def provenance(self) -> frozenset[str]:
         """Fields that say where the graph came from, not what it is (``diff``)."""
@@ -38,7 +42,9 @@ class ONNXState:
 
     def describe(self) -> dict:
         """What ``inspect`` says of the container."""
-        return {"container": "onnx"}
+        if self.artifact is None:
+            return {"container": "onnx"}
+        return {"container": f"onnx, {ort_artifacts.describe(self.artifact)}"}
 
     def variable_of(self, argument: str) -> str | None:
         """ONNX steps have no functions between their variables and their body."""
