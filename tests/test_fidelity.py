@@ -84,6 +84,7 @@ def rewrite(source: Path, destination: Path, options: list[str]) -> Path:
 
 
 def trained(model: Path, onednn: bool, scratch: Path) -> dict:
+    scratch.mkdir(parents=True, exist_ok=True)
     out = scratch / f"{model.name}.{int(onednn)}.npz"
     run_child("train", model, out, onednn=onednn)
     with np.load(out) as data:
