@@ -188,8 +188,11 @@ COMMUTATIVE = {"Mul", "AddV2", "Add", "Maximum", "Minimum", "SquaredDifference"}
 #: where it removed the node in the other graph (``x / 1`` made an ``Identity``,
 #: dropped unless a control edge holds it) passes the same bits on; of equal
 #: constants Grappler keeps one, whichever it meets first; a ``NoOp`` only
-#: orders (one grouping a function's control outputs goes when they change).
-NOTHING = {None, ("Identity", ()), ("Const", ()), ("NoOp", ())}
+#: orders (one grouping a function's control outputs goes when they change); a
+#: ``Reshape``, ``Squeeze`` or ``ExpandDims`` moves no data (Grappler removes one
+#: whose output shape its input already has), so no number depends on it.
+NOTHING = {None, ("Identity", ()), ("Const", ()), ("NoOp", ()), ("Reshape", ()),
+           ("Squeeze", ()), ("ExpandDims", ())}
 
 
 def _same(want, got) -> bool:
