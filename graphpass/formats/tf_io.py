@@ -24,6 +24,7 @@ from graphpass.formats.files import (
     check_output_path,
 )
 from graphpass.formats.tf_importer import imported_shapes, record_shapes
+from graphpass.formats.tf_library_check import check_library
 from graphpass.formats.tf_node_def import keep_extras, write_extras
 from graphpass.ir.graph import Graph, gc_paused, parse_tensor_name
 from graphpass.ir.verify import MAX_PORT, port_problem
@@ -66,6 +67,7 @@ def read_tf(path: Path, kind: str, is_text: bool, *, tag: str | None = None,
         meta.update(savedmodel=message, metagraph_index=index, source_dir=source.parent
                     if source.is_file() else source)
         graph_def = message.meta_graphs[index].graph_def
+    check_library(graph_def, str(source))
     if kind != GRAPHDEF:
         meta["signatures"] = tf_function.signatures(_meta_graph(message, meta))
     step = _step_function(source, kind, message, meta, signature, holds_step)
