@@ -19,6 +19,7 @@ from graphpass.cli.files import (
     FILE,
     GRAPH,
     check_outputs,
+    check_tensor_options,
     load,
     read_feeds,
     staged_json,
@@ -78,6 +79,7 @@ class Rewrite(Command):
         graph = load(source, tag=options.tag, signature=options.signature,
                      shapes=bool(options.dump_dir)
                      or estimates_memory(options.pipeline, estimates))
+        check_tensor_options(graph, options.pipeline.regions.loss)
         nodes_before = len(graph)
         instruments = rewrite_instruments(options.dump_dir, full=options.dump_full,
                                           quiet=options.quiet,
@@ -125,6 +127,7 @@ class Inspect(Command):
                           {"--memory-plot": (Path(args.memory_plot), FILE)})
         graph = load(args.input, tag=args.tag, signature=args.signature,
                      shapes=bool(args.memory_plot or args.saved))
+        check_tensor_options(graph, args.loss)
         info = describe(graph, loss=args.loss, train_ops=args.train_op,
                         global_step=args.global_step, xla=args.xla, saved=args.saved,
                         batch_size=batch_size)

@@ -180,3 +180,17 @@ def read_feeds(specs: list[str]) -> dict:
             raise GraphpassError(f"--feed {spec}: cannot read {path} as a .npy array "
                                  f"({exc})") from None
     return feeds
+
+
+def check_tensor_options(graph, loss: str | None) -> None:
+    """``--loss NODE:PORT`` names an output the node has (``loss:5`` of a one-output
+    node, or a port TF would wrap, would otherwise be taken at its word)."""
+    if not loss:
+        return
+    tensor = graph.dialect.parse_tensor(graph, loss)
+    if tensor.node not in graph:
+        return  # region analysis names the missing node
+    count = graph.dialect.num_outputs(graph, tensor.node)
+    if count is not None and not 0 <= tensor.port < count:
+        raise GraphpassError(f"--loss {loss!r}: {tensor.node!r} has {count} output(s), so "
+                             f"there is no output {tensor.port}")

@@ -12,7 +12,7 @@ it writes) is ``tf_function``'s question.
 
 from __future__ import annotations
 
-from graphpass.dialects.tf_ops import op_def
+from graphpass.dialects.tf_ops import attrs_problem, op_def
 from graphpass.errors import GraphpassError
 
 CALL_OPS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
@@ -80,7 +80,12 @@ def _check_body(fdef, where: str) -> None:
     name = fdef.signature.name
     args = {a.name for a in fdef.signature.input_arg}
     nodes = {n.name for n in fdef.node_def}
+    polymorphic = len(fdef.signature.attr) > 0  # its body may hold $T placeholders
     for node_def in fdef.node_def:
+        problem = None if polymorphic else attrs_problem(node_def.op, dict(node_def.attr))
+        if problem:
+            raise GraphpassError(f"{where}: function {name!r}: node {node_def.name!r}: attr "
+                                 f"{problem[0]!r} {problem[1]}; {_FIX}")
         for text in node_def.input:
             source, *rest = text.lstrip("^").split(":")
             if source not in nodes and source not in args:
