@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 from graphpass.errors import GraphpassError
 
 if TYPE_CHECKING:
-    import os
-
+    from graphpass.analysis.step_location import load
     from graphpass.formats.dispatch import save
     from graphpass.ir.graph import Graph, Node, Tensor
     from graphpass.options import PipelineOptions
@@ -22,7 +21,7 @@ __version__ = "0.1.0"
 
 #: Public names imported on first use: ``graphpass --help`` (which imports this
 #: package) must not pay for networkx, numpy or a runtime.
-_LAZY = {"save": "graphpass.formats.dispatch",
+_LAZY = {"load": "graphpass.analysis.step_location", "save": "graphpass.formats.dispatch",
          "Graph": "graphpass.ir.graph", "Node": "graphpass.ir.graph",
          "Tensor": "graphpass.ir.graph"}
 
@@ -33,26 +32,6 @@ def __getattr__(name: str):
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'graphpass' has no attribute {name!r}")
-
-
-def load(path: str | os.PathLike, *, tag: str | None = None, signature: str | None = None,
-          shapes: bool = False) -> Graph:
-    """Read a TF GraphDef / MetaGraphDef / SavedModel or an ONNX model into a Graph
-    (``graphpass.formats.dispatch.load``). ``signature`` picks the TF2 signature whose
-    function holds the training step; where a GraphDef's top level only calls
-    functions, the body with optimizer updates is the step, which only analysis can
-    tell, so it is asked here and the reader stays free of it. ``shapes``: infer a TF
-    graph's shapes while reading it, for a command that reads them all."""
-    from graphpass.formats.dispatch import load as read
-
-    return read(path, tag=tag, signature=signature, shapes=shapes,
-                holds_step=_holds_updates)
-
-
-def _holds_updates(body: Graph) -> bool:
-    """Whether a function body holds the training step: its dialect finds optimizer
-    updates in it (region analysis's first question)."""
-    return bool(body.dialect.optimizer_applies(body))
 
 
 def run_passes(graph: Graph, options: Mapping | PipelineOptions,

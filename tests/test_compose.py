@@ -7,7 +7,7 @@ import numpy as np
 import graphpass
 from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
 from graphpass.passes.remat.marks import SCOPE
-from tools import tf_models
+from tools.fixtures import tf_models
 
 REMAT = {"recompute": ["block[1-7]/"]}
 STALE = {"drop_stale": "0"}

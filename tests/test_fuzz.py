@@ -1,18 +1,23 @@
 """Fuzzed inputs: mutated GraphDef, pbtxt, MetaGraphDef and ONNX models through
 ``inspect`` and a no-pass ``rewrite`` exit 0 or 2 (one error line, no output),
-never with a traceback, a crash or a hang. The long run is ``tools/fuzz.py``."""
+never with a traceback, a crash or a hang. The fast tier runs a sample; the
+200 cases per format are slow-tier; the long run is ``python -m tools.fuzz``."""
 
 from __future__ import annotations
 
+import pytest
+
 from tools import fuzz
 
-CASES_PER_FORMAT = 200
 
-
-def test_fuzzed_models_exit_0_or_2(tmp_path):
+@pytest.mark.parametrize("cases_per_format", [
+    pytest.param(8, id="sample"),
+    pytest.param(200, id="full", marks=pytest.mark.slow),
+])
+def test_fuzzed_models_exit_0_or_2(cases_per_format, tmp_path):
     seeds = fuzz.seed_models()
     cases = [case for fmt in fuzz.FORMATS
-             for case in fuzz.make_cases(fmt, CASES_PER_FORMAT, 0, tmp_path, seeds)]
+             for case in fuzz.make_cases(fmt, cases_per_format, 0, tmp_path, seeds)]
     # The harness itself: a case that kills its worker (SIGSEGV) is reported, and
     # only that case is lost; the next worker runs the rest.
     crash = fuzz.Case("crash-0-0", "crash", tmp_path / "crash", ["self-test"])

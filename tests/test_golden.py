@@ -89,7 +89,6 @@ def test_every_case_is_pinned(pinned):
 def _update() -> None:
     import tempfile
 
-    sys.path.insert(0, str(ROOT))
     with tempfile.TemporaryDirectory() as tmp:
         hashes = {f"{s} {c}": outcome(s, o, Path(tmp)) for s, c, o in cases()}
     HASHES.write_text(json.dumps(hashes, indent=1, sort_keys=True) + "\n")

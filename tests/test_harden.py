@@ -109,7 +109,7 @@ def test_cyclic_graph_is_a_user_error_on_rewrite(graph_def, tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def onnx_model():
-    from tools import onnx_models
+    from tools.fixtures import onnx_models
 
     return onnx_models.block_mlp(batch=2, width=4, blocks=2, check=False).model
 
@@ -268,6 +268,7 @@ def _temporaries(directory: Path) -> list[str]:
     return [name for name in listing(directory) if ".graphpass-" in name]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point,survivor", [("written", "old"), ("exchanged", "new")])
 def test_saved_model_replace_survives_a_kill(saved_model, small, tmp_path, point, survivor):
     """Killed (SIGKILL) with the new directory complete, or just after the exchange:
@@ -288,6 +289,7 @@ def test_saved_model_replace_survives_a_kill(saved_model, small, tmp_path, point
     assert sorted(p.name for p in out.iterdir()) == ["saved_model.pb", "variables"]
 
 
+@pytest.mark.slow
 def test_file_output_survives_a_kill_and_temporaries_are_cleaned(small, tmp_path):
     model = write_message(tmp_path / "model.pb", small.graph_def)
     out = tmp_path / "out.pb"
@@ -315,7 +317,7 @@ def test_temporaries_of_a_live_writer_are_kept(small, tmp_path):
 def test_drop_stale_for_xla_on_a_v1_while_loop(models, tmp_path, capsys):
     """Moving the apply ops into an If used to walk the whole graph in topological
     order, which a v1 while loop's back edge makes cyclic (ValueError)."""
-    from tools import tf_models
+    from tools.fixtures import tf_models
 
     model = models.model("control_flow")
     path = write_message(tmp_path / "model.pb", model.graph_def)
@@ -388,6 +390,7 @@ def test_device_tpu_builds_the_xla_conditional(small, tmp_path):
 # -- machine-independent memory figures ------------------------------------------------
 
 
+@pytest.mark.slow
 def test_verify_peak_is_measured_with_onednn_on_and_off(models, tmp_path):
     """TF keeps CPU allocator statistics only with oneDNN on (off by default on CPUs
     without avx512_vnni); verify reads the step's RunMetadata allocation records

@@ -32,7 +32,7 @@ from graphpass.inspect.progress import PassProgress, Progress
 from graphpass.ir.graph import Tensor
 from graphpass.passes.base import Pass, Pipeline
 from graphpass.passes.context import PassContext
-from tools import tf_models
+from tools.fixtures import tf_models
 
 PROBE = "graphpass/probe/block1_relu"
 SVG = "{http://www.w3.org/2000/svg}"
@@ -465,6 +465,7 @@ def test_verify_with_feeds(files, model, tmp_path, capsys):
                  "--feed", "x"]) == 2
 
 
+@pytest.mark.slow
 def test_verify_xla_compiles_and_matches(files):
     """In its own process: TF reads the CPU auto-jit flag once, at its first session."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0",
@@ -555,7 +556,7 @@ def test_pass_progress_names_the_running_pass_and_erases_itself(model, tmp_path)
 def test_inspect_saved_lists_what_the_backward_keeps(tmp_path, capsys):
     """The 8-block MLP (x [16, 32] float32): every block keeps its input (read by the
     MatMul gradient), its Relu and Tanh outputs; the values are listed largest first."""
-    from tools import tf_models
+    from tools.fixtures import tf_models
 
     model = tf_models.block_mlp(batch=16, width=32, optimizer="sgd")
     source = tmp_path / "mlp.pb"

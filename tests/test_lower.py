@@ -8,7 +8,7 @@ import graphpass
 from graphpass.cli import main
 from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
 from graphpass.passes.remat.marks import SCOPE
-from tools import tf_models
+from tools.fixtures import tf_models
 
 
 def _rewrite(model, **settings):

@@ -1,13 +1,13 @@
 """The memory estimate (``graphpass.analysis.memory``) against TF's measured step peak.
 
-Measured figures come from ``tools/measure.py``: each graph in its own process,
+Measured figures come from ``tools/fixtures/measure.py``: each graph in its own process,
 one inter-op thread, Grappler defaults. Two figures, compared like with like:
 the peak of the step's allocation records (present with oneDNN on or off) is
 the kernels' own allocations, so it is compared with the estimate less the fed
 values (``MemoryProfile.fed_bytes``); the CPU allocator's peak (where oneDNN keeps
-statistics: what ``tools/bench_planner.py``'s budgets and the README call the
+statistics: what ``python -m tools.bench.planner``'s budgets and the README call the
 measured peak) also counts the fed arrays, as the estimate does. Models are the
-benchmark's, at test sizes (``tools/bench_memory.py --small``), before and after
+benchmark's, at test sizes (``tools/memory_models.py --small``), before and after
 a hand-written ``--recompute`` rewrite.
 """
 
@@ -25,13 +25,15 @@ from graphpass.analysis.memory import (
 )
 from graphpass.errors import GraphpassError
 from graphpass.formats.tf_io import graph_from_graph_def
-from tools import bench_memory, keras_models
-from tools.measure import measure
+from tools.fixtures import keras_models, memory_models
+from tools.fixtures.measure import measure
 
-FETCHES = bench_memory.FETCHES
+pytestmark = pytest.mark.slow  # every test here measures in subprocesses
+
+FETCHES = memory_models.FETCHES
 #: The issue's target: estimate within 10% of the measured allocator peak.
 TOLERANCE = 0.10
-#: Known gaps at test size (within 5% at benchmark size, tools/bench_memory.py):
+#: Known gaps at test size (within 5% at benchmark size, tools/memory_models.py):
 #: the pre-norm FFN stack is 9-10% under, because Grappler's arithmetic optimizer
 #: rewrites the GELU gradient's products so that two of them cannot write in
 #: place, which the estimate, walking the graph as exported, does not see.
@@ -51,7 +53,7 @@ def variants(tmp_path_factory):
 
     def get(name: str) -> dict:
         if name not in cache:
-            cache[name] = bench_memory.write_variants(name, True, tmp_path_factory.mktemp(name))
+            cache[name] = memory_models.write_variants(name, True, tmp_path_factory.mktemp(name))
         return cache[name]
 
     return get
@@ -62,7 +64,7 @@ def variants(tmp_path_factory):
 #: activations, and TF's executor holds a varying set of them to the end of the step
 #: (the same graph measured 16.0 and 25.0 MiB in two runs), so comparing them with a
 #: deterministic estimate in CI would be a coin toss. Their calibration is measured at
-#: benchmark size by ``tools/bench_memory.py`` (within 5% there).
+#: benchmark size by ``tools/memory_models.py`` (within 5% there).
 STABLE_MODELS = ("ffn", "mlp", "transformer")
 
 

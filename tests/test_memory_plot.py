@@ -21,7 +21,7 @@ import graphpass
 from graphpass.analysis.memory import format_bytes, memory_timeline
 from graphpass.analysis.regions import analyze
 from graphpass.cli import main
-from tools import onnx_models, tf_models
+from tools.fixtures import onnx_models, tf_models
 
 SVG = "{http://www.w3.org/2000/svg}"
 

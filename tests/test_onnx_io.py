@@ -25,8 +25,8 @@ from graphpass.formats.onnx_io import graph_from_model, model_from_graph
 from graphpass.formats.onnx_order import INITIALIZER, INPUT
 from graphpass.ir.graph import Tensor
 from graphpass.ir.verify import verify
-from tools import onnx_models
-from tools.onnx_models import run
+from tools.fixtures import onnx_models
+from tools.fixtures.onnx_models import run
 
 FLOAT = TensorProto.FLOAT
 INFERENCE = {"resnet18": onnx_models.resnet18, "densenet": onnx_models.densenet,

@@ -22,7 +22,7 @@ from graphpass.formats.onnx_io import graph_from_model
 from graphpass.formats.onnx_order import READ_INDEX, SOURCE_OPS, file_order, ort_schedule
 from graphpass.passes.remat.defer import DEFER_SCOPE
 from graphpass.passes.remat.marks import SCOPE
-from tools import onnx_models
+from tools.fixtures import onnx_models
 
 MARKS = {"block_mlp": "block[1-7]/", "conv_net": "conv[12]/"}
 BUILDERS = {"block_mlp": lambda: onnx_models.block_mlp(batch=16, width=32),
@@ -181,7 +181,7 @@ def test_leaf_order_does_not_depend_on_where_the_file_computes_shared_scalars(tm
     listed after the backward pass, as the generator writes it, or before the
     forward pass, the rewritten file ends with the same leaves, the update whose
     gradient is ready first last (ORT's walk starts there)."""
-    from tools.onnx_optimizers import Optimizer
+    from tools.fixtures.onnx_optimizers import Optimizer
 
     built = onnx_models.block_mlp(batch=4, width=8, blocks=4, optimizer=Optimizer("adam")).model
     nodes = list(built.graph.node)
@@ -210,6 +210,7 @@ def test_leaf_order_does_not_depend_on_where_the_file_computes_shared_scalars(tm
     assert tails[0][-2:] == ["adam/block4/update", "loss"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
 def test_estimate_is_the_peak_onnxruntime_measures(kind, tmp_path):
     """The estimate counts what ORT allocates: graph outputs (updated parameters and
@@ -219,8 +220,8 @@ def test_estimate_is_the_peak_onnxruntime_measures(kind, tmp_path):
     shape, ``Where`` holds two temporaries. So it is at least the liveness of ORT's
     optimized graph over its executed order, and within 5% of the rewritten
     step's measured peak RSS (arena off, one mmap per tensor; tensors of 512 KiB)."""
-    from tools.bench_onnx_remat import _executed_order_peak, run_worker
-    from tools.onnx_optimizers import Optimizer
+    from tools.fixtures.onnx_optimizers import Optimizer
+    from tools.fixtures.ort_measure import executed_order_peak, run_worker
 
     mlp = onnx_models.block_mlp(batch=512, width=256, optimizer=Optimizer(kind, lr=0.01),
                                 params_as_inputs=True, check=False)
@@ -231,13 +232,14 @@ def test_estimate_is_the_peak_onnxruntime_measures(kind, tmp_path):
     np.savez(feeds, **{k.replace("/", "|"): v for k, v in mlp.feeds.items()})
     spec = {"model": str(target), "feeds": str(feeds), "threads": 1, "mem_pattern": False,
             "fetches": [mlp.loss, *mlp.carried.values()]}
-    executed = _executed_order_peak(spec, str(optimized), mlp.feeds)
+    executed = executed_order_peak(spec, str(optimized), mlp.feeds)
     measured = run_worker("rewritten", spec, 1)["peak"]
     estimate = result["report"]["estimated_peak_bytes_after"]
     assert executed <= estimate, (estimate, executed)
     assert abs(estimate / measured - 1) <= 0.05, (estimate, measured)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["nesterov", "adam"])
 def test_deferred_updates_train_identically_and_lower_the_measured_peak(kind, tmp_path,
                                                                        monkeypatch):
@@ -250,8 +252,8 @@ def test_deferred_updates_train_identically_and_lower_the_measured_peak(kind, tm
     off, each variant in its own process), each estimate within 5% of its
     measurement, and the training the same over 3 steps."""
     from graphpass.passes.remat import defer
-    from tools.bench_onnx_remat import run_worker
-    from tools.onnx_optimizers import Optimizer
+    from tools.fixtures.onnx_optimizers import Optimizer
+    from tools.fixtures.ort_measure import run_worker
 
     mlp = onnx_models.block_mlp(batch=512, width=256, optimizer=Optimizer(kind, lr=0.01),
                                 params_as_inputs=True, check=False)
@@ -283,7 +285,7 @@ def test_verify_matches_nan_against_nan(tmp_path):
     ``v`` is NaN in both steps: NaN against NaN (and equal infinities) match, a NaN
     against a number does not."""
     from graphpass.inspect.verify.compare import compare_values
-    from tools.onnx_optimizers import Optimizer
+    from tools.fixtures.onnx_optimizers import Optimizer
 
     nan, inf = float("nan"), float("inf")
     assert compare_values([nan, inf, 1.0], [nan, inf, 1.0], 0.0, 0.0)[2]
@@ -299,7 +301,7 @@ def test_verify_matches_nan_against_nan(tmp_path):
 def test_deferring_is_decided_when_the_figures_are_not_shown(tmp_path):
     """``--quiet`` without ``--report`` skips the estimates nobody sees, but deferring
     the updates is part of the rewrite: the quiet output is the same file."""
-    from tools.onnx_optimizers import Optimizer
+    from tools.fixtures.onnx_optimizers import Optimizer
 
     mlp = onnx_models.block_mlp(batch=256, width=64, optimizer=Optimizer("nesterov", lr=0.1),
                                 check=False)
@@ -319,7 +321,7 @@ def test_deferred_updates_keep_what_onnxruntime_fuses_into_the_weight_gradient(k
     ``mu * v + g`` with it into one Gemm; a gate between them left them unfused,
     which rounds differently (5.5e-5 relative on an SGD parameter after 3 steps).
     The gate goes past them, and the step trains as the original does."""
-    from tools.onnx_optimizers import Optimizer
+    from tools.fixtures.onnx_optimizers import Optimizer
 
     mlp = onnx_models.block_mlp(batch=512, width=256, optimizer=Optimizer(kind, lr=0.01),
                                 params_as_inputs=True, check=False)
@@ -347,7 +349,7 @@ def test_auto_keeps_what_is_not_live_at_the_relu_gradient(kind, tmp_path):
     estimated 8 MiB over the marks' at full size)."""
     from graphpass.analysis.cost import Sizes
     from graphpass.analysis.forward import computed_forward, forward_chain
-    from tools.onnx_optimizers import Optimizer
+    from tools.fixtures.onnx_optimizers import Optimizer
 
     mlp = onnx_models.block_mlp(batch=512, width=256, optimizer=Optimizer(kind, lr=0.01),
                                 params_as_inputs=True, check=False)
@@ -369,7 +371,7 @@ def test_auto_keeps_what_is_not_live_at_the_relu_gradient(kind, tmp_path):
 
 
 def test_peak_over_ort_executed_order_is_at_most_070x(tmp_path):
-    from tools.bench_onnx_remat import _executed_order_peak
+    from tools.fixtures.ort_measure import executed_order_peak
 
     mlp = onnx_models.block_mlp(batch=64, width=64, params_as_inputs=True)
     source = tmp_path / "step.onnx"
@@ -383,7 +385,7 @@ def test_peak_over_ort_executed_order_is_at_most_070x(tmp_path):
     for path in (source, target):
         optimized = path.with_suffix(".optimized.onnx")
         _ort_session(path, optimized)
-        peaks[path.name] = _executed_order_peak(
+        peaks[path.name] = executed_order_peak(
             {"model": str(path), "fetches": fetches, "threads": 1}, str(optimized), mlp.feeds)
     assert peaks["out.onnx"] <= 0.70 * peaks["step.onnx"], peaks
 

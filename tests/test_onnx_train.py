@@ -1,4 +1,4 @@
-"""ONNX training steps beyond plain SGD: every optimizer of ``tools/onnx_models`` (in
+"""ONNX training steps beyond plain SGD: every optimizer of ``tools/fixtures/onnx_models`` (in
 standard ops and as ``ai.onnx.preview.training`` ops), found by structure, labelled
 right, and rewritten by remat into steps that train identically over 3 steps
 (onnxruntime for standard ops, ``onnx.reference.ReferenceEvaluator`` for the
@@ -20,8 +20,8 @@ from graphpass.analysis.regions import BACKWARD, FORWARD, OPTIMIZER
 from graphpass.cli import main
 from graphpass.formats.onnx_io import graph_from_model
 from graphpass.ir.graph import Tensor
-from tools import onnx_autodiff, onnx_models
-from tools.onnx_optimizers import (
+from tools.fixtures import onnx_autodiff, onnx_models
+from tools.fixtures.onnx_optimizers import (
     OPTIMIZERS,
     PREVIEW_DOMAIN,
     PREVIEW_OPTIMIZERS,
@@ -235,6 +235,7 @@ def test_transformer_with_a_preview_op_trains_identically_after_remat(tmp_path):
     _assert_trains_identically(built, rewritten)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recompute", ["auto", "block[1-2]/"])
 @pytest.mark.parametrize("kind", ["sgd", "adamw", "rmsprop"])
 def test_transformer_block_stack_trains_identically_after_remat(kind, recompute, tmp_path):

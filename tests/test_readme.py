@@ -1,6 +1,7 @@
 """The README as a user meets it: every command of its Commands section answers
-``--help`` in plain text, and every concrete ``graphpass`` example in its code
-blocks runs and exits 0 (outputs under /tmp go to the test's own directory)."""
+``--help`` in plain text, every concrete ``graphpass`` example in its code
+blocks runs and exits 0 (outputs under /tmp go to the test's own directory), and
+the quick start prints the lines the README shows, figures included."""
 
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ def test_help_is_plain_text(argv):
     assert not RST.search(out), RST.search(out)
 
 
+@pytest.mark.slow
 def test_readme_examples_run(tmp_path, monkeypatch):
     examples = commands(in_commands_section=False)
     assert len(examples) >= 4  # quick start, verify, dump and plot examples
@@ -76,3 +78,43 @@ def test_readme_examples_run(tmp_path, monkeypatch):
         status, _, err = _run(argv)
         assert status == 0, f"{line}\n{err}"
     assert (tmp_path / "mlp_memory.svg").is_file() and (tmp_path / "mlp_dumps/memory.svg").is_file()
+
+
+#: The comment that marks the fenced block holding the quick start's output.
+OUTPUT_MARK = "<!-- quick-start output"
+
+
+def quick_start() -> tuple[str, list[str]]:
+    """The quick start's ``graphpass rewrite`` line and the output lines the README
+    shows for it (the fenced block after :data:`OUTPUT_MARK`)."""
+    command = next(line.rpartition("&& ")[2] for section, line in code_lines()
+                   if section == "Quick start" and "graphpass rewrite" in line)
+    text = README.read_text()
+    block = text[text.index(OUTPUT_MARK):].split("```")[1]
+    return command, block.strip("\n").splitlines()
+
+
+def _pattern(shown: str, tmp: str) -> re.Pattern:
+    """A README output line as a pattern: "..." inside a line stands for text left
+    out; everything else, figures included, must be printed as shown."""
+    parts = [re.escape(part.replace("/tmp/", f"{tmp}/")) for part in shown.split("...")]
+    return re.compile(".*".join(parts))
+
+
+def test_quick_start_prints_what_the_readme_shows(tmp_path, monkeypatch):
+    command, shown = quick_start()
+    assert any("estimated peak" in line for line in shown)  # the figures are shown
+    monkeypatch.chdir(ROOT)
+    argv = [arg.replace("/tmp/", f"{tmp_path}/") for arg in shlex.split(command)[1:]]
+    status, out, err = _run(argv)
+    assert status == 0, err
+    printed = (out + err).splitlines()
+    position = 0
+    for line in shown:
+        if line.strip() == "...":  # lines left out
+            continue
+        pattern = _pattern(line, str(tmp_path))
+        found = next((i for i in range(position, len(printed))
+                      if pattern.fullmatch(printed[i])), None)
+        assert found is not None, f"README shows {line!r}; the command printed:\n{out}{err}"
+        position = found + 1

@@ -20,7 +20,7 @@ from graphpass.cli import main
 from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
 from graphpass.passes.remat.marks import SCOPE
 from graphpass.passes.remat.plan import _Prefix, model_peak, solve_budget, solve_min_peak
-from tools import keras_models, tf_models
+from tools.fixtures import keras_models, tf_models
 
 
 @pytest.fixture(scope="module")
@@ -267,6 +267,7 @@ def test_cli_option_errors(model, tmp_path, capsys, options, message):
 # -- tf_keras graphs: flat, one scope for every layer --------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grappler", [True, False])
 def test_mobilenet_trains_bitwise_identically(mobilenet, grappler):
     graph, result = _rewrite(mobilenet, recompute=["auto"])
@@ -277,6 +278,7 @@ def test_mobilenet_trains_bitwise_identically(mobilenet, grappler):
     _assert_same_training(mobilenet, graph, grappler)
 
 
+@pytest.mark.slow
 def test_mobilenet_structure(mobilenet):
     graph, result = _rewrite(mobilenet, recompute=["auto"])
     dialect = graph.dialect
@@ -322,7 +324,7 @@ def test_cheap_policy_recomputes_only_cheap_ops(ffn, grappler):
 def test_onnx_budget_is_met(tmp_path):
     import onnx
 
-    from tools import onnx_models
+    from tools.fixtures import onnx_models
 
     source = tmp_path / "step.onnx"
     onnx.save(onnx_models.block_mlp(batch=16, width=32).model, source)
@@ -334,6 +336,7 @@ def test_onnx_budget_is_met(tmp_path):
     assert result.changed and result.report["estimated_peak_bytes_after"] <= budget
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fraction", [0.8, 0.6, 0.5])
 def test_budget_holds_when_measured(tmp_path, fraction):
     """The step TF really runs stays within a budget the planner says it meets
@@ -341,17 +344,17 @@ def test_budget_holds_when_measured(tmp_path, fraction):
     allocator's own peak where it keeps statistics (oneDNN on: fragmentation
     included, which the dialect's allocator headroom leaves room for), else the
     allocation records' peak plus the fed values, which the estimate simulates.
-    The MLP at test size (``tools/bench_memory.py --small``)."""
+    The MLP at test size (``tools/memory_models.py --small``)."""
     from graphpass.analysis.memory import memory_profile
-    from tools import bench_memory
-    from tools.measure import measure
+    from tools.fixtures import memory_models
+    from tools.fixtures.measure import measure
 
     original = tmp_path / "mlp.meta"
-    original.write_bytes(bench_memory.build("mlp", True).meta_graph.SerializeToString())
-    fed = memory_profile(graphpass.load(original), bench_memory.FETCHES).fed_bytes
+    original.write_bytes(memory_models.build("mlp", True).meta_graph.SerializeToString())
+    fed = memory_profile(graphpass.load(original), memory_models.FETCHES).fed_bytes
 
     def measured(path) -> int:
-        step = measure(path, bench_memory.FETCHES, steps=1)
+        step = measure(path, memory_models.FETCHES, steps=1)
         return step.allocator_peak_bytes or step.peak_bytes + fed
 
     budget = int(fraction * measured(original))

@@ -1,7 +1,7 @@
 """Scale: start-up imports nothing heavy, commands import only their format's
 runtime, and the analyses do a bounded number of graph walks whatever the size
 of the graph (the structural form of "linear": a walk per candidate would make
-the count grow with the graph). Timings live in tools/bench_scale.py."""
+the count grow with the graph). Timings live in python -m tools.bench.scale."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ def test_help_and_passes_import_no_runtime(argv):
     assert imported_after(argv) == []
 
 
+@pytest.mark.slow
 def test_onnx_commands_never_import_tensorflow(tmp_path):
     source = str(DATA / "onnx_mlp.onnx")
     assert "tensorflow" not in imported_after(["inspect", source])
@@ -48,6 +49,7 @@ def test_onnx_commands_never_import_tensorflow(tmp_path):
     assert "tensorflow" not in modules and "onnx" in modules
 
 
+@pytest.mark.slow
 def test_tf_commands_never_import_onnx(tmp_path):
     source = str(DATA / "mlp_adam.meta")
     modules = imported_after(["rewrite", source, "-o", str(tmp_path / "out.meta"),
@@ -158,7 +160,7 @@ def test_onnx_walks_and_inferences_do_not_grow_with_the_graph(monkeypatch, tmp_p
     """4 and 24 blocks (4 and 24 segments): the same number of ancestor/descendant
     walks and of shape inferences. A walk or an inference per candidate loss,
     segment or added node (as before) would make the counts grow."""
-    from tools import onnx_models
+    from tools.fixtures import onnx_models
 
     counts = []
     for blocks in (4, 24):
@@ -173,7 +175,7 @@ def test_onnx_walks_and_inferences_do_not_grow_with_the_graph(monkeypatch, tmp_p
 
 
 def test_tf_walks_and_inferences_do_not_grow_with_the_graph(monkeypatch, tmp_path, capsys):
-    from tools import tf_models
+    from tools.fixtures import tf_models
 
     counts = []
     for blocks in (3, 12):
@@ -257,7 +259,7 @@ def test_names_tried_per_new_node_do_not_grow_with_the_graph(monkeypatch, tmp_pa
     tried every taken suffix each time, quadratic in a pass's same-named nodes)."""
     from graphpass.cli import main
     from graphpass.ir import graph as ir_graph
-    from tools import onnx_models
+    from tools.fixtures import onnx_models
 
     tries = []
     for blocks in (4, 24):

@@ -14,7 +14,7 @@ from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
 from graphpass.options import pipeline_options
 from graphpass.passes import build_passes
 from graphpass.passes.stale import GATE_ATTR
-from tools import stale_cluster, tf_models
+from tools.fixtures import stale_cluster, tf_models
 
 STEPS = 3
 COUNTER = "graphpass/stale_counter"
@@ -101,6 +101,7 @@ def test_negative_staleness_drops_every_step(trained):
         assert np.all(got_losses == got_losses[0]) and got_losses[0] == losses[0]
 
 
+@pytest.mark.slow
 def test_several_train_ops_custom_scope_and_clipping():
     """Two towers, gradients under ``training/grads``, clipped by global norm: each
     train op gets its own snapshot and conditional, and waits for the *clipped*
@@ -392,6 +393,7 @@ def _worker_graphs(workers, staleness, use_resource, target, tag):
     return graphs, report["counter_read"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variables,target", [("ref", "tf"), ("resource", "xla")])
 @pytest.mark.parametrize("row", MATRIX, ids=[f"{r[0]}workers-staleness{r[1]}" for r in MATRIX])
 def test_distributed_matrix(cluster, row, variables, target):
@@ -402,6 +404,7 @@ def test_distributed_matrix(cluster, row, variables, target):
     assert state == {"global_step": step, "stale_counter": counter, "v0": v0, "v1": v1}
 
 
+@pytest.mark.slow
 def test_distributed_matrix_separate_processes(tmp_path):
     """ps and 3 workers as separate OS processes, each worker loading the GraphDef the
     CLI wrote (staleness 1: the chief and one worker apply, one drops)."""

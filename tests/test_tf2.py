@@ -1,5 +1,5 @@
 """TF2 training steps: Keras 3 train functions saved as SavedModel signatures
-(tools/keras3_models.py). The step function's body is read as the IR, analysed
+(tools/fixtures/keras3_models.py). The step function's body is read as the IR, analysed
 (plain-op optimizer updates), rewritten, written back into the library, and the
 result is loaded with ``tf.saved_model.load`` and trained against the original."""
 
@@ -15,13 +15,16 @@ from tf_helpers import listing
 import graphpass
 from graphpass.cli import main
 from graphpass.inspect.describe import describe
-from tools import keras3_models
+from tools.fixtures import keras3_models
 
 #: Forward name scopes of one block in each model's step function.
 BLOCKS = {"mlp": "mlp_1/block[1-7]_", "convnet": "convnet_1/block[1-2]_",
           "transformer": "transformer_1/block[1-4]_"}
 #: Trainable variables of each model (each gets one gradient update).
 TRAINABLE = {"mlp": 8, "convnet": 8, "transformer": 64}
+#: Models whose build and runs belong to the slow tier (the MLP keeps the fast one).
+SLOW_MODELS = [pytest.param("convnet", marks=pytest.mark.slow),
+               pytest.param("transformer", marks=pytest.mark.slow)]
 
 
 class SavedModels:
@@ -96,7 +99,7 @@ def test_round_trip_keeps_the_saved_model(saved, tmp_path):
     assert {p for p in listing(source) if p.startswith("variables")} <= copied
 
 
-@pytest.mark.parametrize("model", ["mlp", "convnet", "transformer"])
+@pytest.mark.parametrize("model", ["mlp", *SLOW_MODELS])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_inspect_finds_the_step_without_flags(saved, model, optimizer):
     graph = graphpass.load(saved.get(model, optimizer))
@@ -115,6 +118,7 @@ def _outer_name(graph, argument: str) -> str:
     ("adamw", {}), ("rmsprop", {}), ("adagrad", {}), ("adam", {"clipnorm": 1.0}),
     ("sgd", {"global_clipnorm": 1.0}), ("adam", {"schedule": True}),
 ])
+@pytest.mark.slow
 def test_keras_optimizers_are_found_by_what_they_read(saved, optimizer, options):
     """Every trainable variable's update is found, with its gradient among the backward
     values, and ``iterations`` is the step counter, for each optimizer and option."""
@@ -133,7 +137,7 @@ def test_keras_optimizers_are_found_by_what_they_read(saved, optimizer, options)
 # -- rewriting ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model", ["mlp", "convnet", "transformer"])
+@pytest.mark.parametrize("model", ["mlp", *SLOW_MODELS])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_regex_remat_trains_bit_for_bit(saved, tmp_path, model, optimizer):
     source = saved.get(model, optimizer)
@@ -141,14 +145,14 @@ def test_regex_remat_trains_bit_for_bit(saved, tmp_path, model, optimizer):
     _assert_trains_like(tmp_path / "out", model, saved.reference(source, model))
 
 
-@pytest.mark.parametrize("model", ["mlp", "transformer"])
+@pytest.mark.parametrize("model", ["mlp", *SLOW_MODELS[1:]])
 def test_data_mode_remat_trains_alike(saved, tmp_path, model):
     source = saved.get(model, "adam")
     _rewrite(source, tmp_path / "out", "--recompute", BLOCKS[model], "--dependency", "data")
     _assert_trains_like(tmp_path / "out", model, saved.reference(source, model), rtol=1e-6)
 
 
-@pytest.mark.parametrize("model", ["mlp", "transformer"])
+@pytest.mark.parametrize("model", ["mlp", *SLOW_MODELS[1:]])
 def test_auto_remat_trains_bit_for_bit(saved, tmp_path, model):
     source = saved.get(model, "sgd")
     report = tmp_path / "report.json"
@@ -157,6 +161,7 @@ def test_auto_remat_trains_bit_for_bit(saved, tmp_path, model):
     _assert_trains_like(tmp_path / "out", model, saved.reference(source, model))
 
 
+@pytest.mark.slow
 def test_auto_plan_is_solved_again_where_the_estimate_disagrees(saved, monkeypatch):
     """On the Keras 3 transformer the chain model's own plan leaves recomputed
     softmaxes waiting for starved weight gradients; the planner sees that in the
@@ -185,7 +190,8 @@ MEASURED_PEAK_BOUND = {("blocks", "mlp"): 0.60, ("blocks", "transformer"): 0.60,
                        ("auto", "mlp"): 0.60, ("auto", "transformer"): 0.70}
 
 
-@pytest.mark.parametrize("model", ["mlp", "transformer"])
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["mlp", *SLOW_MODELS[1:]])
 @pytest.mark.parametrize("recompute", ["blocks", "auto"])
 def test_measured_peak_of_one_call(saved, tmp_path, model, recompute):
     """The allocator's peak of one train call, each SavedModel in its own process:
@@ -200,6 +206,7 @@ def test_measured_peak_of_one_call(saved, tmp_path, model, recompute):
     assert after["peak"] <= bound * before["peak"], (before, after)
 
 
+@pytest.mark.slow
 def test_jit_compiled_step_gets_data_mode_and_less_xla_memory(saved, tmp_path):
     """``jit_compile=True``: remat defaults to data mode (XLA ignores control edges),
     XLA compiles the rewritten step, and its buffer assignment is smaller."""
@@ -336,6 +343,7 @@ def test_loss_scaling_and_sparse_updates_are_found(tmp_path):
         n for n in graph if graph.node(n).op == "UnsortedSegmentSum"}
 
 
+@pytest.mark.slow
 def test_tflite_converts_the_rewritten_step_as_the_original(saved, tmp_path):
     """TFLite's on-device training recipe (``from_saved_model`` with the train and
     set_weights signatures, resource variables on): the rewritten SavedModel converts

@@ -1,6 +1,6 @@
 """Lossless round trips of TF training graphs through every container.
 
-Each case writes a real training graph (tools/tf_models), runs
+Each case writes a real training graph (tools/fixtures/tf_models), runs
 ``graphpass rewrite IN -o OUT`` with no pass, and checks that OUT holds the
 same protobuf (nodes in order, attrs, devices, inputs, control inputs,
 library, versions, collections, saver_def, signatures) and that the graph
@@ -262,6 +262,7 @@ def test_output_format_pbtxt_and_back(models, tmp_path, container):
     assert (tmp_path / "back.pb").read_bytes() == message.SerializeToString(deterministic=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", [False, True], ids=["pb", "pbtxt"])
 def test_output_is_byte_identical_across_runs(models, tmp_path, text):
     model = models.model("conv_bn_dropout")
@@ -300,15 +301,15 @@ def test_api_load_save_round_trip_keeps_node_data(models, tmp_path):
 def test_bench_io_synthetic_graphs_are_valid_and_round_trip():
     import tensorflow as tf
 
-    from tools import bench_io
+    from tools.fixtures import tf_synthetic
 
-    graph_def = bench_io.synthetic_graph_def(1000)
+    graph_def = tf_synthetic.synthetic_graph_def(1000)
     assert len(graph_def.node) == 1000
     assert any(i.startswith("^") for n in graph_def.node for i in n.input)
     assert any(len(n.input) >= 3 for n in graph_def.node)
     with tf.Graph().as_default():
         tf.compat.v1.import_graph_def(graph_def, name="")  # a graph TF accepts
-    rows = bench_io.measure([1000, 2000], repeat=1)  # raises if the round trip differs
+    rows = tf_synthetic.measure([1000, 2000], repeat=1)  # raises if the round trip differs
     assert [r["nodes"] for r in rows] == [1000, 2000]
     assert rows[0]["io_ratio"] == 1.0 and all(r["regions"] == "error" for r in rows)
 

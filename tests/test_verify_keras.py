@@ -15,7 +15,7 @@ import graphpass
 from graphpass.analysis.memory import estimated_peak_bytes, format_bytes
 from graphpass.analysis.regions import analyze
 from graphpass.cli import main
-from tools import keras_models
+from tools.fixtures import keras_models
 
 
 def _cli(*argv) -> tuple[int, str, str]:
@@ -53,6 +53,7 @@ def transformer(tmp_path_factory):
     return _rewrite(model, tmp_path_factory.mktemp("transformer"), "encoder/(mha|ln1|mlp)1")
 
 
+@pytest.mark.slow
 def test_keras_input_placeholder_the_step_never_reads_needs_no_feed(mobilenet):
     source, target = mobilenet
     graph = graphpass.load(source)
@@ -65,6 +66,7 @@ def test_keras_input_placeholder_the_step_never_reads_needs_no_feed(mobilenet):
     assert out.strip().endswith("MATCH")
 
 
+@pytest.mark.slow
 def test_resnet50_verifies_without_feeds(resnet):
     source, target = resnet
     status, out, err = _cli("verify", source, target, "--steps", "2")

@@ -9,7 +9,7 @@ from pathlib import Path
 def assert_trains_identically(graph_def, model, reference) -> None:
     """The graph, imported into a fresh Session, gives bitwise-equal losses and
     variables over 3 training steps."""
-    from tools import tf_models
+    from tools.fixtures import tf_models
 
     losses, variables, _ = tf_models.run_steps(graph_def, model, steps=3)
     ref_losses, ref_variables = reference

@@ -11,7 +11,7 @@ Cases run in batches inside worker subprocesses: TF is imported once per
 worker, and a worker that dies (segfault) or stops answering (hang) takes only
 its current case with it; the next worker resumes after that case.
 
-    PYTHONPATH=. python tools/fuzz.py --cases 5000 --seed 1 [--keep DIR]
+    python -m tools.fuzz --cases 5000 --seed 1 [--keep DIR]
 
 ``tests/test_fuzz.py`` runs the short version (fixed seeds) in the suite.
 """
@@ -80,7 +80,7 @@ class Summary:
 
 def seed_models() -> dict[str, object]:
     """The parsed seed of each format: a small Adam MLP (TF) and SGD MLP (ONNX)."""
-    from tools import onnx_models, tf_models
+    from tools.fixtures import onnx_models, tf_models
 
     tf_model = tf_models.block_mlp(batch=2, width=4, blocks=2)
     flow = tf_models.control_flow(batch=2)
@@ -508,8 +508,7 @@ def _run_share(cases: list[Case], timeout_s: float,
 
 def _run_worker(cases: list[Case], summary: Summary, timeout_s: float) -> int:
     """Feed cases to one worker until it finishes, dies or hangs; returns cases used."""
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-               TF_CPP_MIN_LOG_LEVEL="3")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     with tempfile.TemporaryFile("w+") as log:  # a pipe nobody reads would fill and block
         proc = subprocess.Popen([sys.executable, "-m", "tools.fuzz", "--worker"], cwd=ROOT,
                                 env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -1,20 +1,18 @@
 """Write the example training graphs shipped in examples/ (deterministic).
 
-    python tools/make_examples.py
+    python -m tools.make_examples
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+from tools.fixtures import tf_models
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    from tools import tf_models
-
     model = tf_models.block_mlp(batch=512, width=1024, blocks=8, optimizer="adam")
     out = ROOT / "examples" / "mlp_train.pb"
     out.parent.mkdir(exist_ok=True)

@@ -1,26 +1,24 @@
 """Write the small input graphs of tests/test_golden.py into tests/data/ (once).
 
-The builders in tools/tf_models.py and tools/onnx_models.py are not promised to
+The builders in tools/fixtures/tf_models.py and tools/fixtures/onnx_models.py are not promised to
 be byte-identical across TensorFlow / onnx versions, so the golden test rewrites
 these committed files instead of rebuilding the models.
 
-    python tools/make_golden_inputs.py
+    python -m tools.make_golden_inputs
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 DATA = ROOT / "tests" / "data"
 
 
 def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from tools import onnx_models, tf_models
+    from tools.fixtures import onnx_models, tf_models
 
     DATA.mkdir(exist_ok=True)
     tf_builders = {

@@ -47,21 +47,11 @@ from functools import cache
 
 from graphpass.analysis.shapes import infer_shapes
 from graphpass.errors import GraphpassError
+from graphpass.ir.dtypes import np_dtype
 from graphpass.ir.graph import Graph, Tensor
 
 #: The largest constant TF's constant folding creates (``kMaxConstantSize``).
 MAX_FOLDED_BYTES = 10 * 2**20
-
-
-def np_dtype(dtype: str):
-    """numpy dtype for a dialect dtype name (bfloat16 via ml_dtypes)."""
-    import numpy as np  # here: the CLI imports this module for --help
-
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(dtype)
 
 
 def tensor_bytes(graph: Graph, tensor: Tensor, batch_size: int | None = None) -> int | None:

@@ -224,8 +224,8 @@ def _best_scalars(graph: Graph, score: dict[str, tuple]) -> set[str]:
     first, and only if none of it is a scalar are all the others' read, at
     once. The loss usually scores best alone, and its upstream is the forward
     pass, where the other candidates (a gradient computation's unread
-    values) reach back through the backward pass: a third of the nodes TF
-    imported to infer them all."""
+    values) reach back through the backward pass, a large part of the graph
+    to infer."""
     groups: dict[tuple, list[str]] = {}
     for name, value in score.items():
         groups.setdefault(value, []).append(name)
@@ -284,8 +284,8 @@ def _upstream_scores(graph: Graph, candidates: list[str], marked: set[str],
 def _bit_sums(weights: dict[int, int], bits: int) -> list[int]:
     """For each bit ``k < bits``, the sum of the weights of the masks with bit ``k``
     set: a 0/1 matrix of the masks (numpy, some thousand rows at a time) times
-    the weights, in integers. A loop over each mask's bits in Python was most of
-    scoring two thousand candidates."""
+    the weights, in integers, since a Python loop over each mask's bits would be
+    most of scoring thousands of candidates."""
     import numpy as np
 
     if not weights or not bits:

@@ -262,7 +262,7 @@ class Dialect(ABC):
         dtype's smallest normal number, as ``recompute_grad(use_data_dep=True)``."""
         import numpy as np
 
-        from graphpass.analysis.memory import np_dtype
+        from graphpass.ir.dtypes import np_dtype
 
         return float(np.finfo(np_dtype(dtype)).tiny)
 

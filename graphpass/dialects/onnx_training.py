@@ -44,10 +44,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from graphpass.dialects.onnx_ops import DEFAULT_DOMAINS
 from graphpass.formats.onnx_order import INPUT, SOURCE_OPS
 from graphpass.ir.graph import Graph, Tensor
 
-DEFAULT_DOMAINS = ("", "ai.onnx")
 PREVIEW_DOMAIN = "ai.onnx.preview.training"
 #: Preview training op -> number of per-parameter input groups (X, G, state...).
 PREVIEW_OPS = {"Momentum": 3, "Adam": 4, "Adagrad": 3}

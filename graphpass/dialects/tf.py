@@ -54,7 +54,7 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
     #: GPUs) hands a request a whole free block up to twice its size and grows in
     #: doubling regions, so its peak exceeds the step's allocation records; which
     #: blocks a step gets depends on every earlier request, so an allowance is
-    #: declared instead of a model (measured by ``tools/bench_planner.py``; see
+    #: declared instead of a model (measured by ``python -m tools.bench.planner``; see
     #: README, "The automatic planner").
     allocator_headroom = 0.18
 

@@ -57,11 +57,11 @@ def verify_files(original: str | Path, rewritten: str | Path,
         key = training_signature(Path(original), options.signature, options.tag)
         if key is not None:
             return verify_saved_models(Path(original), Path(rewritten), key, options)
-    import graphpass
+    from graphpass.analysis.step_location import load
     from graphpass.inspect.verify.tf_runner import verify_tf
 
-    return verify_tf(graphpass.load(original, tag=options.tag),
-                     graphpass.load(rewritten, tag=options.tag), options)
+    return verify_tf(load(original, tag=options.tag), load(rewritten, tag=options.tag),
+                     options)
 
 
 def enable_cpu_autojit() -> None:

@@ -21,7 +21,7 @@ def verify_onnx(original: Path, rewritten: Path, options: VerifyOptions) -> Veri
 
     Peak memory is not measured here: onnxruntime has no allocator statistics,
     and its resident-set peak is only meaningful in a process of its own with
-    the CPU arena off (as ``tools/bench_onnx_remat.py`` runs it); the report
+    the CPU arena off (as ``python -m tools.bench.onnx_remat`` runs it); the report
     says ``None``.
     """
     import onnxruntime as ort

@@ -8,7 +8,7 @@ values of the signature's input specs. After every call the outputs and every
 variable the signature uses are compared; each call's peak allocator bytes is
 the CPU allocator's peak over the call (``None`` where the allocator keeps no
 statistics, e.g. with oneDNN off; one process, so peaks are indicative;
-``tools/bench_keras3.py`` measures each in its own).
+``python -m tools.bench.keras3`` measures each in its own).
 """
 
 from __future__ import annotations

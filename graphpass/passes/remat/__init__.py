@@ -111,7 +111,7 @@ def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
                 peak_before: int, auto: AutoPlan | None) -> int:
     """The estimate after the rewrite. The planner estimated this very rewrite
     (the same segments, rewritten the same way on a copy), so its figure is
-    reused: a second estimate of a large graph took as long as the first."""
+    reused: a second estimate of a large graph would cost as much as the first."""
     if not changed:
         return peak_before
     if auto is not None:

@@ -34,8 +34,7 @@ def auto_plan(graph: Graph, step: Step, options: RematOptions,
     of the graph and estimated once, never per candidate. The cyclic collector
     is paused meanwhile: the trial copies and their estimates are millions of
     containers and no cycles (a trial is freed when its last reference goes),
-    and the collector's scans of them were an eighth of planning a 65k-node
-    graph."""
+    so the collector's scans of them would be pure cost."""
     with gc_paused():
         return _auto_plan(graph, step, options, before)
 

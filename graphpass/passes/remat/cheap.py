@@ -96,8 +96,8 @@ def cheap_groups(graph: Graph, chain: ForwardChain, keep: set[Tensor],
     backward pass reaches it first) recomputes anyway on the way to its own values
     joins that group, and its readers read that copy: a layer norm's output that
     the next layer's weight gradient needs too is computed once in the backward
-    pass, not once per group (on the benchmark transformer the duplicated norms
-    were most of the recompute time). The shared copy lives longer, so whether
+    pass, not once per group (a transformer's duplicated norms would dominate its
+    recompute time). The shared copy lives longer, so whether
     to share is the caller's trade (``auto._plan_cheap``)."""
     unit_of = {}
     for index, unit in enumerate(chain.units):

@@ -7,9 +7,8 @@ the step (onnxruntime allocates each graph output as a result of the run). An
 update that runs as soon as its gradient exists, as onnxruntime's schedule runs
 it, so holds the updated parameter and its optimizer state (two or three
 parameter-sized values) through the rest of the backward pass, where its
-gradient alone would be one. On the benchmark MLP with Nesterov momentum that
-is the peak: 8 MiB per block at the first block's ReLU gradient where 4 MiB
-would do.
+gradient alone would be one; with a momentum optimizer that can be the step's
+peak.
 
 So each update reads its gradient gated on every gradient of the step,
 ``g + stop_gradient(0 * s)`` with ``s`` summing each gradient's first element
@@ -35,8 +34,7 @@ from graphpass.passes.remat.rewrite import Step
 DEFER_SCOPE = f"{SCOPE}deferred_updates"
 #: The least estimated gain, as a fraction of the peak, worth the gate's nodes
 #: (four per parameter): below it the gain is the gate's own scalars
-#: moving the peak by a few bytes (SGD on the benchmark MLP: 4), not updates
-#: that no longer pile up.
+#: moving the peak by a few bytes, not updates that no longer pile up.
 MIN_GAIN_FRACTION = 0.01
 
 

@@ -54,7 +54,7 @@ def order_by_data(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor],
             "mark a larger segment (one that reads a float tensor) or use --dependency control"
         )
     activations = [t for t in external if not dialect.is_variable_value(graph, t.node)]
-    # Who reads each external tensor, once (a scan of every copy per tensor was
+    # Who reads each external tensor, once (a scan of every copy per tensor would be
     # quadratic in the segment); copies in order, then slots as the graph lists them.
     readers: dict[Tensor, list[tuple[str, int]]] = {}
     for copy in copy_of.values():

@@ -35,8 +35,8 @@ Policies (``--recompute-policy``):
   then rewritten once and estimated; if the estimate misses the budget the
   model's budget is lowered by the miss and the chain solved again (at most
   ``ROUNDS`` times). The estimate must meet the budget less the dialect's
-  ``allocator_headroom`` (TF: 18%, the fragmentation of its allocator
-  measured beyond the step's own requests), so the allocator's peak meets it.
+  ``allocator_headroom`` (TF's: what its allocator fragments beyond the
+  step's own requests), so the allocator's peak meets it.
 * ``cheap``: one minimum cut over tensor bytes (``remat/cheap.py``).
 """
 
@@ -122,8 +122,8 @@ class AutoPlan:
         return lines
 
     def allowance(self) -> str:
-        """``, planned to 0.85x of it (156.2 MiB) for the allocator's fragmentation``,
-        or nothing where the dialect declares no headroom."""
+        """``, planned to <fraction>x of it (<bytes>) for the allocator's
+        fragmentation``, or nothing where the dialect declares no headroom."""
         if not self.headroom or self.budget_bytes is None:
             return ""
         return (f", planned to {1 / (1 + self.headroom):.2f}x of it "
@@ -224,7 +224,7 @@ def solve_min_peak(units: list[Unit]) -> ChainPlan:
     high = model_peak(units, ())
     quantum = _quantum(units, high)
     # Feasibility alone decides each step: the cost's lower bound (``solve_budget``'s
-    # second program) would be thrown away, half of the planner's time.
+    # second program) would be computed only to be thrown away.
     best = _cheapest(units, high, quantum) or ChainPlan((), 0, high)
     low = 0
     while high - low > quantum:

@@ -6,11 +6,11 @@ gradient ops have read them. The runtime's schedule can hold them longer: TF's
 executor runs an op that becomes ready beside another expensive one later, newest
 work first, so a copy only a weight gradient reads (a Keras 3 attention's
 ``softmax @ value``, recomputed for its output projection's weight gradient)
-waits to the end of the step, and with it the copies it reads (the 2 MiB
-softmax). Where a run *ends* decides this: its gradient reaches the end first.
+waits to the end of the step, and with it the copies it reads (the softmax).
+Where a run *ends* decides this: its gradient reaches the end first.
 Gradients starve the same way (bias gradients and layer-norm ``Sum`` reductions
-hold their inputs to the end); on the Keras 3 transformer more, shorter runs left
-more of them waiting.
+hold their inputs to the end), and more, shorter runs leave more of them
+waiting.
 
 So the planner rewrites the plan on a copy and simulates it (``estimate``), and
 while the estimate misses the model's figure, it
@@ -23,7 +23,7 @@ while the estimate misses the model's figure, it
 
 and solves the chain again, at most ``ROUNDS`` estimates in all, keeping the plan
 with the lowest estimate. A plan the model got right (within ``TOLERANCE``)
-costs one estimate, as before.
+costs one estimate, as it would without this check.
 """
 
 from __future__ import annotations

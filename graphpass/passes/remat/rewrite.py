@@ -50,7 +50,7 @@ def rewrite_segments(graph: Graph, segments: list[Segment], step: Step,
     """Plan and apply each segment in turn (a plan sees the earlier rewrites).
     ``released_bytes``: size what each segment no longer keeps, which reads the
     segments' shapes (None in the entries otherwise: a ``--quiet`` rewrite shows
-    no figures, and inferring them was a tenth of its time)."""
+    no figures, so it need not pay for inferring them)."""
     entries = []
     if released_bytes:  # the segments' shapes, while the graph is as read
         infer_shapes(graph, [name for segment in segments for name in segment.nodes])
@@ -185,7 +185,7 @@ def _triggers(graph: Graph, consumers: set[str], backward: set[str],
 class _Reach:
     """The two reachability questions of the trigger search, answered for the
     graph as the earlier segments' rewrites left it, without a walk of the whole
-    graph per segment (which made rewriting quadratic in the segments).
+    graph per segment (which would make rewriting quadratic in the segments).
 
     * ``downstream(consumers)``: the nodes that depend on ``consumers``, walked
       only as far as asked: a node depends only on nodes before it in a

@@ -1,6 +1,6 @@
 """XLA's memory and time for each variant's training step, compiled for another machine.
 
-The variants are ``tools/bench_remat.py --xla``'s (8-block MLP, x [2048, 1024] float32,
+The variants are ``python -m tools.bench.remat --xla``'s (8-block MLP, x [2048, 1024] float32,
 SGD, blocks 1..7 marked; original, graphpass control/data/auto, Grappler MANUAL,
 source-level ``tf.recompute_grad``), clustered the same way (graphpass's ``--target
 xla`` lowering). TensorFlow splits that step into XLA clusters -- for this model a
@@ -23,16 +23,18 @@ Two halves:
   median per module).
 
 Per variant the table gives: "total" = the largest over the step's modules of
-argument + output + temp - alias bytes (what ``bench_remat.py --xla`` reads from XLA's
+argument + output + temp - alias bytes (what ``tools.bench.remat --xla`` reads from XLA's
 buffer-assignment dump as "Total bytes used": the activations a forward cluster hands
 to the backward cluster are its outputs, so they count); "temp" = the largest temp
 bytes of one module; "step" = the sum of the modules' median execution times (the
 runtime between clusters and the apply ops are not in it). Ratios are to the original
-in the same run. On a CPU jax the totals reproduce ``bench_remat.py --xla``'s XLA
+in the same run. On a CPU jax the totals reproduce ``tools.bench.remat --xla``'s XLA
 column, which is how the path was checked without a GPU.
 
-    python tools/bench_xla_gpu.py export --dir hlo_out       # here, ~4 min on 2 cores
-    python3 tools/bench_xla_gpu.py measure --dir hlo_out     # on the GPU machine
+    python -m tools.bench.xla_gpu export --dir hlo_out     # here, ~4 min on 2 cores
+    python3 tools/bench/xla_gpu.py measure --dir hlo_out   # on the GPU machine
+
+``measure`` imports nothing from the repository, so the file runs on its own.
 
 The export is about 0.5 MiB (weights are parameters, not constants); ``hlo_out`` is an
 ignored folder that travels to the device machine named in the device tool's ``carry``.
@@ -54,7 +56,6 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 DUMP_FLAGS = "--xla_dump_hlo_as_text --xla_dump_hlo_as_proto"
 #: numpy dtype for each HLO element type a TF cluster of this step takes.
 HLO_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64",
@@ -63,8 +64,7 @@ HLO_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "fl
 
 def export(args) -> None:
     """Run every variant once under TF with XLA dumping; keep each cluster's HLO."""
-    sys.path.insert(0, str(ROOT))
-    from tools import bench_remat
+    from tools.bench import remat as bench_remat
 
     out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Benchmark: graphpass on large training graphs, against Grappler's memory optimizer.
 
-    PYTHONPATH=. python tools/bench_scale.py [--layers 70,210,485] [--onnx-blocks 3125]
+    python -m tools.bench.scale [--layers 70,210,485] [--onnx-blocks 3125]
         [--variants inspect,remat,estimates,auto,roundtrip,grappler] [--rounds N]
 
 Graphs (generated once into ``--work``, reused by later runs):
@@ -10,7 +10,7 @@ Graphs (generated once into ``--work``, reused by later runs):
   ``mean(h*h)``, gradients clipped by global norm, Adam; exported as a
   MetaGraphDef with its Saver. 70, 210 and 485 layers give about 21.6k, 65k
   and 150k nodes.
-* ONNX: the block MLP of ``tools/onnx_models.py`` (forward, hand-written
+* ONNX: the block MLP of ``tools/fixtures/onnx_models.py`` (forward, hand-written
   backward, SGD) with 3125 blocks, about 50k nodes.
 
 Variants, each in its own process (a fresh interpreter per measurement):
@@ -55,8 +55,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 TF_MARK = "encoder/layer_[0-9]+/"
@@ -117,7 +116,7 @@ def tf_graph(work: Path, layers: int) -> Path:
 def onnx_graph(work: Path, blocks: int) -> Path:
     path = work / f"onnx_mlp_{blocks}.onnx"
     if not path.exists():
-        from tools import onnx_models
+        from tools.fixtures import onnx_models
 
         built = onnx_models.block_mlp(batch=8, width=32, blocks=blocks, check=False)
         _atomic_write(path, built.model.SerializeToString(deterministic=True))
@@ -243,12 +242,12 @@ def _grappler(source: str) -> None:
 def run_worker(variant: str, source: Path, work: Path, timeout: float,
                profile: str | None = None) -> dict:
     output = work / f"out_{variant}_{source.name}"
-    argv = [sys.executable, __file__, "--worker", variant, str(source), str(output)]
+    argv = [sys.executable, "-m", "tools.bench.scale", "--worker", variant,
+            str(source.resolve()), str(output.resolve())]
     if profile:
-        argv += ["--profile", profile]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+        argv += ["--profile", str(Path(profile).resolve())]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"timeout": timeout}
     if done.returncode != 0:

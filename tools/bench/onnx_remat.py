@@ -1,14 +1,14 @@
 """Peak memory and step time of one ONNX training step under onnxruntime,
 rematerialized by graphpass or not.
 
-Models (``--model``), each a training step of ``tools/onnx_models`` with the
+Models (``--model``), each a training step of ``tools.fixtures.onnx_models`` with the
 parameters and the optimizer state as graph inputs, fed every step:
 
 * ``mlp`` (default): the 8-block MLP of ``block_mlp`` (x [2048, 1024] float32,
   block i ``h = tanh(relu(h @ W_i)) * 2``, loss ``mean(h*h)``);
 * ``transformer``: the pre-LN transformer block stack of ``transformer``
   (x [8, 256, 256]: LayerNormalization, single-head Softmax attention, a Gelu
-  MLP of width 1024; loss ``mean(h*h)``; backward from ``tools/onnx_autodiff``).
+  MLP of width 1024; loss ``mean(h*h)``; backward from ``tools.fixtures.onnx_autodiff``).
 
 ``--optimizer`` picks the update (``sgd``, ``momentum``, ``nesterov``, ``adam``,
 ``adamw``, ``adagrad``, ``rmsprop``, a comma list, or ``all`` of them; one table
@@ -32,16 +32,8 @@ after the first run it allocates one block per run laid out by its pattern
 planner, a first-fit packing of the first run's allocations, so that figure is
 the packing's size rather than the live bytes); ``--no-pattern`` skips it.
 
-Peak = the rise of the process's resident set over one step after a warm-up
-step: ``VmHWM`` (the kernel's high-water mark, reset to the current RSS by
-writing ``5`` to ``/proc/self/clear_refs`` right before the step) minus
-``VmRSS`` before it. The worker runs with ``MALLOC_MMAP_THRESHOLD_`` fixed at
-64 KiB, so glibc serves every tensor buffer from its own ``mmap`` and gives it
-back to the kernel on free (by default the threshold grows with the first large
-free and later buffers come from the heap, which keeps freed pages resident and
-would hide the step's peak). The RSS rise is then the step's live tensor bytes
-plus a little allocator overhead. ``ru_maxrss`` alone cannot be used: it is the
-lifetime maximum, already reached by the warm-up step.
+Peak = the rise of the process's resident set over one step after a warm-up step
+(how it is read: ``tools/fixtures/ort_measure.py``).
 
 The "plan MiB" column is a second, independent figure: the liveness peak of
 the step's tensors (static sizes from ONNX shape inference) over the order in
@@ -52,37 +44,29 @@ the optimized graph is the one ORT writes to ``optimized_model_filepath``).
 printed beside the measurements to show how well it predicts them.
 Ratios are against the original, measured in the same run.
 
-    python tools/bench_onnx_remat.py [--model mlp|transformer] [--optimizer KIND,...|all]
-                                     [--variants leaves,data,auto] [--no-pattern]
-                                     [--batch N --width N --blocks N --seq N] [--steps 3]
+    python -m tools.bench.onnx_remat [--model mlp|transformer] [--optimizer KIND,...|all]
+                                    [--variants leaves,data,auto] [--no-pattern]
+                                    [--batch N --width N --blocks N --seq N] [--steps 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from tools.fixtures.ort_measure import run_worker
 
-MMAP_THRESHOLD_BYTES = 64 * 1024
 #: --model -> default sizes (batch, width, blocks, seq).
 MODELS = {"mlp": dict(batch=2048, width=1024, blocks=8, seq=None),
           "transformer": dict(batch=8, width=256, blocks=8, seq=256)}
 
 
 def build_model(args, optimizer: str):
-    from tools import onnx_models
-    from tools.onnx_optimizers import Optimizer
+    from tools.fixtures import onnx_models
+    from tools.fixtures.onnx_optimizers import Optimizer
 
     opt = Optimizer(optimizer, lr=0.01)
     if args.model == "transformer":
@@ -150,136 +134,8 @@ def _leaves_reordered(model):
     return reordered
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def _reset_high_water_mark() -> None:
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")
-
-
-def measure(spec: dict, steps: int) -> dict:
-    """Run in a worker process: RSS peak of one step, median step seconds, the
-    executed node order's liveness peak."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.enable_cpu_mem_arena = False
-    options.enable_mem_pattern = spec["mem_pattern"]
-    options.intra_op_num_threads = spec["threads"]
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    work = Path(spec["model"]).parent
-    stem = Path(spec["model"]).stem
-    options.optimized_model_filepath = str(work / f"{stem}.ort_optimized.onnx")
-    session = ort.InferenceSession(spec["model"], options, providers=["CPUExecutionProvider"])
-    with np.load(spec["feeds"]) as data:
-        feeds = {k.replace("|", "/"): data[k] for k in data.files}
-    session.run(spec["fetches"], feeds)  # warm-up: kernels, thread pool, first-run caches
-    _reset_high_water_mark()
-    before = _status_kib("VmRSS")
-    outputs = session.run(spec["fetches"], feeds)
-    peak = (_status_kib("VmHWM") - before) * 1024
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        session.run(spec["fetches"], feeds)
-        times.append(time.perf_counter() - start)
-    result = {"peak": peak, "step_s": statistics.median(times), "loss": float(outputs[0])}
-    if not spec["mem_pattern"]:
-        result["plan_peak"] = _executed_order_peak(spec, options.optimized_model_filepath,
-                                                   feeds)
-    return result
-
-
-def _executed_order_peak(spec: dict, optimized: str, feeds: dict) -> int:
-    """Liveness peak of the optimized graph's tensors over the node order onnxruntime
-    executes (a profiled session with the measured one's settings)."""
-    import onnx
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.enable_cpu_mem_arena = False
-    options.enable_mem_pattern = False
-    options.intra_op_num_threads = spec["threads"]
-    options.enable_profiling = True
-    options.profile_file_prefix = str(Path(optimized).with_suffix(""))
-    session = ort.InferenceSession(spec["model"], options, providers=["CPUExecutionProvider"])
-    session.run(spec["fetches"], feeds)
-    profile = session.end_profiling()
-    events = json.loads(Path(profile).read_text())
-    order = [e["name"][:-len("_kernel_time")] for e in events
-             if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
-    model = onnx.load(optimized)
-    # Fused ops (com.microsoft FusedMatMul, ...) have no ONNX shape inference; their
-    # outputs keep the names of the values they replace, typed in the input model.
-    sizes = {**_value_sizes(onnx.load(spec["model"])), **_value_sizes(model)}
-    return liveness_peak(model, order, sizes, set(spec["fetches"]))
-
-
-def _value_sizes(model) -> dict[str, int]:
-    """Tensor name -> bytes, for values whose shape ONNX shape inference knows."""
-    import onnx
-
-    inferred = onnx.shape_inference.infer_shapes(model)
-    sizes = {}
-    for info in [*inferred.graph.value_info, *inferred.graph.output]:
-        tensor_type = info.type.tensor_type
-        if not tensor_type.elem_type or not tensor_type.HasField("shape"):
-            continue
-        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim]
-        if any(d < 0 for d in dims):
-            continue
-        itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).itemsize
-        sizes[info.name] = int(np.prod(dims, dtype=np.int64)) * itemsize
-    return sizes
-
-
-def liveness_peak(model, order: list[str], sizes: dict[str, int], fetches: set[str]) -> int:
-    """Peak bytes of live computed tensors when ``model``'s nodes run in ``order``
-    (a tensor lives from its producer to its last reader; outputs to the end)."""
-    nodes = {n.name: n for n in model.graph.node}
-    ran = [nodes[name] for name in order if name in nodes]
-    last_read = {}
-    for i, node in enumerate(ran):
-        for value in node.input:
-            last_read[value] = i
-    live = peak = 0
-    alive = set()
-    for i, node in enumerate(ran):
-        for value in node.output:
-            if value and value in sizes and (value in last_read or value in fetches):
-                alive.add(value)
-                live += sizes[value]
-        peak = max(peak, live)
-        for value in set(node.input):
-            if value in alive and last_read.get(value) == i and value not in fetches:
-                alive.discard(value)
-                live -= sizes[value]
-    return peak
-
-
-def run_worker(name: str, spec: dict, steps: int) -> dict:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD_BYTES),
-               OMP_NUM_THREADS=str(spec["threads"]))
-    out = subprocess.run(
-        [sys.executable, __file__, "--worker", json.dumps(spec), "--steps", str(steps)],
-        capture_output=True, text=True, env=env, timeout=1800,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
-    from tools.onnx_optimizers import OPTIMIZERS
+    from tools.fixtures.onnx_optimizers import OPTIMIZERS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="mlp")
@@ -295,11 +151,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
     parser.add_argument("--no-pattern", action="store_true",
                         help="skip the runs with ORT's memory pattern on")
-    parser.add_argument("--worker")
     args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(measure(json.loads(args.worker), args.steps)))
-        return
     for key, default in MODELS[args.model].items():
         if getattr(args, key) is None:
             setattr(args, key, default)

@@ -1,9 +1,9 @@
 """The automatic remat planner against the hand-written marks and Grappler, measured.
 
-Per model (``bench_memory.MODELS``: the 8-block MLP, tf_keras MobileNetV2 96x96
-and ResNet50 64x64 at batch 32, a transformer encoder stack, a pre-norm FFN
+Per model (``tools.fixtures.memory_models.MODELS``: the 8-block MLP, tf_keras
+MobileNetV2 96x96 and ResNet50 64x64 at batch 32, a transformer encoder stack, a pre-norm FFN
 stack) and variant, each graph measured in its own process
-(``tools/measure.py``: one inter-op thread, Grappler's defaults, after a
+(``tools/fixtures/measure.py``: one inter-op thread, Grappler's defaults, after a
 warm-up step):
 
 * original         -- the exported training graph
@@ -28,7 +28,7 @@ the dialect's allocator headroom), whether it said the budget is met and whether
 the measured peak is within it (+5%). A budget no plan reaches is
 reported as the planner's exit-2 message.
 
-    python tools/bench_planner.py [--models mlp,mobilenet_v2,resnet50,transformer] [--small]
+    python -m tools.bench.planner [--models mlp,mobilenet_v2,resnet50,transformer] [--small]
                                   [--variants auto,cheap,...] [--rounds N]
 """
 
@@ -41,11 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tools.bench_memory import FETCHES, MODELS, build  # noqa: E402
+from tools.fixtures.memory_models import FETCHES, MODELS, build
 
 BUDGETS = (0.8, 0.6, 0.5)
 #: Measured peak may exceed a budget the planner said it met by this much.
@@ -104,7 +100,7 @@ def bench_model(name: str, small: bool, work: Path, rounds: int,
     """The original and the ``wanted`` variants of one model, each measured in its own
     process (a subset reruns only what a change touched; ratios stay to this run's
     original) and timed against the original over ``rounds`` paired rounds."""
-    from tools.measure import measure, paired_step_time
+    from tools.fixtures.measure import measure, paired_step_time
 
     def measured(path: Path, **options):
         times = paired_step_time(original, path, FETCHES, rounds=rounds,

@@ -1,6 +1,6 @@
 """Peak memory of one call of a Keras 3 train signature, rematerialized or not.
 
-For each model (tools/keras3_models.py, SGD with momentum) the SavedModel is
+For each model (``tools/fixtures/keras3_models.py``, SGD with momentum) the SavedModel is
 rewritten by the CLI, and every variant is measured in its own process: the CPU
 allocator's peak over one call of the ``train`` signature after a warm-up call,
 one inter-op thread, oneDNN on (its allocator keeps the statistics). Beside it,
@@ -13,7 +13,7 @@ Variants:
 * regex data    -- the same with ``--dependency data``;
 * auto          -- ``--recompute auto``.
 
-    python tools/bench_keras3.py [--size test|bench] [--models mlp transformer]
+    python -m tools.bench.keras3 [--size test|bench] [--models mlp transformer]
 """
 
 from __future__ import annotations
@@ -24,11 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from tools.fixtures import keras3_models
 
-from tools import keras3_models  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 BLOCKS = {"mlp": "mlp_1/block[1-7]_", "convnet": "convnet_1/block[1-2]_",
           "transformer": "transformer_1/block[1-9]_"}
@@ -42,7 +40,7 @@ VARIANTS = {
 def bench(model: str, size: str, work: Path) -> list[tuple[str, dict]]:
     """Export, rewrite and measure every variant of one model."""
     source = work / f"{model}_original"
-    subprocess.run([sys.executable, "-m", "tools.keras3_models", "export", model, "sgd",
+    subprocess.run([sys.executable, "-m", "tools.fixtures.keras3_models", "export", model, "sgd",
                     str(source), "--size", size], cwd=ROOT, check=True, capture_output=True)
     rows = [("original", measured(source, model, size))]
     for name, args in VARIANTS.items():

@@ -21,7 +21,7 @@ variant's step with XLA, clustered the same way (graphpass's ``--target xla``
 lowering marks the step as ``jit_scope`` would); XLA's buffer-assignment total is
 then read from XLA's own dump. Ratios are against the original, measured in the same run.
 
-    python tools/bench_remat.py [--batch 2048 --width 1024 --blocks 8] [--xla]
+    python -m tools.bench.remat [--batch 2048 --width 1024 --blocks 8] [--xla]
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 MARK = "block[1-7]/"
 #: The auto variant's budget, as a fraction of the original step's estimated peak.
@@ -50,7 +49,7 @@ AUTO_BUDGET = 0.6
 def build_variants(args, work: Path) -> dict[str, dict]:
     """Write one GraphDef per variant; return variant -> run spec."""
     import graphpass
-    from tools import tf_models
+    from tools.fixtures import tf_models
 
     model = tf_models.block_mlp(batch=args.batch, width=args.width, blocks=args.blocks,
                                 optimizer="sgd")
@@ -182,9 +181,9 @@ def run_worker(name: str, spec: dict, steps: int, xla: bool, work: Path,
     if xla:
         env["XLA_FLAGS"] = f"--xla_dump_to={dump} {dump_flags}".strip()
     out = subprocess.run(
-        [sys.executable, __file__, "--worker", json.dumps(spec), "--steps", str(steps)]
-        + (["--xla"] if xla else []),
-        capture_output=True, text=True, env=env, timeout=900,
+        [sys.executable, "-m", "tools.bench.remat", "--worker", json.dumps(spec), "--steps",
+         str(steps)] + (["--xla"] if xla else []),
+        cwd=ROOT, capture_output=True, text=True, env=env, timeout=900,
     )
     if out.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{out.stderr[-3000:]}")
