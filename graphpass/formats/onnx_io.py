@@ -54,6 +54,7 @@ from pathlib import Path
 
 from graphpass.errors import GraphpassError
 from graphpass.formats.files import atomic_output, check_output_path
+from graphpass.formats.onnx_check import check_model
 from graphpass.formats.onnx_order import INITIALIZER, INPUT, READ_INDEX, SOURCE_OPS, file_order
 from graphpass.ir.graph import Graph, Tensor, fresh_name
 
@@ -85,6 +86,7 @@ def read_onnx(path: Path) -> Graph:
     if bad:
         raise GraphpassError(f"{path}: {bad[0]} is not valid UTF-8 ({bad[1]!r}); ONNX strings "
                              "must be UTF-8: re-export the model")
+    check_model(model, str(path))
     return graph_from_model(model, source_dir=path.parent)
 
 
