@@ -100,3 +100,15 @@ def test_unknown_batch_dim_asks_for_a_batch_size(model, tmp_path, capsys, symbol
                  "--batch-size", "4", "--quiet"]) == 0
     assert main(["rewrite", str(path), "-o", str(tmp_path / "c.onnx"), "--recompute", ".*",
                  "--quiet"]) == 0
+
+
+def test_empty_forward_is_an_empty_chain():
+    """IndexError in forward_chain: the planner indexed past the end of an empty
+    forward (a step whose loss no computed op makes)."""
+    import graphpass
+    from graphpass.analysis.cost import Sizes
+    from graphpass.analysis.forward import forward_chain
+
+    graph = graphpass.load(DATA / "onnx_mlp.onnx")
+    chain = forward_chain(graph, [], set(), Sizes(graph, None))
+    assert (chain.units, chain.width, chain.saved, chain.saved_bytes) == ([], 0, [], 0)

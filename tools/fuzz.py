@@ -1,17 +1,23 @@
-"""Fuzz ``graphpass inspect`` and a no-pass ``graphpass rewrite`` with mutated models.
+"""Fuzz ``graphpass inspect`` and ``graphpass rewrite`` with mutated models and
+hostile command lines.
 
 Every case must end in exit 0, or exit 2 with one ``graphpass: error:`` line
-and no output file: never a traceback, a crash (signal) or a hang. Cases are
-mutated from small seed models (a GraphDef, its text form, a MetaGraphDef and
-an ONNX training step), mostly *structurally* (ports, attrs, cycles, names,
-strings that are not UTF-8, external-data locations) so that they get past the
-parsers and reach the code behind them, partly byte-level.
+and nothing written: never a traceback, a crash (signal), a hang or a lost
+output. Model cases are mutated from small seed models (a GraphDef, its text
+form, a MetaGraphDef, a MetaGraphDef with a function library, an ONNX training
+step), mostly *structurally* (ports, attrs, cycles, names, strings that are not
+UTF-8, recursive or dangling functions, extreme dims, external-data locations;
+``fuzz_mutators.py`` holds the second round's) so that they get past the
+parsers, partly byte-level; each runs ``inspect`` and one rewrite of
+:data:`REWRITES`. Command-line cases (``cli``) point outputs at inputs, at each
+other, at devices, FIFOs and links, with long names and extreme numbers.
 
 Cases run in batches inside worker subprocesses: TF is imported once per
 worker, and a worker that dies (segfault) or stops answering (hang) takes only
 its current case with it; the next worker resumes after that case.
 
     python -m tools.fuzz --cases 5000 --seed 1 [--keep DIR]
+    python -m tools.fuzz --family tf --cases 10000 --seed 2027   # a benchmark run
 
 ``tests/test_fuzz.py`` runs the short version (fixed seeds) in the suite.
 """
