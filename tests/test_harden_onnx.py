@@ -112,3 +112,40 @@ def test_empty_forward_is_an_empty_chain():
     graph = graphpass.load(DATA / "onnx_mlp.onnx")
     chain = forward_chain(graph, [], set(), Sizes(graph, None))
     assert (chain.units, chain.width, chain.saved, chain.saved_bytes) == ([], 0, [], 0)
+
+
+def _external(model, directory: Path, location: str = "data.bin") -> Path:
+    import onnx
+
+    directory.mkdir(exist_ok=True)
+    onnx.save_model(model, directory / "model.onnx", save_as_external_data=True,
+                    all_tensors_to_one_file=True, location=location, size_threshold=0)
+    return directory / "model.onnx"
+
+
+def test_external_location_over_the_name_limit_is_refused(model, tmp_path, capsys):
+    """OSError: File name too long, from the path checks (found by the fuzzer)."""
+    import onnx
+
+    tensor = model.graph.initializer[0]
+    tensor.ClearField("raw_data")
+    tensor.ClearField("float_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.external_data.add(key="location", value="d" * 300 + ".bin")
+    _all_refused(capsys, model, tmp_path, "longer than 255 bytes")
+
+
+def test_external_data_target_that_is_a_fifo_is_refused(model, tmp_path, capsys):
+    """Beside the output, the data file's name holds a FIFO (the rename would replace
+    it): refused before anything is written."""
+    import os
+
+    path = _external(model, tmp_path / "in")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / "data.bin")
+    before = listing(tmp_path)
+    assert main(["rewrite", str(path), "-o", str(out / "model.onnx")]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("graphpass: error: "), lines
+    assert listing(tmp_path) == before

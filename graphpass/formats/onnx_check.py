@@ -22,6 +22,8 @@ from graphpass.errors import GraphpassError
 #: The most elements a tensor may hold: 2^45 (256 TiB of float64) is beyond any
 #: device, and sums of many such byte counts still fit an int64.
 MAX_ELEMENTS = 2**45
+#: The longest file name common file systems hold, in bytes.
+NAME_MAX = 255
 _FIX = "re-export the model"
 
 
@@ -110,6 +112,11 @@ def _check_external_locations(model, where: str) -> None:
                 raise GraphpassError(f"{where}: initializer {tensor.name!r}: external data "
                                      f"location {entry.value!r} holds a NUL or control "
                                      f"character, which no file name may; {_FIX}")
+            if entry.key == "location" and any(
+                    len(part.encode()) > NAME_MAX for part in entry.value.split("/")):
+                raise GraphpassError(f"{where}: initializer {tensor.name!r}: external data "
+                                     f"location {entry.value!r} has a name longer than "
+                                     f"{NAME_MAX} bytes, which no file system holds; {_FIX}")
             if entry.key in ("offset", "length") and not (entry.value.isdigit()
                                                           and entry.value.isascii()):
                 raise GraphpassError(f"{where}: initializer {tensor.name!r}: external data "
