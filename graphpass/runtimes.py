@@ -89,6 +89,25 @@ def runtimes_required(doing: str) -> Iterator[None]:
         raise
 
 
+#: onnxruntime's training build: no extra provides it, since it pins its own onnx and
+#: numpy; it lives in an environment of its own.
+ORT_TRAINING_SETUP = ("pip install onnxruntime-training-cpu==1.19.2 onnx==1.16.2 'numpy<2' "
+                      "in a virtualenv of its own (the repository's "
+                      "tools/make_ort_training_env.sh builds one)")
+
+
+def require_onnxruntime_training(doing: str = "verifying") -> None:
+    """Raise :class:`MissingRuntime` unless ``onnxruntime.training.api`` can be imported
+    (onnxruntime-training provides it; plain onnxruntime has no training kernels)."""
+    try:
+        found = importlib.util.find_spec("onnxruntime.training.api") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise MissingRuntime(f"{doing} onnxruntime training artifacts needs "
+                             f"onnxruntime-training: {ORT_TRAINING_SETUP}")
+
+
 def versions() -> dict[str, str | None]:
     """``{import name: version}`` of each runtime, None when not installed; where two
     distributions provide one module (``tensorflow`` and ``tensorflow-cpu``), each is

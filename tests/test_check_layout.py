@@ -114,14 +114,15 @@ def test_a_pass_importing_a_runtime_or_reading_meta_or_loc_fires(tmp_path):
         "def run(graph):\n"
         "    import onnxruntime\n"
         "    from tensorflow.core.framework import graph_pb2\n"
-        "    extras = graph.meta['tf_extras']\n"
-        "    more = graph.meta.get('versions')\n"
+        "    extras = graph.node('n').meta['tf_extras']\n"
+        "    more = graph.format_state.versions\n"
         "    return '^' + 'loc:@' + extras + more\n")})
+    reads = "a pass reads the format's record (format_state or meta); ask the dialect"
     assert found == [
         "graphpass/passes/remat.py:2: a pass imports onnxruntime; ask the dialect",
         "graphpass/passes/remat.py:3: a pass imports tensorflow.core.framework; ask the dialect",
-        "graphpass/passes/remat.py:4: a pass reads graph.meta; ask the dialect or a typed field",
-        "graphpass/passes/remat.py:5: a pass reads graph.meta; ask the dialect or a typed field",
+        f"graphpass/passes/remat.py:4: {reads}",
+        f"graphpass/passes/remat.py:5: {reads}",
         "graphpass/passes/remat.py:6: a pass spells a TF colocation (\"loc:@\"); ask the dialect"]
 
 

@@ -196,13 +196,28 @@ def test_unique_name_is_the_lowest_free_name_after_removals():
     assert graph.unique_name("n") == "n"
 
 
-def test_a_copy_writes_its_own_meta_containers():
-    graph = _graph()
-    graph.meta.update(initializers={"w": 1}, inputs=["x"], version=7)
+def test_a_copy_writes_its_own_format_state_containers():
+    graph = Graph("onnx")
+    graph.format_state.initializers.update(w=1)
+    graph.format_state.inputs.append("x")
     other = graph.copy()
-    other.meta["initializers"]["v"] = 2
-    other.meta["inputs"].append("y")
-    assert graph.meta == {"initializers": {"w": 1}, "inputs": ["x"], "version": 7}
+    other.format_state.initializers["v"] = 2
+    other.format_state.inputs.append("y")
+    assert (graph.format_state.initializers, graph.format_state.inputs) == ({"w": 1}, ["x"])
+    assert (other.format_state.initializers, other.format_state.inputs) == (
+        {"w": 1, "v": 2}, ["x", "y"])
+
+
+def test_a_copy_of_a_tf_step_writes_its_own_function_record():
+    from graphpass.formats.tf_state import TFFunction
+
+    graph = _graph()
+    graph.format_state.function = TFFunction("f", {"c": "c"}, frozenset(), frozenset(), False)
+    other = graph.copy()
+    other.format_state.function.control_ret["d"] = "d"
+    other.format_state.function.variables["x"] = "v"
+    assert graph.format_state.function.control_ret == {"c": "c"}
+    assert graph.format_state.function.variables == {}
 
 
 # -- records: a node as its file held it -------------------------------------------

@@ -85,7 +85,7 @@ def test_reader_builds_source_nodes_with_ports_and_outputs():
     # every non-source node of the file is an IR node, in file order
     ops = [n.name for n in graph.nodes() if n.op not in (INPUT, INITIALIZER)]
     assert ops == [n.name for n in built.model.graph.node]
-    carried = graph.meta["initializers"]["stem/W"]
+    carried = graph.format_state.initializers["stem/W"]
     assert carried == next(t for t in built.model.graph.initializer if t.name == "stem/W")
 
 
@@ -271,7 +271,7 @@ def test_external_data_is_kept_on_disk_and_copied_beside_the_output(tmp_path):
     onnx.save_model(external, source, save_as_external_data=True,
                     all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
     graph = graphpass.load(source)
-    proto = graph.meta["initializers"]["stem/W"]
+    proto = graph.format_state.initializers["stem/W"]
     assert proto.data_location == TensorProto.EXTERNAL and not proto.raw_data
     target = tmp_path / "b" / "model.onnx"
     graphpass.save(graph, target)
@@ -388,7 +388,7 @@ def test_builders_run_in_onnxruntime(tmp_path):
     with pytest.raises(GraphpassError, match="no control"):
         dialect.identity(graph, "probe/ordered", x, ["relu"])
     new_out = _vi(graph.node(as_double.node).outputs[0], [2, 3], TensorProto.DOUBLE)
-    graph.meta["outputs"] = [*graph.meta["outputs"], new_out]
+    graph.format_state.outputs = [*graph.format_state.outputs, new_out]
     verify(graph)
     target = tmp_path / "built.onnx"
     graphpass.save(graph, target)
@@ -406,7 +406,7 @@ def test_first_element_before_opset_10_uses_slice_attributes(tmp_path):
     graph = graph_from_model(model)
     head = graph.dialect.first_element(graph, "first", Tensor("relu", 0))
     assert graph.dialect.get_attr(graph, "first/head", "ends") == [1]
-    graph.meta["outputs"] = [*graph.meta["outputs"], _vi(graph.node(head.node).outputs[0], [])]
+    graph.format_state.outputs.append(_vi(graph.node(head.node).outputs[0], []))
     written = model_from_graph(graph)
     onnx.checker.check_model(written)
     _, value = run(written, {"x": np.array([[3, 1], [2, 4]], np.float32)})

@@ -207,7 +207,7 @@ def test_structure_if_form():
     node = graph.node(gate)
     assert node.op == "If" and GATE_ATTR in node.attrs
     assert not [n for n in graph.nodes() if n.op.startswith("ResourceApply")]
-    library = {f.signature.name: f for f in graph.meta["library"].function}
+    library = {f.signature.name: f for f in graph.format_state.library.function}
     then = library[node.attrs["then_branch"].func.name]
     orelse = library[node.attrs["else_branch"].func.name]
     assert sum(n.op == "ResourceApplyAdam" for n in then.node_def) == 2

@@ -87,7 +87,7 @@ def test_round_trip_keeps_the_saved_model(saved, tmp_path):
 
     source = saved.get("mlp", "sgd")
     graph = graphpass.load(source)
-    assert graph.meta["function"]["name"].startswith("__inference_train_")
+    assert graph.format_state.function.name.startswith("__inference_train_")
     graphpass.save(graph, tmp_path / "out")
     protos = []
     for directory in (source, tmp_path / "out"):
@@ -111,7 +111,7 @@ def test_inspect_finds_the_step_without_flags(saved, model, optimizer):
 
 
 def _outer_name(graph, argument: str) -> str:
-    return graph.meta["function"]["variables"][argument]
+    return graph.format_state.function.variables[argument]
 
 
 @pytest.mark.parametrize("optimizer,options", [
@@ -273,7 +273,7 @@ def test_graph_def_whose_top_level_calls_the_step(saved, tmp_path):
     source = tmp_path / "step.pb"
     source.write_bytes(proto.meta_graphs[0].graph_def.SerializeToString())
     graph = graphpass.load(source)
-    assert graph.meta["function"]["name"].startswith("__inference_train_")
+    assert graph.format_state.function.name.startswith("__inference_train_")
     assert len(graphpass.analyze(graph).steps[0].applies) == TRAINABLE["mlp"]
     _rewrite(source, tmp_path / "out.pb", "--recompute", BLOCKS["mlp"])
     written = graph_pb2.GraphDef()
@@ -282,7 +282,7 @@ def test_graph_def_whose_top_level_calls_the_step(saved, tmp_path):
     assert list(written.node) == list(original.node)
     changed = [f.signature.name for f, g in zip(written.library.function,
                                                 original.library.function) if f != g]
-    assert changed == [graph.meta["function"]["name"]]
+    assert changed == [graph.format_state.function.name]
 
 
 @pytest.mark.parametrize("staleness,applied", [(0, True), (-1, False)])

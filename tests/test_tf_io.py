@@ -79,7 +79,7 @@ def test_graph_def_round_trip(models, tmp_path, key, text):
     _rewrite(source, target)
 
     graph = graphpass.load(source)
-    assert (graph.meta["container"], graph.meta["text"]) == ("graphdef", text)
+    assert (graph.format_state.container, graph.format_state.text) == ("graphdef", text)
     out = read_message(target, _graph_def_type(), text)
     assert_same_graph_def(out, model.graph_def)
     assert_trains_identically(out, model, models.reference_run(key))
@@ -98,7 +98,7 @@ def test_meta_graph_round_trip(models, tmp_path, key, text):
     _rewrite(source, target)
 
     graph = graphpass.load(source)
-    assert (graph.meta["container"], graph.meta["text"]) == ("metagraph", text)
+    assert (graph.format_state.container, graph.format_state.text) == ("metagraph", text)
     out = read_message(target, _meta_graph_type(), text)
     assert_same_graph_def(out.graph_def, meta.graph_def)
     assert out.collection_def == meta.collection_def
@@ -172,7 +172,7 @@ def test_saved_model_tag_chooses_the_meta_graph(models, saved_models, tmp_path, 
     assert counts[None] == counts["train"]  # default: train before serve
     assert counts["serve"] == counts["train"] + 1  # serve adds `serving_loss`
     graph = graphpass.load(source, tag="serve")
-    assert "serving_loss" in graph and graph.meta["metagraph_index"] == 1
+    assert "serving_loss" in graph and graph.format_state.metagraph_index == 1
 
     target = tmp_path / "out"
     _rewrite(source, target, "--tag", "serve")
@@ -204,7 +204,7 @@ def test_saved_model_output_never_replaces_a_foreign_directory(saved_models, tmp
     target.mkdir()
     _rewrite(source, target)
     _rewrite(source, target)  # over its own earlier output
-    assert graphpass.load(target).meta["container"] == "savedmodel"
+    assert graphpass.load(target).format_state.container == "savedmodel"
     assert sorted(p.name for p in target.iterdir()) == ["saved_model.pb", "variables"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "empty", "precious"]
 
@@ -216,7 +216,7 @@ def test_saved_model_text_output(models, saved_models, tmp_path):
     original = read_message(source / "saved_model.pb", _saved_model_type())
     assert not (target / "saved_model.pb").exists()
     assert read_message(target / "saved_model.pbtxt", _saved_model_type(), text=True) == original
-    assert graphpass.load(target).meta["text"] is True
+    assert graphpass.load(target).format_state.text is True
 
 
 # -- detection from content, output encodings, determinism -------------------------
@@ -226,7 +226,7 @@ def test_graph_def_named_bin_is_detected(models, tmp_path):
     model = models.model("mlp_adam")
     source = write_message(tmp_path / "model.bin", model.graph_def)
     graph = graphpass.load(source)
-    assert (graph.meta["container"], graph.meta["text"]) == ("graphdef", False)
+    assert (graph.format_state.container, graph.format_state.text) == ("graphdef", False)
     _rewrite(source, tmp_path / "out.bin")
     assert_same_graph_def(read_message(tmp_path / "out.bin", _graph_def_type()),
                           model.graph_def)
@@ -236,7 +236,7 @@ def test_meta_graph_named_pb_is_detected(models, tmp_path):
     model = models.model("conv_bn_dropout")
     source = write_message(tmp_path / "model.pb", model.meta_graph)
     graph = graphpass.load(source)
-    assert graph.meta["container"] == "metagraph"
+    assert graph.format_state.container == "metagraph"
     assert len(graph) == len(model.graph_def.node)
     _rewrite(source, tmp_path / "out.pb")
     assert read_message(tmp_path / "out.pb", _meta_graph_type()) == model.meta_graph
@@ -246,7 +246,7 @@ def test_text_graph_def_named_txt_is_detected(models, tmp_path):
     model = models.model("control_flow")
     source = write_message(tmp_path / "model.txt", model.graph_def, text=True)
     graph = graphpass.load(source)
-    assert (graph.meta["container"], graph.meta["text"]) == ("graphdef", True)
+    assert (graph.format_state.container, graph.format_state.text) == ("graphdef", True)
 
 
 @pytest.mark.parametrize("container", ["graphdef", "metagraph"])

@@ -27,8 +27,9 @@ Rules (ROOT defaults to the repository holding this file):
    A module in no layer is a problem too: a new file says where it belongs.
 3. **No module in graphpass/ over 450 lines**, no exceptions.
 4. **Passes are format-blind**: nothing in ``graphpass/passes/`` imports
-   tensorflow, onnx or onnxruntime, reads or writes ``graph.meta`` keys
-   (``x.meta["key"]``, ``x.meta.get("key")``, ...), or spells a TF colocation
+   tensorflow, onnx or onnxruntime, reads the format's own record
+   (``graph.format_state``) or ``meta`` keys (``x.meta["key"]``,
+   ``x.meta.get("key")``, ...), or spells a TF colocation
    (``"loc:@"``); they ask the ``Dialect`` protocol instead.
 5. **Tools in folders that say so**: ``tools.fixtures`` imports neither
    ``tools.bench`` nor a script of ``tools/``; tests never import ``tools.bench``
@@ -204,12 +205,15 @@ def length_problems(root: Path) -> list[str]:
     return problems
 
 
-def _meta_lookup(node: ast.AST) -> bool:
-    """``x.meta[...]`` / ``meta[...]``, or ``x.meta.get(...)`` and its kin."""
+def _format_lookup(node: ast.AST) -> bool:
+    """``x.format_state``, ``x.meta[...]`` / ``meta[...]``, or ``x.meta.get(...)`` and
+    its kin."""
     def is_meta(value: ast.AST) -> bool:
         return (isinstance(value, ast.Attribute) and value.attr == "meta") or \
             (isinstance(value, ast.Name) and value.id == "meta")
 
+    if isinstance(node, ast.Attribute) and node.attr == "format_state":
+        return True
     if isinstance(node, ast.Subscript):
         return is_meta(node.value)
     return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
@@ -226,9 +230,9 @@ def pass_problems(root: Path) -> list[str]:
             if target.split(".")[0] in RUNTIMES:
                 problems.append(f"{where}:{line}: a pass imports {target}; ask the dialect")
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if _meta_lookup(node):
-                problems.append(f"{where}:{node.lineno}: a pass reads graph.meta; "
-                                f"ask the dialect or a typed field")
+            if _format_lookup(node):
+                problems.append(f"{where}:{node.lineno}: a pass reads the format's record "
+                                f"(format_state or meta); ask the dialect")
             elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
                     and "loc:@" in node.value:
                 problems.append(f"{where}:{node.lineno}: a pass spells a TF colocation "

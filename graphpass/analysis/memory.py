@@ -84,7 +84,8 @@ def check_batch_size(graph: Graph, fetches: list[str], batch_size: int | None) -
     """Raise a GraphpassError naming the first input the fetches need whose size is
     unknown, unless ``batch_size`` fills it (the planner cannot plan blind)."""
     infer_shapes(graph)
-    needed = graph.ancestors(_fetch_nodes(fetches)) | set(_fetch_nodes(fetches))
+    targets = _fetch_nodes(graph, fetches)
+    needed = graph.ancestors(targets) | set(targets)
     for name in graph.dialect.graph_inputs(graph):
         if name not in needed:
             continue
@@ -131,7 +132,7 @@ def memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = No
                    ) -> MemoryProfile:
     """Simulate one step running ``fetches`` (``node`` or ``node:port`` names)."""
     infer_shapes(graph)
-    targets = _fetch_nodes(fetches)
+    targets = _fetch_nodes(graph, fetches)
     needed = graph.ancestors(targets) | set(targets)
     known = _known_before(graph, needed, batch_size)
     order = graph.dialect.schedule(graph, needed, known, frozenset(targets))
@@ -158,15 +159,18 @@ def _known_before(graph: Graph, needed: set[str], batch_size: int | None) -> fro
     return frozenset(stored | known)
 
 
-def _fetch_nodes(fetches: list[str]) -> list[str]:
-    return [f.split(":")[0].lstrip("^") for f in fetches]
+def _fetch_nodes(graph: Graph, fetches: list[str]) -> list[str]:
+    """The nodes of ``fetches``: a node's own name first, since names may hold ``:``
+    (onnxruntime's ``onnx::SoftmaxCrossEntropyLoss::4``), else a tensor's node."""
+    names = [f.lstrip("^") for f in fetches]
+    return [n if n in graph else graph.dialect.parse_tensor(graph, n).node for n in names]
 
 
 def _kept(graph: Graph, fetches: list[str]) -> set[Tensor]:
     """Fetched tensors (``loss:0``) and the dialect's returned values: handed to
     the caller, so they outlive the step."""
-    return {graph.dialect.parse_tensor(graph, f) for f in fetches if ":" in f} | \
-        set(graph.dialect.returned_values(graph))
+    return {graph.dialect.parse_tensor(graph, f) for f in fetches
+            if ":" in f and f not in graph} | set(graph.dialect.returned_values(graph))
 
 
 def scratch_bytes(graph: Graph, name: str) -> int:

@@ -210,9 +210,12 @@ def _only_fetched(graph: Graph, name: str) -> bool:
     it is returned as a function result). Its readers are looked at first: most
     values have one that computes with them, which settles it."""
     dialect = graph.dialect
+    # The first output's readers: a loss op's other outputs may feed its gradient
+    # (onnxruntime's SoftmaxCrossEntropyLoss hands its log-probabilities on).
+    readers = [user for user, _ in graph.consumers(Tensor(name, 0))]
     return all(dialect.is_shape_only(graph, user) or dialect.is_fetch(graph, user)
                or not dialect.is_float(graph, Tensor(user, 0))
-               for user in graph.data_users(name)) \
+               for user in readers) \
         and not dialect.is_source(graph, name) and dialect.is_float(graph, Tensor(name, 0))
 
 

@@ -188,7 +188,9 @@ class Verify(Command):
 
     Both start from the same variable values and get the same inputs; losses
     and every variable (ONNX: every output) are compared after every step.
-    Exits 0 on a match, 1 on a mismatch.
+    The original runs twice on the same inputs first: if those runs differ
+    (unseeded dropout, nondeterministic kernels), nothing is verified.
+    Exits 0 on a match, 1 on a mismatch or an original that is not deterministic.
     """
 
     name = "verify"
@@ -196,6 +198,8 @@ class Verify(Command):
     def add_arguments(self, parser):
         parser.add_argument("original")
         parser.add_argument("rewritten")
+        parser.add_argument("--checkpoint", help="onnxruntime training artifacts: the "
+                            "checkpoint to train from (default: the one beside ORIGINAL)")
         super().add_arguments(parser)
 
     def run(self, args):
@@ -213,7 +217,7 @@ class Verify(Command):
             steps=args.steps, xla=args.xla, feeds=read_feeds(args.feed), loss=args.loss,
             train_ops=tuple(args.train_op or ()), init=args.init, rtol=args.rtol,
             atol=args.atol, seed=args.seed, tag=args.tag, quiet=args.quiet,
-            signature=args.signature, batch_size=batch_size)
+            signature=args.signature, batch_size=batch_size, checkpoint=args.checkpoint)
         with runtimes_required("verifying"):
             report = verify_files(args.original, args.rewritten, options)
         if args.json:

@@ -54,6 +54,7 @@ from graphpass.dialects.onnx_shapes import constant_value, inferred
 from graphpass.dialects.onnx_shapes import infer_types as _infer_types
 from graphpass.errors import GraphpassError
 from graphpass.formats.onnx_order import INPUT, SOURCE_OPS, ort_schedule
+from graphpass.formats.ort_artifacts import EVAL, OPTIMIZER, not_a_step
 from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
 
 __all__ = ["DEFAULT_DOMAINS", "ONNXDialect", "dtype_enum"]
@@ -84,11 +85,13 @@ class ONNXDialect(Dialect):
         return order if nodes is None else [n for n in order if n in nodes]
 
     def parse_tensor(self, graph: Graph, text: str) -> Tensor:
-        """An ONNX tensor name first (what users see in Netron); else ``node[:port]``."""
+        """An ONNX tensor name first (what users see in Netron), then a node's name
+        (names may hold ``:``: onnxruntime's ``onnx::SoftmaxCrossEntropyLoss::4``);
+        else ``node[:port]``."""
         for node in graph.nodes():
             if text in node.outputs:
                 return Tensor(node.name, node.outputs.index(text))
-        return parse_tensor_name(text)
+        return Tensor(text, 0) if text in graph else parse_tensor_name(text)
 
     def opset(self, graph: Graph, domain: str = "") -> int:
         """The opset version the model imports for ``domain`` (0 if none)."""
@@ -148,11 +151,11 @@ class ONNXDialect(Dialect):
     def graph_inputs(self, graph: Graph) -> list[str]:
         """The ``graphpass.Input`` nodes (fed values), in the model's input order."""
         fed = {n.outputs[0]: n.name for n in graph.nodes() if n.op == INPUT}
-        return [fed[v.name] for v in graph.meta["inputs"] if v.name in fed]
+        return [fed[v.name] for v in graph.format_state.inputs if v.name in fed]
 
     def graph_outputs(self, graph: Graph) -> list[str]:
         """The nodes producing the model's outputs, in output order."""
-        wanted = [v.name for v in graph.meta["outputs"]]
+        wanted = [v.name for v in graph.format_state.outputs]
         producers = {value: n.name for n in graph.nodes() for value in n.outputs if value}
         return list(dict.fromkeys(producers[v] for v in wanted if v in producers))
 
@@ -181,8 +184,21 @@ class ONNXDialect(Dialect):
         from graphpass.dialects.onnx_training import named_updates
 
         self._ensure_shapes(graph)
-        return named_updates(graph, list(train_ops)).applies if train_ops else \
+        applies = named_updates(graph, list(train_ops)).applies if train_ops else \
             self.optimizer_applies(graph)
+        if not applies and not train_ops:
+            raise GraphpassError(self._no_step(graph))
+        return applies
+
+    def _no_step(self, graph: Graph) -> str:
+        """Why no training step was found, in ONNX's terms."""
+        state = graph.format_state
+        if state.artifact in (EVAL, OPTIMIZER):
+            return not_a_step(state.artifact, state.source_dir)
+        return ("found no parameter updates: no graph output replaces an input or "
+                "initializer it is computed from, no ai.onnx.preview.training update op and "
+                "no com.microsoft InPlaceAccumulatorV2 gradient accumulator; name the "
+                "step's update nodes with --train-op")
 
     def step_increments(self, graph: Graph) -> list[tuple[str, str]]:
         """``(increment, counter)`` for each optimizer state update that counts a
@@ -208,7 +224,7 @@ class ONNXDialect(Dialect):
         count would redo the search and a shape inference every segment."""
         from graphpass.dialects.onnx_training import find_updates
 
-        key = (id(graph), tuple(v.name for v in graph.meta["outputs"]))
+        key = (id(graph), tuple(v.name for v in graph.format_state.outputs))
         if self._updates_cache is None or self._updates_cache[0] != key:
             self._ensure_shapes(graph)  # the update cones compare shapes
             self._updates_cache = (key, find_updates(graph))

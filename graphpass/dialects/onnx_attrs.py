@@ -3,7 +3,7 @@
 NodeProto's ``metadata_props``.
 
 Only a node's ``attrs`` and its carried extras proto are read or written: never
-its edges, its outputs or the graph's ``meta``.
+its edges, its outputs or the graph's ``format_state``.
 """
 
 from __future__ import annotations

@@ -36,14 +36,14 @@ def copy_node(graph: Graph, name: str, new_name: str) -> str:
 
     node = graph.node(name)
     if node.op == INPUT or (node.op == INITIALIZER and
-                            node.outputs[0] in graph.meta["sparse_initializers"]):
+                            node.outputs[0] in graph.format_state.sparse_initializers):
         raise GraphpassError(f"cannot copy {name!r}: it is a graph input or a sparse "
                              "initializer, not a node")
     outputs = [_fresh_value(graph, new_name, port) if value else ""
                for port, value in enumerate(node.outputs)]
     if node.op == INITIALIZER:
         proto = onnx.TensorProto()
-        proto.CopyFrom(graph.meta["initializers"][node.outputs[0]])
+        proto.CopyFrom(graph.format_state.initializers[node.outputs[0]])
         proto.name = outputs[0]
         _register_initializer(graph, proto)
     copy = graph.add_node(new_name, node.op, attrs=node.attrs, device=node.device,
@@ -136,14 +136,14 @@ def cast(graph: Graph, name: str, tensor: Tensor, dtype: str) -> Tensor:
 
 def _register_initializer(graph: Graph, proto) -> None:
     """Add ``proto`` to the carried initializers (and to the graph inputs when IR < 4
-    requires it), in place: ``Graph.copy`` copies ``meta``'s dicts and lists, so a
+    requires it), in place: ``Graph.copy`` copies the format state's dicts and lists, so a
     copy per added constant would make the planner's trial rewrites quadratic."""
     import onnx
 
-    graph.meta["initializers"][proto.name] = proto
-    if graph.meta["model"].ir_version < 4:
+    graph.format_state.initializers[proto.name] = proto
+    if graph.format_state.model.ir_version < 4:
         info = onnx.helper.make_tensor_value_info(proto.name, proto.data_type, proto.dims)
-        graph.meta["inputs"].append(info)
+        graph.format_state.inputs.append(info)
 
 
 #: Per graph: value name -> the node producing it, gathered on the first

@@ -93,7 +93,7 @@ def has_schema(node) -> bool:
 
 def opset(graph: Graph, domain: str = "") -> int:
     """The opset version the model imports for ``domain`` (0 if none)."""
-    for entry in graph.meta["model"].opset_import:
+    for entry in graph.format_state.model.opset_import:
         if entry.domain in ((domain,) if domain else DEFAULT_DOMAINS):
             return entry.version
     return 0

@@ -139,7 +139,7 @@ def _fused_transpose(graph: Graph, name: str) -> bool:
 def output_names(graph: Graph) -> frozenset[str]:
     """The graph's output value names, gathered once per outputs list (the memory
     estimate asks per node)."""
-    outputs = graph.meta["outputs"]
+    outputs = graph.format_state.outputs
     cached = _OUTPUT_NAMES.get(graph)
     if cached is None or cached[0] is not outputs or cached[1] != len(outputs):
         cached = _OUTPUT_NAMES[graph] = (outputs, len(outputs),

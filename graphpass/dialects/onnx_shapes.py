@@ -44,7 +44,7 @@ def constant_value(graph: Graph, tensor: Tensor) -> Any:
 
     node = graph.node(tensor.node)
     if node.op == INITIALIZER:
-        proto = graph.meta["initializers"].get(node.outputs[0])
+        proto = graph.format_state.initializers.get(node.outputs[0])
         if proto is not None and proto.data_location != proto.EXTERNAL:
             return numpy_helper.to_array(proto)
     if node.op == "Constant" and "value" in node.attrs:
@@ -77,12 +77,40 @@ def infer_types(graph: Graph) -> None:
     if model is not None:
         for info in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
             types[info.name] = _type_of(info.type)
-    for name, tensor in graph.meta["initializers"].items():
+    for name, tensor in graph.format_state.initializers.items():
         types[name] = (dtype_name(tensor.data_type), tuple(tensor.dims))
+    if model is not None:
+        _training_types(model.graph.node, types)
     for node in graph.nodes():
         known = [types.get(v, (None, None)) for v in node.outputs]
         node.meta["dtypes"] = [dtype for dtype, _ in known]
         node.meta["shapes"] = [shape for _, shape in known]
+
+
+#: onnxruntime training ops outside ONNX's schemas -> {output port: the input port
+#: whose type it has} (ORT's own schemas: ``Scale`` keeps its input's type;
+#: ``BatchNormInternal``'s saved and running statistics are per channel, like its scale).
+TRAINING_OP_TYPES = {"Scale": {0: 0}, "BatchNormInternal": {0: 0, 1: 1, 2: 1, 3: 1, 4: 1}}
+#: ORT's gradient builder names the gradient of value ``v`` ``v_grad``.
+GRADIENT_SUFFIX = "_grad"
+
+
+def _training_types(nodes, types: dict) -> None:
+    """Types ONNX shape inference leaves unknown in onnxruntime's training graphs: a
+    gradient ``v_grad`` has ``v``'s type (any ``*Grad`` op), and the ops of
+    ``TRAINING_OP_TYPES`` their inputs'. onnxruntime's symbolic shape inference knows
+    none of the gradient ops, so it cannot serve here."""
+    for node in nodes:
+        same_as = TRAINING_OP_TYPES.get(node.op_type, {}) if node.domain == "com.microsoft" \
+            else {}
+        for port, value in enumerate(node.output):
+            if not value or types.get(value, (None, None))[1] is not None:
+                continue
+            source = value[:-len(GRADIENT_SUFFIX)] if value.endswith(GRADIENT_SUFFIX) else None
+            if port in same_as and same_as[port] < len(node.input):
+                source = node.input[same_as[port]]
+            if source is not None and types.get(source, (None, None))[1] is not None:
+                types[value] = types[source]
 
 
 def _type_of(type_proto) -> tuple[str | None, tuple | None]:

@@ -34,6 +34,12 @@ write, not by an op pattern:
   gradient itself (``g * g``) is the optimizer's.
 * **Preview training ops** (``ai.onnx.preview.training`` ``Momentum``,
   ``Adam``, ``Adagrad``) are update ops; their ``G`` inputs are the gradients.
+* **Gradient accumulators** (onnxruntime's training artifacts,
+  ``formats.ort_artifacts``): a step that updates no parameter but adds each
+  gradient into a buffer with ``com.microsoft`` ``InPlaceAccumulatorV2``; the
+  accumulator is the update op, its buffer the state it updates, and the
+  parameter named by the buffer (``<param>_grad.accumulation.buffer``) the
+  parameter whose gradient it reads.
 
 State updates are reported as updates without gradients, so region analysis
 labels them optimizer (not backward) and never takes a moment for a gradient.
@@ -46,6 +52,13 @@ from dataclasses import dataclass, field
 
 from graphpass.dialects.onnx_ops import DEFAULT_DOMAINS
 from graphpass.formats.onnx_order import INPUT, SOURCE_OPS
+from graphpass.formats.ort_artifacts import (
+    ACCUMULATOR_BUFFER_SLOT,
+    ACCUMULATOR_GRADIENT_SLOT,
+    ACCUMULATOR_OP,
+    BUFFER_SUFFIX,
+    MS_DOMAIN,
+)
 from graphpass.ir.graph import Graph, Tensor
 
 PREVIEW_DOMAIN = "ai.onnx.preview.training"
@@ -134,8 +147,9 @@ def named_updates(graph: Graph, train_ops: list[str]) -> Updates:
 
 
 def _preview_updates(graph: Graph) -> Updates:
-    """``ai.onnx.preview.training`` update ops: inputs ``R, T, X..., G..., state...``."""
-    updates = Updates()
+    """``ai.onnx.preview.training`` update ops: inputs ``R, T, X..., G..., state...``;
+    and gradient accumulators (``_accumulate``)."""
+    updates = _accumulate(graph)
     for node in graph.nodes():
         groups = PREVIEW_OPS.get(node.op) if node.domain == PREVIEW_DOMAIN else None
         if groups is None:
@@ -153,11 +167,31 @@ def _preview_updates(graph: Graph) -> Updates:
     return updates
 
 
+def _accumulate(graph: Graph) -> Updates:
+    """``InPlaceAccumulatorV2(buffer, gradient, reset)``: an update of ``buffer``
+    reading ``gradient``, for the parameter the buffer is named after."""
+    updates = Updates()
+    for node in graph.nodes():
+        if node.op != ACCUMULATOR_OP or node.domain != MS_DOMAIN:
+            continue
+        slots = graph.input_slots(node.name)
+        gradient = slots.get(ACCUMULATOR_GRADIENT_SLOT)
+        updates.applies[node.name] = [gradient] if gradient is not None else []
+        buffer = slots.get(ACCUMULATOR_BUFFER_SLOT)
+        if buffer is None:
+            continue
+        updates.state[buffer.node] = node.name
+        parameter = buffer.node.removesuffix(BUFFER_SUFFIX)
+        if parameter != buffer.node and parameter in graph:
+            updates.parameters[parameter] = node.name
+    return updates
+
+
 def computed_outputs(graph: Graph) -> list[Tensor]:
     """The model's outputs that an op computes, in output order."""
     producers = {value: Tensor(n.name, port) for n in graph.nodes()
                  if n.op not in SOURCE_OPS for port, value in enumerate(n.outputs) if value}
-    return [producers[v.name] for v in graph.meta["outputs"] if v.name in producers]
+    return [producers[v.name] for v in graph.format_state.outputs if v.name in producers]
 
 
 def _cone(graph: Graph, output: Tensor) -> Cone:

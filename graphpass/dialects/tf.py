@@ -54,8 +54,8 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
     #: GPUs) hands a request a whole free block up to twice its size and grows in
     #: doubling regions, so its peak exceeds the step's allocation records; which
     #: blocks a step gets depends on every earlier request, so an allowance is
-    #: declared instead of a model (measured by ``python -m tools.bench.planner``; see
-    #: README, "The automatic planner").
+    #: declared instead of a model (``python -m tools.bench.planner`` measures it;
+    #: docs/benchmarks.md).
     allocator_headroom = 0.18
 
     # -- structure ---------------------------------------------------------
@@ -97,11 +97,11 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
         return node.op == "Placeholder" and self.get_attr(graph, name, "dtype") == "resource"
 
     def update_math(self, graph: Graph, applies: list[str]) -> set[str]:
-        """Keras optimizers' slot updates and learning-rate arithmetic (``Apply*`` ops
-        hold theirs)."""
-        if any(APPLY_OP.match(graph.node(a).op) for a in applies):
-            return set()
-        return tf_updates.update_math(graph, applies)
+        """The slot updates and learning-rate arithmetic of updates made of plain ops
+        (Keras optimizers; the sparse path of TF 1.x Adam and SGD); ``Apply*`` ops
+        hold theirs."""
+        plain = [a for a in applies if not APPLY_OP.match(graph.node(a).op)]
+        return tf_updates.update_math(graph, plain) if plain else set()
 
     def variable_dtype(self, graph: Graph, name: str) -> str | None:
         """A resource argument holds the dtype its handle data says (recorded as
@@ -113,13 +113,13 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
         return self.get_attr(graph, name, "dtype")
 
     def in_function_body(self, graph: Graph) -> bool:
-        return graph.meta.get("function") is not None
+        return graph.format_state.function is not None
 
     def default_dependency(self, graph: Graph) -> str:
         """Data for a function body that XLA must compile (``jit_compile=True``:
         XLA ignores control edges), else control."""
-        function = graph.meta.get("function")
-        return "data" if function and function.get("xla_must_compile") else "control"
+        function = graph.format_state.function
+        return "data" if function and function.xla_must_compile else "control"
 
     def is_fetch(self, graph: Graph, name: str) -> bool:
         """A function result (``_Retval``), or an ``Identity`` only results read."""
@@ -228,6 +228,8 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
         return self._applies(graph, strict=not train_ops)
 
     def _applies(self, graph: Graph, strict: bool) -> dict[str, list[Tensor]]:
+        """``Apply*`` ops, and plain-op updates of the variables they do not train (a
+        TF 1.x optimizer's sparse path: Adam's ``ScatterAdd``, SGD's ``ScatterSub``)."""
         applies = {}
         for node in graph.nodes():
             if APPLY_OP.match(node.op) and op_def(node.op) is not None:
@@ -237,10 +239,16 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
                     self.input_arg_slots(graph, node.name, "delta")
                 applies[node.name] = [inputs[s] for s in slots if s < len(inputs)]
         if applies:
-            return applies
+            trained = tf_updates.applied_variables(graph, applies)
+            plain = tf_updates.plain_updates(graph, strict=False, skip=trained, applied=[
+                t for tensors in applies.values() for t in tensors])
+            if not plain:
+                return applies
+            return {n: applies[n] if n in applies else plain[n] for n in graph
+                    if n in applies or n in plain}
         updates = tf_updates.plain_updates(graph, strict=strict)
-        listed = graph.meta.get("signatures")
-        if not updates and listed and "function" not in graph.meta:
+        listed = graph.format_state.signatures
+        if not updates and listed and graph.format_state.function is None:
             raise GraphpassError(
                 "no signature of this SavedModel holds a training step (signatures: "
                 f"{', '.join(s['signature'] for s in listed)}); export the train function "

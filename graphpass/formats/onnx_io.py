@@ -11,18 +11,19 @@ A source node's key is its tensor name (``_1``, ``_2``... appended if an
 ONNX node already has that name) and ``outputs`` is ``[tensor name]``. The
 writer never emits source nodes; it emits the initializers they stand for.
 
-Everything else is carried in ``Graph.meta`` untouched and re-emitted:
+Everything else is carried in ``Graph.format_state`` (``ONNXState``) untouched and
+re-emitted:
 
-* ``meta["model"]``: the ModelProto without the nodes, initializers, graph
+* ``model``: the ModelProto without the nodes, initializers, graph
   inputs / outputs and value_info (so: ir_version, opset imports, producer,
   domain, model_version, doc strings, metadata_props, functions,
   training_info, quantization annotations, fields newer than this code);
-* ``meta["inputs"]``, ``meta["outputs"]``, ``meta["value_info"]``: the
+* ``inputs``, ``outputs``, ``value_info``: the
   ``ValueInfoProto`` lists, in file order;
-* ``meta["initializers"]`` / ``meta["sparse_initializers"]``: tensor name ->
+* ``initializers`` / ``sparse_initializers``: tensor name ->
   the parsed ``TensorProto`` / ``SparseTensorProto``, never re-encoded. Only
   those with a live source node are written back, in this order;
-* ``meta["source_dir"]``: where relative external-data locations point.
+* ``source_dir``: where relative external-data locations point.
 
 Node names: ONNX allows empty and duplicate node names, the IR needs unique
 keys. Named nodes keep their name (first occurrence wins); the others get the
@@ -56,12 +57,14 @@ from graphpass.errors import GraphpassError
 from graphpass.formats.files import atomic_output, check_output_path
 from graphpass.formats.onnx_check import check_model
 from graphpass.formats.onnx_order import INITIALIZER, INPUT, READ_INDEX, SOURCE_OPS, file_order
+from graphpass.formats.onnx_state import ONNXState
+from graphpass.formats.ort_artifacts import artifact_kind
 from graphpass.ir.graph import Graph, Tensor, fresh_name
 
-# NodeProto fields the IR models; any other field rides along in meta["onnx_extras"].
+# NodeProto fields the IR models; any other field rides along in node.meta["onnx_extras"].
 _MODELLED_NODE_FIELDS = ("input", "output", "name", "op_type", "domain", "attribute")
 _STRING_NODE_FIELDS = ("name", "op_type", "domain")
-# Graph fields kept outside the carried skeleton (in the IR or in their own meta keys).
+# Graph fields kept outside the carried skeleton (in the IR or in ONNXState's own fields).
 _SPLIT_GRAPH_FIELDS = ("node", "initializer", "sparse_initializer", "input", "output",
                        "value_info")
 
@@ -121,15 +124,11 @@ def graph_from_model(model, source_dir: Path | str = ".") -> Graph:
         skeleton.graph.ClearField(field)
     initializers = {t.name: t for t in onnx_graph.initializer}
     sparse = {t.values.name: t for t in onnx_graph.sparse_initializer}
-    graph = Graph("onnx", {
-        "model": skeleton,
-        "inputs": list(onnx_graph.input),
-        "outputs": list(onnx_graph.output),
-        "value_info": list(onnx_graph.value_info),
-        "initializers": initializers,
-        "sparse_initializers": sparse,
-        "source_dir": str(source_dir),
-    })
+    graph = Graph("onnx", ONNXState(
+        model=skeleton, inputs=list(onnx_graph.input), outputs=list(onnx_graph.output),
+        value_info=list(onnx_graph.value_info), initializers=initializers,
+        sparse_initializers=sparse, source_dir=Path(source_dir),
+        artifact=artifact_kind(model)))
     sources = _source_values(onnx_graph, initializers, sparse)
     keys = _node_keys(onnx_graph.node, sources)
     producers: dict[str, Tensor] = {}
@@ -251,7 +250,7 @@ def model_from_graph(graph: Graph):
     import onnx
 
     model = onnx.ModelProto()
-    model.CopyFrom(graph.meta["model"])
+    model.CopyFrom(graph.format_state.model)
     out = model.graph
     live: set[str] = set()
     live_sources: set[str] = set()
@@ -262,16 +261,16 @@ def model_from_graph(graph: Graph):
             live_sources.update(node.outputs)
             continue
         out.node.append(_node_proto(graph, node))
-    out.initializer.extend(t for n, t in graph.meta["initializers"].items() if n in live_sources)
+    state = graph.format_state
+    out.initializer.extend(t for n, t in state.initializers.items() if n in live_sources)
     out.sparse_initializer.extend(
-        t for n, t in graph.meta["sparse_initializers"].items() if n in live_sources)
+        t for n, t in state.sparse_initializers.items() if n in live_sources)
     # An input that only named an initializer (IR < 4) goes with it; fed inputs stay.
-    dropped = (graph.meta["initializers"].keys() | graph.meta["sparse_initializers"].keys()) \
-        - live_sources
-    out.input.extend(v for v in graph.meta["inputs"] if v.name not in dropped)
-    out.output.extend(graph.meta["outputs"])
-    out.value_info.extend(v for v in graph.meta["value_info"] if v.name in live)
-    missing = [v.name for v in graph.meta["outputs"] if v.name not in live]
+    dropped = (state.initializers.keys() | state.sparse_initializers.keys()) - live_sources
+    out.input.extend(v for v in state.inputs if v.name not in dropped)
+    out.output.extend(state.outputs)
+    out.value_info.extend(v for v in state.value_info if v.name in live)
+    missing = [v.name for v in state.outputs if v.name not in live]
     if missing:
         raise GraphpassError(
             f"graph output(s) {', '.join(map(repr, missing))} are no longer produced by any node; "
@@ -349,7 +348,7 @@ def _external_data_copies(graph: Graph, model, out_dir: Path) -> list[tuple[Path
     """``(source, target)`` of each external data file to copy beside the output, all
     checked before anything is written: each must be a regular file inside the model's
     directory, also after following symbolic links (a link to /etc/passwd is refused)."""
-    source_dir = Path(graph.meta["source_dir"])
+    source_dir = Path(graph.format_state.source_dir)
     root = source_dir.resolve()
     copies = []
     for location in external_locations(model):

@@ -10,7 +10,7 @@ FunctionDef is the graph to rewrite. In the IR:
   to arguments by their bare name, and nodes and arguments share one namespace);
 * each result is a ``_Retval`` node (TF's own in-graph form of a function result),
   named ``graphpass/ret/<output name>``, with ``index`` the result's position;
-* the control outputs are kept as names in ``graph.meta["function"]``.
+* the control outputs are kept as names in ``graph.format_state.function``.
 
 FunctionDef inputs name outputs as ``node:output_arg:index``; the IR uses flat
 output ports, so both directions go through the producing op's OpDef (or, for a
@@ -32,6 +32,7 @@ from graphpass.dialects.tf_ops import (
 )
 from graphpass.errors import GraphpassError
 from graphpass.formats.tf_node_def import keep_extras, write_extras
+from graphpass.formats.tf_state import TFFunction, TFState
 from graphpass.ir.graph import Graph, Tensor
 
 CALL_OPS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
@@ -203,15 +204,15 @@ def argument_sources(graph_def, step: str) -> dict[str, str]:
 # -- FunctionDef -> IR ----------------------------------------------------------
 
 
-def graph_from_function(fdef, functions: dict, meta: dict) -> Graph:
+def graph_from_function(fdef, functions: dict, state: TFState) -> Graph:
     """The IR of one FunctionDef body (arguments as placeholders, results as
-    ``_Retval`` nodes); ``meta`` is the container's, kept for writing back."""
-    graph = Graph("tf", meta)
-    graph.meta["function"] = {
-        "name": fdef.signature.name, "control_ret": dict(fdef.control_ret),
-        "args": frozenset(a.name for a in fdef.signature.input_arg),
-        "nodes": frozenset(n.name for n in fdef.node_def),
-        "xla_must_compile": _must_compile(fdef, functions)}
+    ``_Retval`` nodes); ``state`` is the container's, kept for writing back."""
+    graph = Graph("tf", state)
+    graph.format_state.function = TFFunction(
+        name=fdef.signature.name, control_ret=dict(fdef.control_ret),
+        args=frozenset(a.name for a in fdef.signature.input_arg),
+        nodes=frozenset(n.name for n in fdef.node_def),
+        xla_must_compile=_must_compile(fdef, functions))
     for index, arg in enumerate(fdef.signature.input_arg):
         node = graph.add_node(arg.name, "Placeholder",
                               attrs=_placeholder_attrs(fdef, index, arg))
@@ -311,7 +312,7 @@ class _OutputNames:
 
     def text(self, tensor: Tensor) -> str:
         if self.graph.node(tensor.node).op == "Placeholder" and \
-                tensor.node in self.graph.meta["function"]["args"]:
+                tensor.node in self.graph.format_state.function.args:
             return tensor.node if tensor.port == 0 else f"{tensor.node}:{tensor.port}"
         start = 0
         for name, count in self._arg_sizes(tensor.node):
@@ -332,7 +333,7 @@ def function_from_graph(graph: Graph, original):
     fdef.CopyFrom(original)
     del fdef.node_def[:]
     fdef.ClearField("ret")
-    args = graph.meta["function"]["args"]
+    args = graph.format_state.function.args
     outputs = _OutputNames(graph, library_functions_of(graph))
     results = {}
     for node in graph.nodes():
@@ -349,8 +350,8 @@ def function_from_graph(graph: Graph, original):
         write_extras(node_def, node)
     for arg in original.signature.output_arg:
         fdef.ret[arg.name] = results[arg.name]
-    control_ret = {k: v for k, v in graph.meta["function"]["control_ret"].items() if v in graph}
-    known = graph.meta["function"]["nodes"]
+    control_ret = {k: v for k, v in graph.format_state.function.control_ret.items() if v in graph}
+    known = graph.format_state.function.nodes
     for node in graph.nodes():
         definition = op_def(node.op)
         if node.name not in known and node.name not in args and node.op != RESULT_OP \
@@ -366,17 +367,17 @@ def function_from_graph(graph: Graph, original):
 
 
 def library_functions_of(graph: Graph) -> dict:
-    library = graph.meta.get("library")
+    library = graph.format_state.library
     return {f.signature.name: f for f in library.function} if library is not None else {}
 
 
 def outer_graph_def(graph: Graph):
     """The container's GraphDef with the step function replaced by the IR's body
     (and any functions a pass added to the library, such as ``If`` branches)."""
-    outer = type(graph.meta["outer_graph_def"])()
-    outer.CopyFrom(graph.meta["outer_graph_def"])
-    name = graph.meta["function"]["name"]
-    library = graph.meta["library"]
+    outer = type(graph.format_state.outer_graph_def)()
+    outer.CopyFrom(graph.format_state.outer_graph_def)
+    name = graph.format_state.function.name
+    library = graph.format_state.library
     original = library_functions(outer)[name]
     rewritten = function_from_graph(graph, original)
     outer.library.CopyFrom(library)

@@ -2,13 +2,14 @@
 
 Only the ``GraphDef.node`` list becomes IR; everything else (versions, the
 function library, the rest of a MetaGraphDef, the other MetaGraphs of a
-SavedModel) is carried in ``Graph.meta`` as the parsed protos and re-emitted
+SavedModel) is carried in ``Graph.format_state`` (``TFState``) as the parsed protos and re-emitted
 untouched. NodeDef fields the IR does not model (debug info, full type) ride
 along on the node (``tf_node_def``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -26,6 +27,7 @@ from graphpass.formats.files import (
 from graphpass.formats.tf_importer import imported_shapes, record_shapes
 from graphpass.formats.tf_library_check import check_library
 from graphpass.formats.tf_node_def import keep_extras, write_extras
+from graphpass.formats.tf_state import TFState
 from graphpass.ir.graph import Graph, gc_paused, parse_tensor_name
 from graphpass.ir.verify import MAX_PORT, port_problem
 
@@ -57,25 +59,25 @@ def read_tf(path: Path, kind: str, is_text: bool, *, tag: str | None = None,
     if kind == SAVEDMODEL and path.is_dir():
         path = path / ("saved_model.pbtxt" if is_text else "saved_model.pb")
     message = _parse(path, proto_type(), is_text, _KIND_NAMES[kind])
-    meta = {"container": kind, "text": is_text}
+    state = TFState(container=kind, text=is_text)
     if kind == GRAPHDEF:
         graph_def = message
     elif kind == METAGRAPH:
         graph_def = message.graph_def
     else:
         index = _choose_meta_graph(path, message, tag)
-        meta.update(savedmodel=message, metagraph_index=index, source_dir=source.parent
-                    if source.is_file() else source)
+        state.savedmodel, state.metagraph_index = message, index
+        state.source_dir = source.parent if source.is_file() else source
         graph_def = message.meta_graphs[index].graph_def
     check_library(graph_def, str(source))
     if kind != GRAPHDEF:
-        meta["signatures"] = tf_function.signatures(_meta_graph(message, meta))
-    step = _step_function(source, kind, message, meta, signature, holds_step)
+        state.signatures = tf_function.signatures(_meta_graph(message, state))
+    step = _step_function(source, kind, message, state, signature, holds_step)
     if kind == METAGRAPH:
-        meta["metagraph"] = _without_graph_def(message)
+        state.metagraph = _without_graph_def(message)
     if step is not None:
-        return _read_step_function(graph_def, step, meta)
-    return graph_from_graph_def(graph_def, meta, shapes=shapes)
+        return _read_step_function(graph_def, step, state)
+    return graph_from_graph_def(graph_def, state, shapes=shapes)
 
 
 def read_saved_model_proto(path: Path, tag: str | None = None):
@@ -93,23 +95,23 @@ def read_saved_model_proto(path: Path, tag: str | None = None):
     return message.meta_graphs[_choose_meta_graph(path, message, tag)]
 
 
-def _meta_graph(message, meta: dict):
-    return message.meta_graphs[meta["metagraph_index"]] if "metagraph_index" in meta \
+def _meta_graph(message, state: TFState):
+    return message.meta_graphs[state.metagraph_index] if state.metagraph_index is not None \
         else message
 
 
-def _step_function(source: Path, kind: str, message, meta: dict, signature: str | None,
+def _step_function(source: Path, kind: str, message, state: TFState, signature: str | None,
                    holds_step: Callable[[Graph], bool] | None) -> str | None:
     """The library function holding the training step, or None for a top-level step."""
     if kind == GRAPHDEF:
         if signature is not None:
             raise GraphpassError(f"{source}: --signature needs a SavedModel or MetaGraphDef; "
                                  "a GraphDef has no signatures")
-        return _graph_def_step(message, meta, holds_step)
-    return tf_function.choose_signature(_meta_graph(message, meta), signature, str(source))
+        return _graph_def_step(message, state, holds_step)
+    return tf_function.choose_signature(_meta_graph(message, state), signature, str(source))
 
 
-def _graph_def_step(graph_def, meta: dict,
+def _graph_def_step(graph_def, state: TFState,
                     holds_step: Callable[[Graph], bool] | None) -> str | None:
     """The one top-level call of a GraphDef whose function body ``holds_step`` says
     holds the training step (a TF2 graph's others are checkpoint save and restore)."""
@@ -118,25 +120,27 @@ def _graph_def_step(graph_def, meta: dict,
     steps = []
     for name in tf_function.graph_def_steps(graph_def):
         try:
-            if holds_step(_read_step_function(graph_def, name, meta)):
+            if holds_step(_read_step_function(graph_def, name, state)):
                 steps.append(name)
         except GraphpassError:
             continue
     return steps[0] if len(steps) == 1 else None
 
 
-def _read_step_function(graph_def, name: str, meta: dict) -> Graph:
+def _read_step_function(graph_def, name: str, state: TFState) -> Graph:
     functions = tf_function.library_functions(graph_def)
-    meta = dict(meta, outer_graph_def=graph_def, library=graph_def.library,
-                versions=graph_def.versions if graph_def.HasField("versions") else None,
-                graph_version=graph_def.version)
+    state = dataclasses.replace(
+        state, outer_graph_def=graph_def, library=graph_def.library,
+        versions=graph_def.versions if graph_def.HasField("versions") else None,
+        graph_version=graph_def.version)
     with gc_paused():
-        graph = tf_function.graph_from_function(functions[name], functions, meta)
-    graph.meta["function"]["variables"] = tf_function.argument_sources(graph_def, name)
+        graph = tf_function.graph_from_function(functions[name], functions, state)
+    graph.format_state.function.variables = tf_function.argument_sources(graph_def, name)
     return graph
 
 
-def graph_from_graph_def(graph_def, meta: dict | None = None, *, shapes: bool = False) -> Graph:
+def graph_from_graph_def(graph_def, state: TFState | None = None, *,
+                         shapes: bool = False) -> Graph:
     """Build the IR from a parsed ``GraphDef``; carries versions and library.
 
     With ``shapes``, TF's shape inference runs on ``graph_def`` before the IR is
@@ -153,22 +157,23 @@ def graph_from_graph_def(graph_def, meta: dict | None = None, *, shapes: bool = 
         attrs = None
         inferred = imported_shapes(graph_def.SerializeToString())
     with gc_paused():
-        graph = _graph_from_graph_def(
-            graph_def, meta, attrs if attrs is not None else (dict(n.attr) for n in graph_def.node))
+        node_attrs = attrs if attrs is not None else (dict(n.attr) for n in graph_def.node)
+        graph = _graph_from_graph_def(graph_def, state, node_attrs)
     if inferred is not None:
         record_shapes(graph, inferred)
     return graph
 
 
-def _graph_from_graph_def(graph_def, meta: dict | None, attrs: Iterable[dict]) -> Graph:
+def _graph_from_graph_def(graph_def, state: TFState | None, attrs: Iterable[dict]) -> Graph:
     """The IR of ``graph_def``, whose nodes' attrs ``_checked_attrs`` gave; each node
     whose inputs the writer would write as the file does keeps its NodeDef as
     its record (``Graph.keep_record``: the file's node list and its index there),
     which the writer re-emits while the node is as read."""
-    graph = Graph("tf", meta)
+    graph = Graph("tf", state or TFState())
     for field in ("versions", "library"):  # absent stays absent on the way out
-        graph.meta[field] = getattr(graph_def, field) if graph_def.HasField(field) else None
-    graph.meta["graph_version"] = graph_def.version
+        value = getattr(graph_def, field) if graph_def.HasField(field) else None
+        setattr(graph.format_state, field, value)
+    graph.format_state.graph_version = graph_def.version
     nodes = graph_def.node
     for node_def, node_attrs in zip(nodes, attrs):
         node = graph.add_node(node_def.name, node_def.op, attrs=node_attrs,
@@ -255,12 +260,12 @@ def _graph_def_from_graph(graph: Graph, graph_def=None):
         from tensorflow.core.framework import graph_pb2
 
         graph_def = graph_pb2.GraphDef()
-    if graph.meta.get("versions") is not None:
-        graph_def.versions.CopyFrom(graph.meta["versions"])
-    if graph.meta.get("library") is not None:
-        graph_def.library.CopyFrom(graph.meta["library"])
-    if graph.meta.get("graph_version"):
-        graph_def.version = graph.meta["graph_version"]
+    if graph.format_state.versions is not None:
+        graph_def.versions.CopyFrom(graph.format_state.versions)
+    if graph.format_state.library is not None:
+        graph_def.library.CopyFrom(graph.format_state.library)
+    if graph.format_state.graph_version:
+        graph_def.version = graph.format_state.graph_version
     for node in graph.nodes():
         record = graph.record(node.name)
         if record is not None:  # as read: the NodeDef the reader named
@@ -280,12 +285,12 @@ def write_tf(graph: Graph, path: Path, *, output_format: str | None = None) -> N
     if output_format not in (None, "pb", "pbtxt"):
         raise GraphpassError(
             f"--output-format must be pb or pbtxt for TF graphs, not {output_format}")
-    container = graph.meta.get("container", GRAPHDEF)
-    text = graph.meta.get("text", False) if output_format is None else output_format == "pbtxt"
+    container = graph.format_state.container
+    text = graph.format_state.text if output_format is None else output_format == "pbtxt"
     if container == GRAPHDEF:
         message = _lowered(graph)
     elif container == METAGRAPH:
-        message = _copy(graph.meta["metagraph"])
+        message = _copy(graph.format_state.metagraph)
         message.ClearField("graph_def")
         _lowered(graph, into=message.graph_def)
     else:
@@ -298,7 +303,7 @@ def write_tf(graph: Graph, path: Path, *, output_format: str | None = None) -> N
 def _lowered(graph: Graph, into=None):
     """The GraphDef to write: the IR lowered, or the outer graph around a function
     step (``into``: the container's GraphDef field to fill)."""
-    if graph.meta.get("function") is None:
+    if graph.format_state.function is None:
         return graph_def_from_graph(graph, into)
     graph_def = tf_function.outer_graph_def(graph)
     if into is None:
@@ -370,13 +375,13 @@ def _choose_meta_graph(path: Path, saved_model, tag: str | None) -> int:
 
 def _write_saved_model(graph: Graph, path: Path, text: bool) -> None:
     """Write a SavedModel directory: saved_model.pb plus a copy of variables/ and assets/."""
-    saved_model = _copy(graph.meta["savedmodel"])
-    meta_graph = saved_model.meta_graphs[graph.meta["metagraph_index"]]
+    saved_model = _copy(graph.format_state.savedmodel)
+    meta_graph = saved_model.meta_graphs[graph.format_state.metagraph_index]
     meta_graph.ClearField("graph_def")
     _lowered(graph, into=meta_graph.graph_def)
     if path.name in ("saved_model.pb", "saved_model.pbtxt"):
         path = path.parent
-    source = Path(graph.meta["source_dir"])
+    source = Path(graph.format_state.source_dir)
     if path.resolve() == source.resolve():
         raise GraphpassError(f"{path}: writing a SavedModel over its own directory is not "
                              "supported; choose another output directory")

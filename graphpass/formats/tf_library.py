@@ -3,7 +3,7 @@
 collections. The TF dialect's builders delegate here; protos stay out of passes,
 and this module knows no dialect (only the op table, ``tf_ops``).
 Protos read from a file are copied before an edit, so a ``Graph.copy`` (which
-shares ``meta``) never sees another graph's edits.
+shares the format state's protos) never sees another graph's edits.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def add_branch_functions(graph: Graph, name: str, branches: tuple[list[str], lis
         library.function.append(
             _branch_function(graph, fname, branch, external, types, result, is_stateful))
         functions.append(fname)
-    graph.meta["library"] = library
+    graph.format_state.library = library
     return functions
 
 
@@ -40,8 +40,8 @@ def _copy_library(graph: Graph):
     from tensorflow.core.framework import function_pb2
 
     library = function_pb2.FunctionDefLibrary()
-    if graph.meta.get("library") is not None:
-        library.CopyFrom(graph.meta["library"])
+    if graph.format_state.library is not None:
+        library.CopyFrom(graph.format_state.library)
     return library
 
 
@@ -124,13 +124,13 @@ def add_to_collection(graph: Graph, key: str, tensor: Tensor) -> bool:
 
 def _editable_meta_graph(graph: Graph):
     """The MetaGraphDef the graph was read from, copied before each edit so that the
-    edit stays in this graph (``Graph.copy`` shares ``meta``); None for a GraphDef."""
-    if graph.meta.get("metagraph") is not None:
-        graph.meta["metagraph"] = _copy_proto(graph.meta["metagraph"])
-        return graph.meta["metagraph"]
-    if graph.meta.get("savedmodel") is not None:
-        graph.meta["savedmodel"] = _copy_proto(graph.meta["savedmodel"])
-        return graph.meta["savedmodel"].meta_graphs[graph.meta["metagraph_index"]]
+    edit stays in this graph (``Graph.copy`` shares the protos); None for a GraphDef."""
+    if graph.format_state.metagraph is not None:
+        graph.format_state.metagraph = _copy_proto(graph.format_state.metagraph)
+        return graph.format_state.metagraph
+    if graph.format_state.savedmodel is not None:
+        graph.format_state.savedmodel = _copy_proto(graph.format_state.savedmodel)
+        return graph.format_state.savedmodel.meta_graphs[graph.format_state.metagraph_index]
     return None
 
 

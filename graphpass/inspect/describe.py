@@ -23,9 +23,10 @@ def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | No
 
     dialect = graph.dialect
     control_edges = sum(1 for *_, d in graph.nx.edges(data=True) if d["control"])
+    container = graph.format_state.describe()
     info = {
         "format": graph.format,
-        "container": graph.meta.get("container", graph.format),
+        "container": container.pop("container"),
         "nodes": len(graph),
         "control_edges": control_edges,
         "ops": dict(sorted(Counter(n.op for n in graph.nodes()).items(),
@@ -34,10 +35,7 @@ def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | No
         "outputs": dialect.graph_outputs(graph),
         "variables": [n for n in graph if dialect.is_variable(graph, n)],
     }
-    if graph.meta.get("signatures") is not None:  # TF SavedModel / MetaGraphDef
-        info["signatures"] = graph.meta["signatures"]
-    if graph.meta.get("function") is not None:  # the step is this function's body
-        info["function"] = graph.meta["function"]["name"]
+    info.update(container)  # a MetaGraph's signatures, the step's function
     try:
         regions = analyze(graph, loss=loss, train_ops=train_ops, global_step=global_step)
     except GraphpassError as exc:
@@ -58,10 +56,9 @@ def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | No
         "gradients": list(dict.fromkeys(str(t) for s in regions.steps for t in s.gradients)),
         "global_step": regions.global_step,
     }
-    if graph.meta.get("function") is not None and regions.global_step:
-        # A function argument: name the variable the caller passes (``sgd/iteration``).
+    if graph.format_state.variable_of(regions.global_step or "") is not None:
         info["regions"]["global_step_variable"] = \
-            graph.meta["function"]["variables"].get(regions.global_step)
+            graph.format_state.variable_of(regions.global_step)
     if xla:
         from graphpass.dialects.capabilities import TargetLowering
         from graphpass.passes.lower import STEP_REGIONS

@@ -18,6 +18,7 @@ other node is grouped by the first component of its name (``block1``,
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from graphpass.ir.graph import Graph, Tensor
@@ -25,8 +26,6 @@ from graphpass.ir.graph import Graph, Tensor
 #: Nodes without a ``/`` in their name are grouped here.
 TOP_SCOPE = "(top)"
 
-#: ``Graph.meta`` entries that describe where a graph came from, not what it is.
-_PROVENANCE_META = frozenset({"text", "source_dir", "container", "metagraph_index"})
 
 CATEGORIES = (
     "added_nodes", "removed_nodes", "changed_nodes",
@@ -191,8 +190,9 @@ def _meta_differences(a: Graph, b: Graph) -> list[str]:
     if a.format != b.format:
         return [f"format: {a.format} -> {b.format}"]
     notes = []
-    for key in sorted(set(a.meta) | set(b.meta)):
-        if key in _PROVENANCE_META:
+    provenance = a.format_state.provenance()
+    for key in sorted(f.name for f in dataclasses.fields(a.format_state)):
+        if key in provenance:
             continue
         x, y = _comparable(a, key), _comparable(b, key)
         if x == y:
@@ -206,12 +206,12 @@ def _meta_differences(a: Graph, b: Graph) -> list[str]:
 
 def _comparable(graph: Graph, key: str):
     """A SavedModel is compared without the GraphDef the IR replaces on writing."""
-    value = graph.meta.get(key)
+    value = getattr(graph.format_state, key)
     if key != "savedmodel" or value is None:
         return value
     copy = type(value)()
     copy.CopyFrom(value)
-    copy.meta_graphs[graph.meta.get("metagraph_index", 0)].ClearField("graph_def")
+    copy.meta_graphs[graph.format_state.metagraph_index].ClearField("graph_def")
     return copy
 
 

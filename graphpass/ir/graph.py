@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from graphpass.errors import GraphpassError
 from graphpass.ir.collector import gc_paused
+from graphpass.ir.dialects import empty_state
 from graphpass.ir.edges import CONTROL_KEY, EdgeQueries
 from graphpass.ir.names import Tensor, fresh_name, parse_tensor_name
 from graphpass.ir.names import suffixed as _suffixed
@@ -47,14 +48,16 @@ __all__ = ["CONTROL_KEY", "Attrs", "Graph", "Node", "Tensor", "fresh_name", "gc_
 class Graph(EdgeQueries):
     """A dataflow graph plus the graph-level data its format carries.
 
-    ``format`` names the dialect (``"tf"`` or ``"onnx"``); ``meta`` carries
-    what the writer needs to re-emit everything that is not a node (versions,
-    function library, MetaGraphDef collections, ONNX opsets, ...).
+    ``format`` names the dialect (``"tf"`` or ``"onnx"``); ``format_state`` is the
+    format's typed record of what the writer needs to re-emit everything that is
+    not a node (versions, function library, MetaGraphDef collections, ONNX opsets,
+    ...): ``formats.tf_state.TFState`` or ``formats.onnx_state.ONNXState``. The IR
+    holds it without looking inside, beyond copying it (its ``copy()``).
     """
 
-    def __init__(self, format: str, meta: dict | None = None) -> None:
+    def __init__(self, format: str, format_state: Any = None) -> None:
         self.format = format
-        self.meta: dict[str, Any] = dict(meta or {})
+        self.format_state = format_state if format_state is not None else empty_state(format)
         import networkx as nx  # here, not at the top: `graphpass --help` needs no networkx
 
         self._g = nx.MultiDiGraph()
@@ -302,11 +305,10 @@ class Graph(EdgeQueries):
             self._taken_below[base] = min(self._taken_below[base], int(digits))
 
     def copy(self) -> Graph:
-        """An independent copy of the structure and of ``meta``'s dicts and lists (one
-        level: a dialect may add to them in place); attr values and the protos in
-        ``meta`` are shared (never mutated)."""
-        other = Graph(self.format, {key: type(value)(value) if type(value) in (dict, list)
-                                    else value for key, value in self.meta.items()})
+        """An independent copy of the structure and of the format state's containers
+        (a dialect may add to them in place); attr values and the format's protos
+        are shared (never mutated)."""
+        other = Graph(self.format, self.format_state.copy())
         with gc_paused():
             other._g = _copied_multigraph(self._g)
             for name, data in other._g.nodes(data=True):

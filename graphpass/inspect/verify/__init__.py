@@ -8,6 +8,7 @@ graphs side by side and compares them after every step:
   the original, peak memory from each step's ``RunMetadata``;
 * ``saved_model``: TF2 SavedModels whose training step is a signature;
 * ``onnx_runner``: ONNX models in onnxruntime;
+* ``ort_training_runner``: onnxruntime's training artifacts in its training API;
 * ``compare``: the shared inputs and the comparison of values;
 * ``report``: options, the per-step report and its printed table.
 """
@@ -19,7 +20,12 @@ from pathlib import Path
 
 from graphpass.errors import GraphpassError
 from graphpass.inspect.verify.report import VerifyOptions, VerifyReport, format_report
-from graphpass.runtimes import require_onnxruntime, require_tensorflow
+from graphpass.runtimes import (
+    require_onnx,
+    require_onnxruntime,
+    require_onnxruntime_training,
+    require_tensorflow,
+)
 
 __all__ = ["VerifyOptions", "VerifyReport", "enable_cpu_autojit", "format_report",
            "verify_files"]
@@ -43,6 +49,12 @@ def verify_files(original: str | Path, rewritten: str | Path,
     if kind_a == ONNX:
         if options.xla:
             raise GraphpassError("--xla applies to TF graphs; ONNX models run in onnxruntime")
+        if _training_artifacts(Path(original), Path(rewritten)):
+            require_onnxruntime_training("verifying")
+            from graphpass.inspect.verify.ort_training_runner import verify_ort_training
+
+            checkpoint = Path(options.checkpoint) if options.checkpoint else None
+            return verify_ort_training(Path(original), Path(rewritten), options, checkpoint)
         require_onnxruntime("verifying")
         from graphpass.inspect.verify.onnx_runner import verify_onnx
 
@@ -62,6 +74,17 @@ def verify_files(original: str | Path, rewritten: str | Path,
 
     return verify_tf(load(original, tag=options.tag), load(rewritten, tag=options.tag),
                      options)
+
+
+def _training_artifacts(original: Path, rewritten: Path) -> bool:
+    """Whether both ONNX files are onnxruntime training models (``ort_artifacts``)."""
+    require_onnx("verifying")
+    import onnx
+
+    from graphpass.formats.ort_artifacts import TRAINING, artifact_kind
+
+    return all(artifact_kind(onnx.load(str(p), load_external_data=False)) == TRAINING
+               for p in (original, rewritten))
 
 
 def enable_cpu_autojit() -> None:

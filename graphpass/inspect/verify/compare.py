@@ -3,7 +3,8 @@
 Inputs are the user's ``--feed`` arrays, else seeded random values of each
 input's static shape and dtype; a dynamic batch dimension takes
 ``--batch-size`` or the other inputs' batch. Values compare within
-``rtol``/``atol``; NaNs compare equal to NaNs.
+``rtol``/``atol``; NaNs compare equal to NaNs. The original's two runs compare
+the same way (``first_difference``).
 """
 
 from __future__ import annotations
@@ -125,3 +126,12 @@ def compare_values(a, b, rtol: float, atol: float) -> tuple[float, float, bool]:
     max_rel = float(rel.max()) if rel.size else 0.0
     return max_abs, max_rel, ok
 
+
+
+def first_difference(values: dict[str, tuple], options: VerifyOptions) -> str | None:
+    """The first of ``values`` (in their order) whose two sides differ beyond the
+    tolerance; None when none does."""
+    for name, (a, b) in values.items():
+        if not compare_values(a, b, options.rtol, options.atol)[2]:
+            return name
+    return None

@@ -1,13 +1,14 @@
 """``graphpass verify`` for ONNX: both models run in onnxruntime on the same inputs
 and every output both models declare is compared (independent of the ONNX IR
-reader, so a reader bug cannot hide in both sides)."""
+reader, so a reader bug cannot hide in both sides). The original runs in two
+sessions first; if they differ, it is not deterministic and the comparison stops."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from graphpass.inspect.progress import Progress
-from graphpass.inspect.verify.compare import InputMaker, compare_step
+from graphpass.inspect.verify.compare import InputMaker, compare_step, first_difference
 from graphpass.inspect.verify.report import VerifyOptions, VerifyReport
 
 _ORT_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64",
@@ -27,11 +28,11 @@ def verify_onnx(original: Path, rewritten: Path, options: VerifyOptions) -> Veri
     import onnxruntime as ort
 
     sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
-                for p in (original, rewritten)]
+                for p in (original, original, rewritten)]
     outputs = [[o.name for o in s.get_outputs()] for s in sessions]
-    common = [n for n in outputs[0] if n in outputs[1]]
+    common = [n for n in outputs[0] if n in outputs[2]]
     report = VerifyReport("onnx", common, sorted(set(outputs[0]) - set(common)),
-                          sorted(set(outputs[1]) - set(common)))
+                          sorted(set(outputs[2]) - set(common)))
     specs = {i.name: (_ORT_DTYPES.get(i.type, i.type), _static(i.shape))
              for s in sessions for i in s.get_inputs()}
     inputs = InputMaker(specs, options)
@@ -39,10 +40,15 @@ def verify_onnx(original: Path, rewritten: Path, options: VerifyOptions) -> Veri
         for step in range(1, options.steps + 1):
             progress.update(step, "running")
             feeds = inputs.next()
-            results = [dict(zip(common, s.run(common, {i.name: feeds[i.name]
-                                                       for i in s.get_inputs()})))
-                       for s in sessions]
-            values = {n: (results[0][n], results[1][n]) for n in common}
+            results = [dict(zip(names, s.run(names, {i.name: feeds[i.name]
+                                                     for i in s.get_inputs()})))
+                       for s, names in zip(sessions, (outputs[0], outputs[0], common))]
+            differs = first_difference({n: (results[0][n], results[1][n])
+                                        for n in outputs[0]}, options)
+            if differs is not None:
+                report.nondeterministic = f"{differs} at step {step}"
+                break
+            values = {n: (results[0][n], results[2][n]) for n in common}
             report.steps.append(compare_step(step, values, ([], []), (None, None), options))
     return report
 

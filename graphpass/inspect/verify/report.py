@@ -2,7 +2,10 @@
 per-step report of both graphs, and the printed table with its verdict line.
 
 Default tolerance is exact (``rtol = atol = 0``): the passes reorder and
-recompute but must not change arithmetic.
+recompute but must not change arithmetic. The original runs twice on the same
+inputs; when its two runs differ (unseeded dropout, nondeterministic kernels),
+nothing can be verified: the verdict says so and names the first differing
+value (``nondeterministic``), and the rewrite is not reported as a mismatch.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class VerifyOptions:
     quiet: bool = False
     signature: str | None = None
     batch_size: int | None = None
+    #: onnxruntime training artifacts: the checkpoint (default: beside the original).
+    checkpoint: str | None = None
 
 
 @dataclass
@@ -54,10 +59,24 @@ class VerifyReport:
     only_rewritten: list[str]
     steps: list[StepReport] = field(default_factory=list)
     failure: str | None = None
+    #: The first value two runs of the original differ in (``NAME at step N``).
+    nondeterministic: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.failure is None and not any(s.mismatches for s in self.steps)
+        return self.failure is None and self.nondeterministic is None \
+            and not any(s.mismatches for s in self.steps)
+
+    @property
+    def verdict(self) -> str:
+        """``MATCH``, ``MISMATCH``, or why nothing could be compared."""
+        if self.failure:
+            return f"FAILED: {self.failure}"
+        if self.nondeterministic:
+            return ("cannot verify: the original is not deterministic (first differing "
+                    f"output: {self.nondeterministic}); two runs of it on the same inputs "
+                    "differ: seed its random ops (dropout) or compare with --rtol/--atol")
+        return "MATCH" if self.ok else "MISMATCH"
 
     def median_peaks(self) -> tuple[int | None, int | None]:
         """Median per-step peak of each graph: single steps are noisy (thread pools)."""
@@ -70,7 +89,8 @@ class VerifyReport:
 
     def to_json(self) -> dict:
         data = asdict(self)
-        data.update(ok=self.ok, median_peak_bytes=list(self.median_peaks()))
+        data.update(ok=self.ok, median_peak_bytes=list(self.median_peaks()),
+                    deterministic=self.nondeterministic is None, verdict=self.verdict)
         return data
 
 
@@ -99,10 +119,7 @@ def format_report(report: VerifyReport, original: str, rewritten: str,
         ratio = f" (ratio {peaks[1] / peaks[0]:.2f})" if peaks[0] else ""
         lines.append(f"  peak memory, median over steps: original {format_bytes(peaks[0])}, "
                      f"rewritten {format_bytes(peaks[1])}{ratio}")
-    if report.failure:
-        lines.append(f"FAILED: {report.failure}")
-    else:
-        lines.append("MATCH" if report.ok else "MISMATCH")
+    lines.append(report.verdict)
     return "\n".join(lines)
 
 

@@ -1,10 +1,12 @@
 """``graphpass verify`` for TF2 SavedModels whose training step is a signature.
 
 Both SavedModels are loaded with ``tf.saved_model.load`` (the way users run
-them), the rewritten one's variables are set to the original's values (so both
-start from the same point even if a checkpoint differs), and the signature is
-called ``steps`` times on the same inputs: ``--feed`` arrays, else seeded random
-values of the signature's input specs. After every call the outputs and every
+them), the original twice; the other two's variables are set to the original's
+values (so all start from the same point even if a checkpoint differs), and the
+signature is called ``steps`` times on the same inputs: ``--feed`` arrays, else
+seeded random values of the signature's input specs. Each step calls the
+original twice first; if the two calls differ, the original is not
+deterministic and the comparison stops there. After every call the outputs and every
 variable the signature uses are compared; each call's peak allocator bytes is
 the CPU allocator's peak over the call (``None`` where the allocator keeps no
 statistics, e.g. with oneDNN off; one process, so peaks are indicative;
@@ -18,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from graphpass.errors import GraphpassError
-from graphpass.inspect.verify.compare import InputMaker, compare_step
+from graphpass.inspect.verify.compare import InputMaker, compare_step, first_difference
 from graphpass.inspect.verify.report import VerifyOptions, VerifyReport
 
 
@@ -45,15 +47,18 @@ def verify_saved_models(original: Path, rewritten: Path, key: str,
     if options.xla:
         raise GraphpassError("--xla is for graphs run in a Session; a SavedModel's train "
                              "function is compiled when it was saved with jit_compile=True")
-    models = [tf.saved_model.load(str(path)) for path in (original, rewritten)]
+    paths = (original, original, rewritten)
+    models = [tf.saved_model.load(str(path)) for path in paths]  # they hold the variables
     functions = []
-    for path, model in zip((original, rewritten), models):
+    for path, model in zip(paths, models):
         if key not in model.signatures:
             raise GraphpassError(f"{path}: no signature {key!r}; it has: "
                                  f"{', '.join(sorted(model.signatures)) or 'none'}")
         functions.append(model.signatures[key])
-    names_a, names_b = (_variable_names(f) for f in functions)
+    names_a, names_again, names_b = (_variable_names(f) for f in functions)
     common = [n for n in names_a if n in names_b]
+    for name in names_a:
+        names_again[name].assign(names_a[name].read_value())
     for name in common:
         names_b[name].assign(names_a[name].read_value())
     report = VerifyReport(format="tf", compared=common,
@@ -67,12 +72,24 @@ def verify_saved_models(original: Path, rewritten: Path, key: str,
             baseline = _reset_memory_stats(tf)
             outputs.append({k: v.numpy() for k, v in function(**feed).items()})
             peaks.append(_peak_bytes(tf, baseline))
-        values = {f"output {k}": (outputs[0][k], outputs[1].get(k)) for k in sorted(outputs[0])}
-        values.update({n: (names_a[n].numpy(), names_b[n].numpy()) for n in common})
+        differs = first_difference(
+            _step_values(outputs[0], outputs[1], names_a, names_again, list(names_a)), options)
+        if differs is not None:
+            report.nondeterministic = f"{differs} at step {step}"
+            break
+        values = _step_values(outputs[0], outputs[2], names_a, names_b, common)
         losses = tuple([float(np.ravel(o[k])[0]) for k in sorted(o) if np.size(o[k])]
-                       for o in outputs)
-        report.steps.append(compare_step(step, values, losses, tuple(peaks), options))
+                       for o in (outputs[0], outputs[2]))
+        report.steps.append(compare_step(step, values, losses, (peaks[0], peaks[2]), options))
     return report
+
+
+def _step_values(outputs_a: dict, outputs_b: dict, names_a: dict, names_b: dict,
+                 compared: list[str]) -> dict[str, tuple]:
+    """The outputs, then the variables ``compared``, of two calls after a step."""
+    values = {f"output {k}": (outputs_a[k], outputs_b.get(k)) for k in sorted(outputs_a)}
+    values.update({n: (names_a[n].numpy(), names_b[n].numpy()) for n in compared})
+    return values
 
 
 def _variable_names(function) -> dict:

@@ -1,11 +1,13 @@
 """``graphpass verify`` for TF graphs run in a ``Session``.
 
-Each graph is imported into its own fresh ``Session``. The original is
-initialised and its initial variable values are *copied* into the rewritten
-graph's variables of the same name, so the two start from the same point even
-if initialisers are random or were rewritten. Variables a pass added (a
-stale-gradient counter) keep their own initial value and are listed as not
-compared. Only the placeholders the step reads are fed (Keras models carry an
+Each graph is imported into its own fresh ``Session``, the original twice. The
+original is initialised and its initial variable values are *copied* into the
+original's second session and into the rewritten graph's variables of the same
+name, so all start from the same point even if initialisers are random or were
+rewritten. Each step runs the original twice on the same inputs first: if the
+two differ, the original is not deterministic and the comparison stops there.
+Variables a pass added (a stale-gradient counter) keep their own initial value
+and are listed as not compared. Only the placeholders the step reads are fed (Keras models carry an
 ``input_1`` the user's training step may never read).
 
 Peak memory of each step comes from the step's own ``RunMetadata``: every op's
@@ -25,7 +27,7 @@ import numpy as np
 from graphpass.dialects.tf_ops import VARIABLE_OPS
 from graphpass.errors import GraphpassError
 from graphpass.inspect.progress import Progress
-from graphpass.inspect.verify.compare import InputMaker, compare_step
+from graphpass.inspect.verify.compare import InputMaker, compare_step, first_difference
 from graphpass.inspect.verify.report import VerifyOptions, VerifyReport
 from graphpass.ir.graph import Graph
 
@@ -40,11 +42,14 @@ def verify_tf(original: Graph, rewritten: Graph, options: VerifyOptions) -> Veri
     losses, train_ops = _train_fetches(original, options)
     _require_nodes(rewritten, losses + train_ops, "the rewritten graph")
     config = session_config(options.xla)
-    a = _TFRunner(original, losses, train_ops, config, "original")
-    b = _TFRunner(rewritten, losses, train_ops, config, "rewritten")
+    runners = []
     try:
-        a.initialise(options.init)
-        b.initialise(options.init)
+        for graph, label in ((original, "original"), (original, "original"),
+                             (rewritten, "rewritten")):
+            runners.append(_TFRunner(graph, losses, train_ops, config, label))
+            runners[-1].initialise(options.init)
+        a, again, b = runners
+        again.assign(a.values(a.variables))
         common = sorted(set(a.variables) & set(b.variables))
         b.assign(a.values(common))
         report = VerifyReport("tf", common, sorted(set(a.variables) - set(b.variables)),
@@ -52,30 +57,43 @@ def verify_tf(original: Graph, rewritten: Graph, options: VerifyOptions) -> Veri
         fetched = [name.split(":")[0] for name in losses + train_ops]
         inputs = InputMaker(_tf_placeholder_specs(original, fetched)
                              | _tf_placeholder_specs(rewritten, fetched), options)
-        _run_tf_steps(a, b, common, inputs, options, report)
+        _run_tf_steps(a, again, b, common, inputs, options, report)
     finally:
-        a.close()
-        b.close()
+        for runner in runners:
+            runner.close()
     return report
 
 
-def _run_tf_steps(a: _TFRunner, b: _TFRunner, common: list[str], inputs: InputMaker,
-                  options: VerifyOptions, report: VerifyReport) -> None:
+def _run_tf_steps(a: _TFRunner, again: _TFRunner, b: _TFRunner, common: list[str],
+                  inputs: InputMaker, options: VerifyOptions, report: VerifyReport) -> None:
     with Progress("verify step", total=options.steps, quiet=options.quiet) as progress:
         for step in range(1, options.steps + 1):
             progress.update(step, "running")
             feeds = inputs.next()
             losses_a, peak_a = a.step(feeds, step)
+            losses_again, _ = again.step(feeds, step)
+            differs = first_difference(
+                _step_values(a, again, losses_a, losses_again, a.variables), options)
+            if differs is not None:
+                report.nondeterministic = f"{differs} at step {step}"
+                return
             try:
                 losses_b, peak_b = b.step(feeds, step)
             except GraphpassError as exc:
                 report.failure = str(exc)
                 return
-            values = {f"loss {n}": (x, y) for n, x, y in zip(a.losses, losses_a, losses_b)}
-            after_a, after_b = a.values(common), b.values(common)
-            values.update({n: (after_a[n], after_b[n]) for n in common})
+            values = _step_values(a, b, losses_a, losses_b, common)
             report.steps.append(compare_step(step, values, (losses_a, losses_b),
                                              (peak_a, peak_b), options))
+
+
+def _step_values(a: _TFRunner, b: _TFRunner, losses_a: list, losses_b: list,
+                 names: list[str]) -> dict[str, tuple]:
+    """The losses, then the variables ``names``, of ``a`` and ``b`` after a step."""
+    values = {f"loss {n}": (x, y) for n, x, y in zip(a.losses, losses_a, losses_b)}
+    after_a, after_b = a.values(names), b.values(names)
+    values.update({n: (after_a[n], after_b[n]) for n in names})
+    return values
 
 
 def session_config(xla: bool):
@@ -222,9 +240,9 @@ def _initializers(graph: Graph, init: str | None) -> list[str]:
 
 
 def _collection_initializers(graph: Graph) -> list[str]:
-    metagraph = graph.meta.get("metagraph")
-    if metagraph is None and graph.meta.get("savedmodel") is not None:
-        metagraph = graph.meta["savedmodel"].meta_graphs[graph.meta["metagraph_index"]]
+    metagraph = graph.format_state.metagraph
+    if metagraph is None and graph.format_state.savedmodel is not None:
+        metagraph = graph.format_state.savedmodel.meta_graphs[graph.format_state.metagraph_index]
     if metagraph is None:
         return []
     from tensorflow.core.framework import variable_pb2

@@ -87,6 +87,7 @@ def _apply_unit(graph: Graph, step: TrainStep, global_step: str) -> set[str]:
     grouping op (an ``ends_train_step`` op). So Adam's beta-power updates, the
     ``update`` NoOp and the increment are in; a queue enqueue the graph runs after
     the optimizer (and a read feeding it) is not: it runs after the conditional.
+    Stateless readers of the unit that nothing reads are in too.
     """
     dialect = graph.dialect
     upstream = graph.ancestors([step.train_op]) | {step.train_op}
@@ -99,7 +100,12 @@ def _apply_unit(graph: Graph, step: TrainStep, global_step: str) -> set[str]:
     # A function's result is produced whether or not the step is applied.
     updates = {n for n in between if dialect.ends_train_step(graph, n)
                and not dialect.is_fetch(graph, n)}
-    return between & (updates | graph.ancestors(updates))
+    unit = between & (updates | graph.ancestors(updates))
+    # A value of the unit that nothing reads on (Keras 3's sparse Adagrad leaves an
+    # output of its cond unread) goes with it: nothing outside waits for it.
+    unread = {u for n in unit for u in graph.data_users(n)
+              if u not in unit and not graph.users(u) and not dialect.is_stateful(graph, u)}
+    return unit | unread
 
 
 def _gradient_entries(graph: Graph, step: TrainStep,

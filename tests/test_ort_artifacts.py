@@ -1,0 +1,162 @@
+"""onnxruntime's on-device training artifacts (``generate_artifacts``'s output, checked in
+under ``tests/data/ort_artifacts`` by ``tools/fixtures/ort_artifacts.py``) as they are:
+``inspect``, ``rewrite`` and their names, in the main environment; training the
+rewritten step against the original, in the training environment
+(``tests/ort_training_env.py``)."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+from ort_training_env import ARTIFACTS, run_in_env
+
+from graphpass.cli import main
+
+FAST = ["mlp_ce", "torch_mlp_ce", "mlp_mse_some"]
+ALL = sorted(p.name for p in ARTIFACTS.iterdir() if p.is_dir())
+
+
+def _inspect(capsys, path, *flags) -> dict:
+    assert main(["inspect", str(path), "--json", *flags]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("case", FAST)
+def test_inspect_names_the_artifact_loss_and_accumulators(case, capsys):
+    model = onnx.load(ARTIFACTS / case / "training_model.onnx")
+    accumulators = [n.name for n in model.graph.node if n.op_type == "InPlaceAccumulatorV2"]
+    loss_node = next(n.name for n in model.graph.node if n.output[0] == model.graph.output[0].name)
+    info = _inspect(capsys, ARTIFACTS / case / "training_model.onnx")
+    assert "training model" in info["container"]
+    assert info["regions"]["losses"] == [loss_node]
+    assert sorted(info["regions"]["updates"]) == sorted(accumulators)
+    buffers = [i.name for i in model.graph.input if i.name.endswith("accumulation.buffer")]
+    assert set(buffers) <= set(info["variables"])
+
+
+@pytest.mark.parametrize("kind", ["eval_model", "optimizer_model"])
+def test_eval_and_optimizer_models_say_what_they_are(kind, capsys, tmp_path):
+    path = ARTIFACTS / "mlp_ce" / f"{kind}.onnx"
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"onnxruntime's {kind}.onnx" in out and "training_model.onnx" in out
+    assert "Apply" not in out
+    assert main(["rewrite", str(path), "-o", str(tmp_path / "x.onnx"),
+                 "--recompute", "auto"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "training_model.onnx" in err
+
+
+def test_ort_names_with_colons_work_as_loss_and_train_op(capsys, tmp_path):
+    """ORT names its loss node ``onnx::SoftmaxCrossEntropyLoss::N``."""
+    path = ARTIFACTS / "mlp_ce" / "training_model.onnx"
+    model = onnx.load(path)
+    loss = next(n.name for n in model.graph.node if n.op_type == "SoftmaxCrossEntropyLoss")
+    assert "::" in loss
+    info = _inspect(capsys, path, "--loss", loss, "--train-op", "GradientAccumulator1")
+    assert info["regions"]["losses"] == [loss]
+    out = tmp_path / "named.onnx"
+    assert main(["rewrite", str(path), "-o", str(out), "--loss", loss,
+                 "--recompute", "auto"]) == 0
+
+
+def _rewrite(case, tmp_path, recompute="auto"):
+    source = ARTIFACTS / case / "training_model.onnx"
+    target = tmp_path / f"{case}.onnx"
+    assert main(["rewrite", str(source), "-o", str(target), "--recompute", recompute,
+                 "--quiet"]) == 0
+    return source, target
+
+
+@pytest.mark.parametrize("case", FAST)
+def test_rewrite_auto_keeps_the_artifact_interface(case, tmp_path):
+    source, target = _rewrite(case, tmp_path)
+    before, after = onnx.load(source), onnx.load(target)
+    assert after.ir_version == before.ir_version
+    assert [(o.domain, o.version) for o in after.opset_import] == \
+        [(o.domain, o.version) for o in before.opset_import]
+    assert [i.name for i in after.graph.input] == [i.name for i in before.graph.input]
+    assert [o.name for o in after.graph.output] == [o.name for o in before.graph.output]
+    assert len(after.graph.node) > len(before.graph.node)  # something was recomputed
+
+
+def test_diff_of_a_rewritten_artifact(tmp_path, capsys):
+    source, target = _rewrite("mlp_ce", tmp_path)
+    assert main(["diff", str(source), str(source)]) == 0
+    assert main(["diff", str(source), str(target)]) == 1
+
+
+TRAIN = """
+import json, sys
+from pathlib import Path
+from tools.fixtures.ort_train import train
+directory, rewritten = Path(sys.argv[1]), Path(sys.argv[2])
+print(json.dumps({"original": train(directory), "rewritten": train(directory, rewritten)}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", FAST)
+def test_rewritten_artifact_trains_bit_for_bit_in_ort_training(case, tmp_path):
+    _, target = _rewrite(case, tmp_path)
+    result = run_in_env(TRAIN, str(ARTIFACTS / case), str(target))
+    assert result["rewritten"]["losses"] == result["original"]["losses"]
+    assert result["rewritten"]["parameters"] == result["original"]["parameters"]
+
+
+@pytest.mark.parametrize("case", ["conv_bn_ce", "transformer_ce"])
+def test_training_ops_outside_onnx_schemas_are_sized(case):
+    """ORT's gradient and internal ops (``LayerNormalizationGrad``, ``ConvGrad``,
+    ``BatchNormInternal``, ``Scale``) have no ONNX shape inference: their outputs are
+    typed by ORT's conventions, so the estimate counts them."""
+    import graphpass
+    from graphpass.analysis.shapes import infer_shapes
+    from graphpass.ir.graph import Tensor
+
+    graph = graphpass.load(ARTIFACTS / case / "training_model.onnx")
+    infer_shapes(graph)
+    unknown = [(n.op, v) for n in graph.nodes() for p, v in enumerate(n.outputs)
+               if v and graph.dialect.shape(graph, Tensor(n.name, p)) is None]
+    assert unknown == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["transformer_ce", "conv_bn_ce", "mlp_gelu_bce"])
+def test_contrib_op_artifacts_train_bit_for_bit(case, tmp_path):
+    _, target = _rewrite(case, tmp_path)
+    result = run_in_env(TRAIN, str(ARTIFACTS / case), str(target))
+    assert result["rewritten"] == result["original"]
+
+
+def test_verify_without_the_training_build_says_what_it_needs(tmp_path, capsys):
+    """The main environment has plain onnxruntime: no training kernels."""
+    from graphpass.runtimes import MissingRuntime, require_onnxruntime_training
+
+    try:
+        require_onnxruntime_training()
+        pytest.skip("this environment has onnxruntime-training")
+    except MissingRuntime:
+        pass
+    source, target = _rewrite("mlp_ce", tmp_path)
+    assert main(["verify", str(source), str(target)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "onnxruntime-training" in err and "make_ort_training_env.sh" in err
+
+
+VERIFY = """
+import json, sys
+from graphpass.cli import main
+print(json.dumps({"rc": main(["verify", sys.argv[1], sys.argv[2], "--quiet", "--steps", "3"])}))
+"""
+
+
+@pytest.mark.slow
+def test_verify_trains_both_artifacts_in_ort_training(tmp_path):
+    source, target = _rewrite("mlp_ce", tmp_path)
+    assert run_in_env(VERIFY, str(source), str(target)) == {"rc": 0}
+    # Another step (MSE loss, some layers frozen) with other inputs is refused.
+    other = ARTIFACTS / "mlp_mse_some" / "training_model.onnx"
+    assert run_in_env(VERIFY.replace('"--quiet", ', ""), str(source), str(other))["rc"] != 0

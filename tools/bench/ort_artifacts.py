@@ -1,0 +1,100 @@
+"""Peak memory of onnxruntime on-device training steps (``generate_artifacts``'s
+``training_model.onnx``) before and after ``graphpass rewrite --recompute auto``.
+
+Run in the training environment (``tools/make_ort_training_env.sh``):
+``.venv-ort-training/bin/python -m tools.bench.ort_artifacts [--model NAME ...]``.
+Each model's artifacts are generated (``tools/fixtures/ort_artifacts.py``) at
+benchmark size in a temporary directory; each variant's step runs in a process of
+its own under ``tools/fixtures/ort_measure.py`` (CPU arena off, memory pattern
+off, all graph optimizations): the parameters from the checkpoint, zeroed
+accumulation buffers and ``lazy_reset_grad`` are fed like the training API feeds
+them. Printed: measured peak RSS growth of one step, its ratio to the original,
+graphpass's estimate and its ratio to the measurement, the median step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from tools.fixtures.ort_measure import run_worker
+
+#: name -> (artifact case, sizes).
+MODELS = {
+    "mlp": ("mlp_ce", dict(batch=2048, width=512, blocks=8, classes=16)),
+    "transformer": ("transformer_ce", dict(batch=8, seq=256, width=256, layers=3)),
+    "conv_bn": ("conv_bn_ce", dict(batch=32, size=32, channels=32, layers=6)),
+}
+
+
+def _feeds(directory: Path, model) -> dict[str, np.ndarray]:
+    from onnxruntime.training import api
+
+    state = api.CheckpointState.load_checkpoint(str(directory / "checkpoint"))
+    batch = np.load(directory / "inputs.npz")
+    feeds = {"labels": batch["target"]}
+    data = [i.name for i in model.graph.input][0]
+    feeds[data] = batch["x"]
+    for value in model.graph.input:
+        name = value.name
+        if name in state.parameters:
+            feeds[name] = state.parameters[name].data
+        elif name.endswith("_grad.accumulation.buffer"):
+            parameter = name[:-len("_grad.accumulation.buffer")]
+            feeds[name] = np.zeros_like(state.parameters[parameter].data)
+        elif name == "lazy_reset_grad":
+            feeds[name] = np.array([True])
+    return feeds
+
+
+def measure(name: str, work: Path, threads: int, steps: int) -> list[dict]:
+    import onnx
+
+    import graphpass
+    from tools.fixtures import ort_artifacts
+
+    case, sizes = MODELS[name]
+    directory = ort_artifacts.generate(case, work, **sizes)
+    original = directory / "training_model.onnx"
+    model = onnx.load(original)
+    feeds = work / f"{name}_feeds.npz"
+    np.savez(feeds, **{k.replace("/", "|"): v for k, v in _feeds(directory, model).items()})
+    graph = graphpass.load(original)
+    report = graphpass.run_passes(graph, {"recompute": ["auto"]})[0].report
+    rewritten = directory / "auto.onnx"
+    graphpass.save(graph, rewritten)
+    spec = {"feeds": str(feeds), "fetches": [o.name for o in model.graph.output],
+            "threads": threads, "mem_pattern": False}
+    rows = []
+    for variant, path, estimate in (
+            ("original", original, report["estimated_peak_bytes_before"]),
+            ("auto", rewritten, report["estimated_peak_bytes_after"])):
+        result = run_worker(f"{name} {variant}", dict(spec, model=str(path)), steps)
+        rows.append(dict(model=name, variant=variant, estimate=estimate, **result))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", action="append", choices=sorted(MODELS))
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args(argv)
+    print(f"{'model':12s} {'variant':9s} {'peak MiB':>9s} {'ratio':>6s} {'est MiB':>8s} "
+          f"{'est/meas':>8s} {'step s':>7s}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.model or MODELS:
+            rows = measure(name, Path(tmp), args.threads, args.steps)
+            base = rows[0]["peak"]
+            for row in rows:
+                print(f"{row['model']:12s} {row['variant']:9s} {row['peak'] / 2**20:9.1f} "
+                      f"{row['peak'] / base:6.2f} {row['estimate'] / 2**20:8.1f} "
+                      f"{row['estimate'] / row['peak']:8.2f} {row['step_s']:7.3f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
