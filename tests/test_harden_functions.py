@@ -32,6 +32,8 @@ def _call(fdef, name: str, callee: str, op: str = "PartitionedCall"):
     node = fdef.node_def.add(name=name, op=op)
     node.input.extend(a.name for a in fdef.signature.input_arg)
     node.attr["f"].func.name = callee
+    node.attr["Tin"].list.type.extend(a.type for a in fdef.signature.input_arg)
+    node.attr["Tout"].list.type.extend(a.type for a in fdef.signature.output_arg)
     return node
 
 
@@ -113,7 +115,9 @@ def _chain(depth: int, writes_at_bottom: bool = True):
         if i + 1 < depth:
             _call(fdef, "call", f"f{i + 1}", "StatefulPartitionedCall")
         elif writes_at_bottom:
-            fdef.node_def.add(name="w", op="AssignAddVariableOp").input.append("v")
+            write = fdef.node_def.add(name="w", op="AssignAddVariableOp")
+            write.input.extend(["v", "v"])
+            write.attr["dtype"].type = 1
         graph_def.library.function.append(fdef)
     top = graph_def.node.add(name="var", op="VarHandleOp")
     call = graph_def.node.add(name="call", op="StatefulPartitionedCall")
@@ -135,13 +139,14 @@ def test_deep_call_chains_are_walked_without_recursion():
 
 
 def test_writing_functions_spread_through_deep_chains():
+    from types import SimpleNamespace
+
     from graphpass.dialects.tf_updates import _writing_functions
     from graphpass.ir.graph import Graph
 
-    graph = Graph(format="tf")
-    graph.meta["library"] = _chain(3000).library
+    graph = Graph("tf", SimpleNamespace(library=_chain(3000).library))
     assert len(_writing_functions(graph)) == 3000
-    graph.meta["library"] = _chain(50, writes_at_bottom=False).library
+    graph = Graph("tf", SimpleNamespace(library=_chain(50, writes_at_bottom=False).library))
     assert _writing_functions(graph) == {}
 
 

@@ -37,16 +37,16 @@ def check_library(graph_def, where: str) -> None:
                                  f"library; {_FIX}")
     for node_def in graph_def.node:
         _callees(node_def, functions, where, "the graph")
-    calls = {}
-    for name, fdef in functions.items():
-        calls[name] = sorted({c for n in fdef.node_def
-                              for c in _callees(n, functions, where, f"function {name!r}")})
-        _check_body(fdef, where)
+    calls = {name: sorted({c for n in fdef.node_def
+                           for c in _callees(n, functions, where, f"function {name!r}")})
+             for name, fdef in functions.items()}
     cycle = _find_cycle(calls)
     if cycle:
         path = " -> ".join(repr(c) for c in cycle)
         raise GraphpassError(f"{where}: function {cycle[0]!r} calls itself ({path}); "
                              "TensorFlow cannot run a recursive function: re-export the model")
+    for fdef in functions.values():
+        _check_body(fdef, where)
 
 
 def _callees(node_def, functions: dict, where: str, owner: str) -> list[str]:
