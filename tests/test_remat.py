@@ -50,7 +50,7 @@ CASES = {
     "conv_bn_dropout_momentum": (tf_models.conv_bn_dropout, {"recompute": ["conv[12]/"]}),
     # Layer norm by moments + rsqrt, exact GELU, clip_by_norm, Adam: Grappler's remapper
     # fuses an original layer norm once its backward readers move to the copies,
-    # unless remat keeps the original as written (Dialect.keep_as_written).
+    # unless remat keeps each value's reader count (Dialect.keep_readers).
     "prenorm_ffn": (tf_models.prenorm_ffn, {"recompute": ["layer[1-4]/"]}),
     "clipped_two_train_ops": (
         lambda: tf_models.clipped_custom_scope(train_ops=2),

@@ -289,13 +289,23 @@ class Dialect(ABC):
         The default format carries nothing more."""
         return self.copy_node(graph, name, new_name)
 
-    def keep_as_written(self, graph: Graph, name: str) -> None:
-        """Ask the runtime's graph optimizer to leave node ``name`` as it is. Remat
-        calls it on an original whose backward readers moved to its copy: with fewer
-        readers, the optimizer could now fuse it with its neighbours (TF's remapper
-        fuses a layer norm whose parts have no reader outside it), computing it
-        differently than in the graph as exported. A runtime without such rewrites
-        needs nothing (the default)."""
+    def keep_readers(self, graph: Graph, name: str, tensor: Tensor, count: int,
+                     holders: list[str]) -> int:
+        """Give ``tensor`` ``count`` more readers that the runtime's graph optimizer
+        counts but that hold nothing, run by ``holders`` (fetched nodes that depend
+        on ``tensor`` already). Remat calls it where a value lost readers to a copy,
+        or a copy has fewer than its original: the runtime's rewrites decide by the
+        number of readers (a remapper fuses an op into its only reader), and each
+        node must be rewritten as its original was. Returns how many nodes it
+        added; a runtime without such rewrites needs none (the default)."""
+        return 0
+
+    def ordered_read(self, graph: Graph, name: str, tensor: Tensor,
+                     after: list[str]) -> Tensor:
+        """``tensor`` read only once ``after`` ran: what a copy reads in control mode,
+        so that no copy carries a control input itself (which the runtime's
+        rewrites see: TF's remapper fuses no contraction with one)."""
+        return self.identity(graph, name, tensor, after)
 
     @abstractmethod
     def identity(

@@ -45,17 +45,31 @@ class TFBuilders:
                 copy.meta[key] = node.meta[key]
         return new_name
 
-    def keep_as_written(self, graph: Graph, name: str) -> None:
-        """``_grappler_do_not_remove`` puts the node in Grappler's preserve set, which
-        the remapper's fusions (and the other optimizers) never rewrite or remove.
+    def keep_readers(self, graph: Graph, name: str, tensor: Tensor, count: int,
+                     holders: list[str]) -> int:
+        """``count`` ``Identity`` readers Grappler keeps as they are
+        (``_grappler_do_not_remove``: not pruned, not rewritten), so its fanout
+        counts see them; each runs as soon as ``tensor`` exists and holds
+        nothing (its output is read by no one). A function body runs them as
+        control outputs; a graph's holders (the train ops) wait for them."""
+        for _ in range(count):
+            reader = self.identity(graph, name, tensor)
+            graph.node(reader.node).attrs[DO_NOT_REWRITE_ATTR] = attr_value(True)
+            function = graph.format_state.function
+            if function is not None:
+                function.control_ret[reader.node] = reader.node
+            else:
+                for holder in holders:
+                    graph.add_control_input(holder, reader.node)
+        return count
 
-        Not in a function body: there the preserve set also stops rewrites Grappler
-        makes to the function as exported (keeping the ``AddV2`` nodes of a Keras 3
-        transformer's layer norms changed its weights in the last bit), so a kept
-        original would compute differently, not as before (tests/test_tf2.py)."""
-        if not self.in_function_body(graph):
-            graph.forget_source()
-            graph.node(name).attrs[DO_NOT_REWRITE_ATTR] = attr_value(True)
+    def ordered_read(self, graph: Graph, name: str, tensor: Tensor,
+                     after: list[str]) -> Tensor:
+        """An ``Identity`` with the control inputs, kept as it is by Grappler (its
+        dependency optimizer would otherwise move them onto the copy)."""
+        gated = self.identity(graph, name, tensor, after)
+        graph.node(gated.node).attrs[DO_NOT_REWRITE_ATTR] = attr_value(True)
+        return gated
 
     def _op(self, graph, name, op, inputs, control_inputs=(), device="", output_shapes=None,
             **attrs) -> Tensor:

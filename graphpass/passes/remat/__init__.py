@@ -137,6 +137,11 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
         else:
             line += e["note"]
         summary.append(line)
+        if e["read_once"]:
+            summary.append(
+                f"  not exact if TF fuses {', '.join(e['read_once'][:3])}"
+                f"{' ...' if len(e['read_once']) > 3 else ''} into its one reader: the "
+                f"copies read it too (mark from its producer on; check with verify)")
     if skipped:
         summary.append(f"{len(skipped)} marked gradient ops were skipped (only forward "
                        f"nodes are recomputed) "
@@ -159,6 +164,9 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
         "segments": entries,
         "skipped_marks": skipped,
         "nodes_added": sum(e["copied"] for e in entries),
+        # nodes that keep TF's view of each value and copy (see rewrite._keep_readers)
+        "readers_kept": sum(e["readers_kept"] for e in entries),
+        "ordering_reads": sum(e["ordering_reads"] for e in entries),
         "released_bytes": None if peak_before is None
         else sum(e["released_bytes"] for e in entries),
         "summary": summary,

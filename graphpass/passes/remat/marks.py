@@ -18,6 +18,7 @@ from graphpass.options import RematOptions
 
 GENERATED_SCOPE = "graphpass/"
 SCOPE = "graphpass/remat/"
+KEPT_SCOPE = "graphpass/remat_kept/"
 HINT_ATTR = "_recompute_hint"
 
 
@@ -107,6 +108,14 @@ def _hint_segments(graph: Graph, forward: set[str],
         for i, part in enumerate(ordered):
             segments[f"hint {hint}" + (f" #{i}" if len(ordered) > 1 else "")] = part
     return segments, skipped
+
+
+def scope_of(segment: str, part: str) -> str:
+    """Where a segment's nodes that keep the runtime's view (``order``'s reads,
+    the kept readers) are named: beside the copies' scope, which holds copies
+    and ties only; the segment's name made a name scope (a hint segment's
+    ``hint 1 #0`` has characters no node name may hold)."""
+    return f"{KEPT_SCOPE}{re.sub(r'[^A-Za-z0-9_./-]', '_', segment.rstrip('/'))}/{part}"
 
 
 def unique(items) -> list:

@@ -16,16 +16,40 @@ from collections.abc import Callable
 
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
-from graphpass.passes.remat.marks import SCOPE, unique
+from graphpass.passes.remat.marks import SCOPE, scope_of, unique
 
 
-def order_by_control(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor]) -> None:
-    """Copies that read no other copy wait, by control edges, for the trigger."""
+def order_by_control(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor],
+                     segment: str) -> int:
+    """Copies that read no other copy wait for the trigger: each reads its
+    activations (else its weights) through ``Dialect.ordered_read``, so that no
+    copy carries a control input the runtime's rewrites would see (TF's remapper
+    fuses no contraction with one, which its original had not). A copy that reads
+    only constants waits by control edges (a gated constant is no longer one to
+    the runtime's optimizer). Returns how many reads it added."""
+    dialect = graph.dialect
     copies = set(copy_of.values())
+    after = unique(t.node for t in triggers)
+    scope = scope_of(segment, "order")
+    gated: dict[Tensor, Tensor] = {}
     for copy in copy_of.values():
-        if not any(t.node in copies for t in graph.inputs(copy)):
-            for trigger in triggers:
-                graph.add_control_input(copy, trigger.node)
+        slots = graph.input_slots(copy)
+        if any(t.node in copies for t in slots.values()):
+            continue
+        outside = {slot: t for slot, t in slots.items()
+                   if not dialect.is_constant(graph, t.node)}
+        activations = {slot: t for slot, t in outside.items()
+                       if not dialect.is_variable_value(graph, t.node)}
+        chosen = activations or outside
+        if not chosen:
+            for name in after:
+                graph.add_control_input(copy, name)
+            continue
+        for slot, tensor in chosen.items():
+            if tensor not in gated:
+                gated[tensor] = dialect.ordered_read(graph, f"{scope}/read", tensor, after)
+            graph.set_input(copy, slot, gated[tensor])
+    return len(gated)
 
 
 def order_by_data(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor],

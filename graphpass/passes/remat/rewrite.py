@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from graphpass.analysis.memory import tensor_bytes
 from graphpass.analysis.shapes import infer_shapes
 from graphpass.ir.graph import Graph, Tensor
-from graphpass.passes.remat.marks import SCOPE, Segment, is_generated, unique
+from graphpass.passes.remat.marks import SCOPE, Segment, is_generated, scope_of, unique
 from graphpass.passes.remat.order import order_by_control, order_by_data, tupleize
 
 
@@ -57,44 +57,101 @@ def rewrite_segments(graph: Graph, segments: list[Segment], step: Step,
     # Tupleized gradients tie a segment's gradient ops to each other, which
     # may run against the order the reachability shortcut relies on.
     reach = _Reach(graph, step.backward, ordered=not tupleize_grads)
+    holders = _Holders(graph, [f for f in step.fetches if f not in step.forward])
     for segment in segments:
         segment_plan = _plan(graph, segment, step.forward, step.backward, reach)
         entries.append(_apply(graph, segment, segment_plan, step.dependency,
-                              tupleize_grads, released_bytes))
+                              tupleize_grads, released_bytes, holders))
         if entries[-1]["copied"]:
             reach.rewritten(segment_plan)
     return entries
 
 def _apply(graph: Graph, segment: Segment, plan: _Plan, dependency: str,
-           tupleize_grads: bool, released_bytes: bool) -> dict:
+           tupleize_grads: bool, released_bytes: bool, holders: _Holders) -> dict:
     """Copy, order and rewire one segment as ``plan`` says; its report entry."""
     entry = {"segment": segment.name, "marked": len(segment.nodes), "copied": 0,
              "copies": [], "triggers": [str(t) for t in plan.triggers],
-             "released": [], "released_bytes": 0 if released_bytes else None, "note": ""}
+             "released": [], "released_bytes": 0 if released_bytes else None, "note": "",
+             "readers_kept": 0, "ordering_reads": 0, "read_once": []}
     if not plan.rewires:
         entry["note"] = "no gradient op reads this segment's internal values"
         return entry
     if not plan.triggers:
         entry["note"] = "no gradient flows into this segment; left as is"
         return entry
+    copied = set(plan.copies)
+    # Computed values read once that copies will read too: the one reader TF may
+    # have fused them into no longer is the only one (the runtime's view changes;
+    # reported). Stored values (constants, variable reads) are fused into nothing.
+    once = unique(str(t) for n in plan.copies for t in graph.inputs(n)
+                  if t.node not in copied and len(graph.consumers(t)) == 1
+                  and not _stored(graph, t.node))
     copy_of = _copy_nodes(graph, plan.copies)
+    # How many read each original value now (as TF's rewrites count them).
+    readers = {Tensor(o, p): len(graph.consumers(Tensor(o, p)))
+               for o in copy_of for p in graph.used_ports(o)}
+    reads = 0
     if dependency == "control":
-        order_by_control(graph, copy_of, plan.triggers)
+        reads = order_by_control(graph, copy_of, plan.triggers, segment.name)
     else:
         order_by_data(graph, copy_of, plan.triggers, segment.name)
     released = sorted({orig for _, _, orig in plan.rewires})
     for consumer, slot, original in plan.rewires:
         graph.set_input(consumer, slot, Tensor(copy_of[original.node], original.port))
-    for original in copy_of:  # still computed in the forward pass: exactly as before
-        if graph.users(original):
-            graph.dialect.keep_as_written(graph, original)
+    kept = _keep_readers(graph, segment, copy_of, readers, holders)
     if tupleize_grads:
         tupleize(graph, segment.name, [c for c, _, _ in plan.rewires], dependency)
     entry.update(copied=len(copy_of), copies=list(copy_of.values()),
-                 released=[str(t) for t in released])
+                 released=[str(t) for t in released], readers_kept=kept,
+                 ordering_reads=reads, read_once=once)
     if released_bytes:
         entry["released_bytes"] = sum(tensor_bytes(graph, t) or 0 for t in released)
     return entry
+
+def _keep_readers(graph: Graph, segment: Segment, copy_of: dict[str, str],
+                  readers: dict[Tensor, int], holders: _Holders) -> int:
+    """Every original value and its copy keep as many readers as the value had
+    (``Dialect.keep_readers``): the runtime's rewrites then treat both as they
+    treated the original (a value that lost its backward readers to the copy
+    would be fused into its forward reader; a copy missing a reader its original
+    had, into its own)."""
+    dialect = graph.dialect
+    scope = scope_of(segment.name, "reader")
+    kept = 0
+    for tensor, count in readers.items():
+        for value in (tensor, Tensor(copy_of[tensor.node], tensor.port)):
+            missing = count - len(graph.consumers(value))
+            if missing > 0:
+                kept += dialect.keep_readers(graph, scope, value, missing,
+                                             holders.of(tensor.node))
+    return kept
+
+
+def _stored(graph: Graph, name: str) -> bool:
+    """A stored value, or one computed from stored values only (a reshaped weight)."""
+    dialect = graph.dialect
+
+    def source(node: str) -> bool:
+        return dialect.is_source(graph, node) or dialect.is_constant(graph, node) \
+            or dialect.is_variable_value(graph, node)
+
+    return source(name) or all(source(t.node) for t in graph.inputs(name))
+
+
+class _Holders:
+    """The fetched nodes (train ops) that depend on a node, asked per node: one
+    walk per fetch, once, on the graph as read."""
+
+    def __init__(self, graph: Graph, fetches: list[str]) -> None:
+        self.graph = graph
+        self.fetches = fetches
+        self.ancestors: dict[str, set[str]] | None = None
+
+    def of(self, name: str) -> list[str]:
+        if self.ancestors is None:
+            self.ancestors = {f: self.graph.ancestors({f}) for f in self.fetches}
+        return [f for f in self.fetches if name in self.ancestors[f]]
+
 
 def _plan(graph: Graph, segment: Segment, forward: set[str], backward: set[str],
           reach: _Reach | None = None) -> _Plan:
