@@ -1,7 +1,9 @@
-"""Fuzzed inputs: mutated GraphDef, pbtxt, MetaGraphDef and ONNX models through
-``inspect`` and a no-pass ``rewrite`` exit 0 or 2 (one error line, no output),
-never with a traceback, a crash or a hang. The fast tier runs a sample; the
-200 cases per format are slow-tier; the long run is ``python -m tools.fuzz``."""
+"""Fuzzed inputs: mutated GraphDef, pbtxt, MetaGraphDef (with a function library)
+and ONNX models through ``inspect`` and a ``rewrite``, and hostile command lines,
+exit 0 or 2 (one error line, nothing written), never with a traceback, a crash,
+a hang or a lost output. The fast tier runs a sample; the 200 cases per format
+are slow-tier; the long run is ``python -m tools.fuzz``; every minimized
+reproducer is an explicit test in ``test_harden*.py``."""
 
 from __future__ import annotations
 

@@ -1,17 +1,23 @@
-"""Fuzz ``graphpass inspect`` and a no-pass ``graphpass rewrite`` with mutated models.
+"""Fuzz ``graphpass inspect`` and ``graphpass rewrite`` with mutated models and
+hostile command lines.
 
 Every case must end in exit 0, or exit 2 with one ``graphpass: error:`` line
-and no output file: never a traceback, a crash (signal) or a hang. Cases are
-mutated from small seed models (a GraphDef, its text form, a MetaGraphDef and
-an ONNX training step), mostly *structurally* (ports, attrs, cycles, names,
-strings that are not UTF-8, external-data locations) so that they get past the
-parsers and reach the code behind them, partly byte-level.
+and nothing written: never a traceback, a crash (signal), a hang or a lost
+output. Model cases are mutated from small seed models (a GraphDef, its text
+form, a MetaGraphDef, a MetaGraphDef with a function library, an ONNX training
+step), mostly *structurally* (ports, attrs, cycles, names, strings that are not
+UTF-8, recursive or dangling functions, extreme dims, external-data locations;
+``fuzz_mutators.py`` holds the second round's) so that they get past the
+parsers, partly byte-level; each runs ``inspect`` and one rewrite of
+:data:`REWRITES`. Command-line cases (``cli``) point outputs at inputs, at each
+other, at devices, FIFOs and links, with long names and extreme numbers.
 
 Cases run in batches inside worker subprocesses: TF is imported once per
 worker, and a worker that dies (segfault) or stops answering (hang) takes only
 its current case with it; the next worker resumes after that case.
 
     python -m tools.fuzz --cases 5000 --seed 1 [--keep DIR]
+    python -m tools.fuzz --family tf --cases 10000 --seed 2027   # a benchmark run
 
 ``tests/test_fuzz.py`` runs the short version (fixed seeds) in the suite.
 """
@@ -37,7 +43,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FORMATS = ("graphdef", "pbtxt", "metagraph", "onnx")
+FORMATS = ("graphdef", "pbtxt", "metagraph", "library", "onnx", "cli")
+#: The format families a benchmark run counts separately (``--family``).
+FAMILIES = {"tf": ("graphdef", "pbtxt", "metagraph", "library"), "onnx": ("onnx",),
+            "cli": ("cli",)}
+#: The rewrite a case runs besides ``inspect``, picked per case: a no-pass round
+#: trip, the planner, stale dropping, and every op recomputed for XLA (which
+#: imports the library into TF for shapes).
+REWRITES = ((), ("--recompute", "auto", "--batch-size", "2"), ("--drop-stale", "2"),
+            ("--recompute", ".*", "--target", "xla"))
 #: Ports that once crashed or aliased: 2^31 and up overflow TF's int32 port.
 _PORTS = (1, 2, 7, 2**31 - 1, 2**31, 2**32, 2**32 + 1, 2**63 - 1, 10**30)
 _BAD_UTF8 = (b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80")
@@ -86,10 +100,13 @@ def seed_models() -> dict[str, object]:
     flow = tf_models.control_flow(batch=2)
     meta = type(tf_model.meta_graph)()
     meta.CopyFrom(tf_model.meta_graph)
+    from tools.fuzz_mutators import library_seed
+
     return {
         "graphdef": tf_model.graph_def,
         "pbtxt": flow.graph_def,
         "metagraph": meta,
+        "library": library_seed(),
         "onnx": onnx_models.block_mlp(batch=2, width=4, blocks=2, check=False).model,
     }
 
@@ -97,11 +114,17 @@ def seed_models() -> dict[str, object]:
 # -- mutations ---------------------------------------------------------------
 
 
-def _tf_mutators() -> list[Callable]:
-    return [_bad_port, _bad_port, _bad_port, _bad_type_attr, _bad_type_attr,
-            _placeholder_attr, _empty_attr, _bad_shape_attr, _cycle, _cycle,
-            _missing_input, _drop_node, _duplicate_name, _unknown_op, _bad_device,
-            _shuffle_inputs, _control_of_self, _bad_tensor_attr]
+def _tf_mutators(fmt: str = "graphdef") -> list[Callable]:
+    from tools import fuzz_mutators
+
+    basic = [_bad_port, _bad_port, _bad_port, _bad_type_attr, _bad_type_attr,
+             _placeholder_attr, _empty_attr, _bad_shape_attr, _cycle, _cycle,
+             _missing_input, _drop_node, _duplicate_name, _unknown_op, _bad_device,
+             _shuffle_inputs, _control_of_self, _bad_tensor_attr,
+             *fuzz_mutators.tf_mutators()]
+    if fmt == "library":  # mostly the library, sometimes the graph around it
+        return fuzz_mutators.library_mutators() * 3 + basic
+    return basic
 
 
 def _graph_def(message):
@@ -261,9 +284,12 @@ def _control_of_self(rng, graph_def) -> str:
 
 
 def _onnx_mutators() -> list[Callable]:
+    from tools import fuzz_mutators
+
     return [_onnx_bad_utf8, _onnx_bad_utf8, _onnx_missing_input, _onnx_cycle,
             _onnx_op_type, _onnx_external, _onnx_external, _onnx_dims, _onnx_opset,
-            _onnx_duplicate_output, _onnx_attr, _onnx_drop_initializer]
+            _onnx_duplicate_output, _onnx_attr, _onnx_drop_initializer,
+            *fuzz_mutators.onnx_mutators() * 2]
 
 
 def _onnx_bad_utf8(rng, model) -> str:
@@ -395,8 +421,11 @@ def _rewrite_string(data: bytes, old: bytes, new: bytes) -> bytes:
 def make_cases(fmt: str, count: int, seed: int, out_dir: Path, seeds: dict) -> list[Case]:
     """``count`` mutated ``fmt`` models under ``out_dir``, reproducible from ``seed``."""
     rng = random.Random(f"{fmt}:{seed}")
-    mutators = _onnx_mutators() if fmt == "onnx" else _tf_mutators()
-    suffix = {"graphdef": ".pb", "pbtxt": ".pbtxt", "metagraph": ".meta", "onnx": ".onnx"}[fmt]
+    if fmt == "cli":
+        return _cli_cases(rng, count, seed, out_dir, seeds)
+    mutators = _onnx_mutators() if fmt == "onnx" else _tf_mutators(fmt)
+    suffix = {"graphdef": ".pb", "pbtxt": ".pbtxt", "metagraph": ".meta", "library": ".meta",
+              "onnx": ".onnx"}[fmt]
     cases = []
     for index in range(count):
         message = type(seeds[fmt])()
@@ -420,6 +449,20 @@ def make_cases(fmt: str, count: int, seed: int, out_dir: Path, seeds: dict) -> l
     return cases
 
 
+def _cli_cases(rng: random.Random, count: int, seed: int, out_dir: Path,
+               seeds: dict) -> list[Case]:
+    from tools.fuzz_mutators import make_cli_case
+
+    cases = []
+    for index in range(count):
+        ident = f"cli-{seed}-{index}"
+        case_dir = out_dir / ident
+        case_dir.mkdir(parents=True)
+        case = make_cli_case(rng, case_dir, seeds)
+        cases.append(Case(ident, "cli", case_dir / "case.json", [" ".join(case["argv"])]))
+    return cases
+
+
 def _external_files(case_dir: Path, out_dir: Path) -> None:
     """Files that the external-data mutations point at: one real, one a symlink out."""
     (case_dir / "data.bin").write_bytes(bytes(range(64)))
@@ -433,13 +476,20 @@ def _external_files(case_dir: Path, out_dir: Path) -> None:
 
 
 def check_case(path: Path, fmt: str) -> list[Outcome]:
-    """Run ``inspect`` and a no-pass ``rewrite`` on one case, in this process."""
+    """Run ``inspect`` and one ``rewrite`` (from :data:`REWRITES`, picked by the
+    case's name) on one case, in this process."""
     from graphpass.cli import main
 
+    if fmt == "cli":
+        from tools.fuzz_mutators import check_cli_case
+
+        return [Outcome(**o) for o in check_cli_case(path)]
     outcomes = []
     out = path.with_name("out" + path.suffix)
+    extra = list(REWRITES[random.Random(path.parent.name).randrange(len(REWRITES))])
     for command, argv in (("inspect", ["inspect", str(path)]),
-                          ("rewrite", ["rewrite", str(path), "-o", str(out), "--quiet"])):
+                          ("rewrite", ["rewrite", str(path), "-o", str(out), "--quiet",
+                                       *extra])):
         stderr = io.StringIO()
         try:
             with redirect_stdout(io.StringIO()), redirect_stderr(stderr):
@@ -553,12 +603,29 @@ def _read_line(proc: subprocess.Popen, timeout_s: float) -> str | None:
     return proc.stdout.readline() if ready else None
 
 
+def _failure_kind(outcome: Outcome) -> str:
+    """traceback, signal, hang, lost (an output written, changed or replaced where it
+    must not be) or other (an exit status or error text out of the rules)."""
+    status, problem = str(outcome.status), outcome.problem or ""
+    if status == "traceback" or "Traceback" in problem:
+        return "traceback"
+    if status.startswith(("signal", "died")):
+        return "signal"
+    if status == "hang":
+        return "hang"
+    if "written" in problem or "changed" in problem or "exit 0 but" in problem:
+        return "lost"
+    return "other"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--cases", type=int, default=1250, help="cases per format")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--format", action="append", choices=FORMATS)
+    parser.add_argument("--family", choices=sorted(FAMILIES),
+                        help="all formats of a family; --cases is then per family")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
     parser.add_argument("--workers", type=int, default=2, help="worker processes at a time")
     parser.add_argument("--keep", help="keep the cases (and outputs) in this directory")
@@ -570,8 +637,14 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     seeds = seed_models()
-    cases = [case for fmt in args.format or FORMATS
-             for case in make_cases(fmt, args.cases, args.seed, work, seeds)]
+    formats = args.format or FORMATS
+    per_format = {fmt: args.cases for fmt in formats}
+    if args.family:
+        formats = FAMILIES[args.family]
+        per_format = {fmt: args.cases // len(formats) + (i < args.cases % len(formats))
+                      for i, fmt in enumerate(formats)}
+    cases = [case for fmt in formats
+             for case in make_cases(fmt, per_format[fmt], args.seed, work, seeds)]
     summary = run_cases(cases, args.timeout, args.workers,
                         lambda n: print(f"  {n} cases", file=sys.stderr))
     mutations = {case.ident: "; ".join(case.mutations) for case in cases}
@@ -580,6 +653,10 @@ def main(argv: list[str] | None = None) -> int:
     for failure in summary.failures:
         print(f"FAIL {failure.ident} {failure.command}: {failure.problem} "
               f"[{mutations[failure.ident]}]")
+    kinds = Counter(_failure_kind(f) for f in summary.failures)
+    print(f"cases {len(cases)} (seed {args.seed}): tracebacks {kinds['traceback']}, "
+          f"signals {kinds['signal']}, hangs {kinds['hang']}, lost outputs {kinds['lost']}, "
+          f"other {kinds['other']}")
     print(f"{len(summary.failures)} failure(s) in {time.perf_counter() - start:.0f}s; "
           f"cases in {work}")
     return 1 if summary.failures else 0

@@ -121,6 +121,8 @@ def forward_chain(graph: Graph, nodes: list[str], backward: set[str],
 
     ``ignore_reader(name)`` leaves readers out (nodes a pass generated)."""
     order = _as_late_as_possible(graph, nodes)
+    if not order:  # nothing computed forward: no unit, nothing saved
+        return ForwardChain(order, [], 0, [])
     position = {n: i for i, n in enumerate(order)}
     dialect = graph.dialect
     saved: list[SavedValue] = []

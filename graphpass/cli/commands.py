@@ -14,7 +14,16 @@ import json
 from pathlib import Path
 
 from graphpass.cli.arguments import add_options, first_line, settings
-from graphpass.cli.files import check_output, load, read_feeds, staged_json
+from graphpass.cli.files import (
+    DUMPS,
+    FILE,
+    GRAPH,
+    check_outputs,
+    check_tensor_options,
+    load,
+    read_feeds,
+    staged_json,
+)
 from graphpass.cli.text import LIST_LIMIT, describe_text, rewrite_summary
 from graphpass.errors import GraphpassError
 from graphpass.options import OPTIONS, positive_batch_size, rewrite_options
@@ -58,15 +67,19 @@ class Rewrite(Command):
 
         options = rewrite_options(settings(args))
         source, target = Path(options.input), Path(options.output)
-        check_output(source, target, options.in_place)
+        outputs = {"-o": (target, GRAPH)}
         if options.report:
-            check_output(source, Path(options.report), False, file=True)
+            outputs["--report"] = (Path(options.report), FILE)
+        if options.dump_dir:
+            outputs["--dump-dir"] = (Path(options.dump_dir), DUMPS)
+        check_outputs(_inputs(args, input=source), outputs, options.in_place)
         # The estimates only the summary or the report show are skipped when neither is.
         estimates = not options.quiet or bool(options.report)
         # Every shape now, or (loss detection, a report's bytes) a few when asked for.
         graph = load(source, tag=options.tag, signature=options.signature,
                      shapes=bool(options.dump_dir)
                      or estimates_memory(options.pipeline, estimates))
+        check_tensor_options(graph, options.pipeline.regions.loss)
         nodes_before = len(graph)
         instruments = rewrite_instruments(options.dump_dir, full=options.dump_full,
                                           quiet=options.quiet,
@@ -110,9 +123,11 @@ class Inspect(Command):
             raise GraphpassError("--batch-size goes with --memory-plot FILE.svg or --saved")
         batch_size = positive_batch_size(args.batch_size)
         if args.memory_plot:
-            check_output(Path(args.input), Path(args.memory_plot), False)
+            check_outputs(_inputs(args, input=Path(args.input), rewritten=args.rewritten),
+                          {"--memory-plot": (Path(args.memory_plot), FILE)})
         graph = load(args.input, tag=args.tag, signature=args.signature,
                      shapes=bool(args.memory_plot or args.saved))
+        check_tensor_options(graph, args.loss)
         info = describe(graph, loss=args.loss, train_ops=args.train_op,
                         global_step=args.global_step, xla=args.xla, saved=args.saved,
                         batch_size=batch_size)
@@ -195,7 +210,9 @@ class Verify(Command):
             raise GraphpassError(f"--steps must be at least 1, not {args.steps}")
         batch_size = positive_batch_size(args.batch_size)
         if args.memory_plot:
-            check_output(Path(args.original), Path(args.memory_plot), False)
+            check_outputs(_inputs(args, original=Path(args.original),
+                                  rewritten=Path(args.rewritten)),
+                          {"--memory-plot": (Path(args.memory_plot), FILE)})
         options = VerifyOptions(
             steps=args.steps, xla=args.xla, feeds=read_feeds(args.feed), loss=args.loss,
             train_ops=tuple(args.train_op or ()), init=args.init, rtol=args.rtol,
@@ -217,6 +234,18 @@ class Verify(Command):
 
 
 COMMANDS: list[type[Command]] = [Rewrite, Inspect, Passes, Diff, Verify]
+
+
+def _inputs(args: argparse.Namespace, **paths) -> dict[str, Path]:
+    """Every file a command reads, by label: its models, ``--config``, ``--feed``."""
+    inputs = {label: Path(path) for label, path in paths.items() if path}
+    if getattr(args, "config", None):
+        inputs["--config"] = Path(args.config)
+    for spec in getattr(args, "feed", None) or ():
+        name, _, path = spec.partition("=")
+        if path:
+            inputs[f"--feed {name}"] = Path(path)
+    return inputs
 
 
 def _memory_plot(graphs: list, args: argparse.Namespace, batch_size: int | None,

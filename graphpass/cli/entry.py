@@ -18,7 +18,7 @@ from graphpass.cli.arguments import add_global_flags, first_line
 from graphpass.cli.commands import COMMANDS
 from graphpass.cli.files import frozen_graphs
 from graphpass.cli.quiet import quiet_runtimes
-from graphpass.errors import GraphpassError
+from graphpass.errors import GraphpassError, error_line
 
 #: Exit status when stdout's reader closed the pipe: 128 + SIGPIPE, as a shell reports it.
 EXIT_BROKEN_PIPE = 141
@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: --help, --version (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else 2
     except GraphpassError as exc:
-        print(f"graphpass: error: {exc}", file=sys.stderr)
+        print(f"graphpass: error: {error_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("graphpass: interrupted", file=sys.stderr)

@@ -97,7 +97,7 @@ def _gemm_bias(graph: Graph, matmul: str, bias: Tensor) -> bool:
 
 def _scalar_constant(graph: Graph, tensor: Tensor) -> bool:
     shape = tensor_shape(graph, tensor)
-    return shape is not None and math.prod(shape) == 1 and \
+    return shape is not None and None not in shape and math.prod(shape) == 1 and \
         constant_value(graph, tensor) is not None
 
 

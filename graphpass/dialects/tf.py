@@ -126,8 +126,22 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
         op = graph.node(name).op
         if op != "Identity":
             return op == "_Retval"
-        users = graph.data_users(name)
-        return bool(users) and all(self.is_fetch(graph, u) for u in users)
+        # Iterative, each Identity once: a malformed graph may loop Identities.
+        seen, stack, results = {name}, [name], False
+        while stack:
+            users = graph.data_users(stack.pop())
+            if not users:
+                return False
+            for user in users:
+                user_op = graph.node(user).op
+                if user_op == "_Retval":
+                    results = True
+                elif user_op != "Identity":
+                    return False
+                elif user not in seen:
+                    seen.add(user)
+                    stack.append(user)
+        return results
 
     def conv_operands(self, graph: Graph, name: str) -> tuple[Tensor, Tensor, int]:
         """Forward: (output, filter input). Input gradient: (out_backprop, filter).

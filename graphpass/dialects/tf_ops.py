@@ -165,7 +165,8 @@ def attrs_problem(op: str, attrs: dict) -> tuple[str, str] | None:
     ``attrs`` that has a problem, or None: the check of every node a file holds,
     so the usual attr (a valid dtype, a shape, a tensor) is passed with one look."""
     dtype_attrs = _dtype_attrs(op)
-    problems = []
+    problems = [(key, "is missing, and the op has no default for it")
+                for key in _required_attrs(op) if key not in attrs]
     for key, value in attrs.items():
         kind = value.WhichOneof("value")
         wanted = dtype_attrs.get(key)
@@ -205,6 +206,14 @@ def _dtype_attrs(op: str) -> dict[str, str]:
     definition = op_def(op)
     return {a.name: a.type for a in definition.attr if a.type in ("type", "list(type)")} \
         if definition else {}
+
+
+@cache
+def _required_attrs(op: str) -> tuple[str, ...]:
+    """The OpDef's attrs without a default value: a node of ``op`` must hold each."""
+    definition = op_def(op)
+    return tuple(a.name for a in definition.attr if not a.HasField("default_value")) \
+        if definition else ()
 
 
 @cache

@@ -168,17 +168,23 @@ def _writing_functions(graph: Graph) -> dict:
     """The library's functions that write variables, themselves or through calls."""
     library = graph.format_state.library
     functions = {f.signature.name: f for f in library.function} if library is not None else {}
-    verdict: dict[str, bool] = {}
-
-    def writes(name: str) -> bool:
-        if name not in verdict:
-            verdict[name] = False  # a recursive call does not write by itself
-            verdict[name] = any(
-                writes_variables(n.op) or any(writes(c) for c in called_functions(
-                    n.op, n.attr, functions)) for n in functions[name].node_def)
-        return verdict[name]
-
-    return {name: fdef for name, fdef in functions.items() if writes(name)}
+    # Writers spread from the functions that write themselves to their callers,
+    # iteratively: call chains may be deep, and a malformed library cyclic.
+    callers: dict[str, set[str]] = {}
+    writing = []
+    for name, fdef in functions.items():
+        if any(writes_variables(n.op) for n in fdef.node_def):
+            writing.append(name)
+        for n in fdef.node_def:
+            for callee in called_functions(n.op, n.attr, functions):
+                callers.setdefault(callee, set()).add(name)
+    found = set(writing)
+    while writing:
+        for caller in callers.get(writing.pop(), ()):
+            if caller not in found:
+                found.add(caller)
+                writing.append(caller)
+    return {name: fdef for name, fdef in functions.items() if name in found}
 
 
 def _losses(graph: Graph, accesses: _Accesses) -> list[Tensor]:

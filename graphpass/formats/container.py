@@ -6,11 +6,12 @@ name. It reads bytes and returns a kind; it must not parse a model into IR.
 
 from __future__ import annotations
 
+import stat
 from collections import Counter
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
-from graphpass.formats.files import GRAPHDEF, METAGRAPH, ONNX, SAVEDMODEL
+from graphpass.formats.files import GRAPHDEF, METAGRAPH, ONNX, SAVEDMODEL, existing
 
 # Top-level (field number, wire type) pairs that only one container uses.
 # Wire types: 0 varint, 2 length-delimited.
@@ -35,9 +36,10 @@ _TEXT_FIRST_FIELDS = {
 
 def detect(path: Path) -> tuple[str, bool]:
     """``(kind, is_text)`` for the model at ``path``, from its content."""
-    if not path.exists():
+    found = existing(path)
+    if found is None:
         raise GraphpassError(f"{path}: no such file or directory")
-    if path.is_dir():
+    if stat.S_ISDIR(found.st_mode):
         return _detect_saved_model_dir(path)
     check_regular_file(path)
     try:
@@ -61,7 +63,7 @@ def detect(path: Path) -> tuple[str, bool]:
 def check_regular_file(path: Path, what: str = "") -> None:
     """A user error unless ``path`` is a regular file (reading a FIFO would block
     forever, a device would never end)."""
-    if not path.exists():
+    if existing(path) is None:
         raise GraphpassError(f"{what}{path}: no such file")
     if not path.is_file():
         raise GraphpassError(f"{what}{path}: not a regular file (a FIFO, socket or device); "

@@ -15,10 +15,12 @@ failing write removes its own.
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import shutil
 import signal
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,23 +38,86 @@ _AT_FDCWD = -100
 
 def check_output_path(path: Path, *, directory: bool = False) -> None:
     """A user error unless ``path`` can receive a file (or a directory): checked
-    before anything is written, so that no output is written before a later one fails."""
+    before anything is written, so that no output is written before a later one fails.
+    An output that exists must be what graphpass would write there (a regular file,
+    or a directory for ``directory``): a device, FIFO or socket would be replaced
+    by the rename, not written to."""
+    found = existing(path)
+    if found is not None:
+        _check_kind(path, found, directory)
     check_output_parent(path)
-    if directory and path.exists() and not path.is_dir():
-        raise GraphpassError(f"{path}: a SavedModel is a directory, but this is a file; "
+    check_name_length(path)
+
+
+def _check_kind(path: Path, found: os.stat_result, directory: bool) -> None:
+    if directory and not stat.S_ISDIR(found.st_mode):
+        what = "a file" if stat.S_ISREG(found.st_mode) else _kind(found)
+        raise GraphpassError(f"{path}: a SavedModel is a directory, but this is {what}; "
                              "choose a directory")
-    if not directory and path.is_dir():
+    if directory and any(path.iterdir()) and not any(
+            (path / name).is_file() for name in ("saved_model.pb", "saved_model.pbtxt")):
+        # The output directory is replaced as a whole: never one that holds something else.
+        raise GraphpassError(f"{path}: the directory exists and is not a SavedModel, so it "
+                             "would be replaced; choose a new or empty output directory")
+    if not directory and stat.S_ISDIR(found.st_mode):
         raise GraphpassError(f"{path}: is a directory; name a file to write")
+    if not directory and not stat.S_ISREG(found.st_mode):
+        raise GraphpassError(f"{path}: exists and is {_kind(found)}, not a regular file; "
+                             "graphpass replaces an output by renaming a new file over it, "
+                             "so it writes only to a new path or a regular file")
+
+
+def existing(path: Path) -> os.stat_result | None:
+    """``path``'s status (following links), or None where nothing is there; a name
+    the system cannot look up (too long, a NUL byte, a link loop) is a user error."""
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ENOENT or os.path.islink(path):
+            return None  # a dangling link: the rename replaces the link itself
+        raise GraphpassError(f"{path}: {exc.strerror}") from None
+    except ValueError as exc:  # an embedded NUL byte
+        raise GraphpassError(f"{path!r}: not a usable file name ({exc})") from None
+
+
+def check_name_length(path: Path) -> None:
+    """A user error unless the temporary name beside ``path`` (its name plus the
+    writer's tag) fits the file system's limit, checked before any output is written."""
+    parent = _parent(path)
+    try:
+        limit = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    needed = len(os.fsencode(f".{path.name}.{_TEMP_TAG}{os.getpid()}-xxxxxxxx-old.tmp"))
+    if needed > limit:
+        raise GraphpassError(
+            f"{path}: the file name is too long ({len(os.fsencode(path.name))} bytes; this "
+            f"file system allows {limit}, and graphpass's temporary name beside it adds "
+            f"{needed - len(os.fsencode(path.name))}); choose a shorter name")
+
+
+def _kind(found: os.stat_result) -> str:
+    mode = found.st_mode
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
 
 
 def check_output_parent(path: Path) -> None:
     """A user error unless the directory that will hold ``path`` exists and is writable."""
     parent = _parent(path)
-    if parent.is_dir():
+    found = existing(parent)
+    if found is not None and stat.S_ISDIR(found.st_mode):
         if not os.access(parent, os.W_OK | os.X_OK):
             raise GraphpassError(f"{path}: cannot write there ({parent} is not writable)")
         return
-    if parent.exists():
+    if found is not None:
         raise GraphpassError(f"{path}: cannot write there ({parent} is a file, not a directory)")
     raise GraphpassError(f"{path}: the output directory {parent} does not exist")
 
@@ -60,7 +125,7 @@ def check_output_parent(path: Path) -> None:
 @contextmanager
 def atomic_output(path: Path, *, directory: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; move it over ``path`` on success only."""
-    check_output_parent(path)
+    check_output_path(path, directory=directory)
     remove_stale_temps(path)
     prefix = f".{path.name}.{_TEMP_TAG}{os.getpid()}-"
     try:

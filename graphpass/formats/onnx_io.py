@@ -55,6 +55,7 @@ from pathlib import Path
 
 from graphpass.errors import GraphpassError
 from graphpass.formats.files import atomic_output, check_output_path
+from graphpass.formats.onnx_check import check_model
 from graphpass.formats.onnx_order import INITIALIZER, INPUT, READ_INDEX, SOURCE_OPS, file_order
 from graphpass.formats.onnx_state import ONNXState
 from graphpass.formats.ort_artifacts import artifact_kind
@@ -88,6 +89,7 @@ def read_onnx(path: Path) -> Graph:
     if bad:
         raise GraphpassError(f"{path}: {bad[0]} is not valid UTF-8 ({bad[1]!r}); ONNX strings "
                              "must be UTF-8: re-export the model")
+    check_model(model, str(path))
     return graph_from_model(model, source_dir=path.parent)
 
 
@@ -350,23 +352,37 @@ def _external_data_copies(graph: Graph, model, out_dir: Path) -> list[tuple[Path
     root = source_dir.resolve()
     copies = []
     for location in external_locations(model):
-        relative = Path(location)
-        if relative.is_absolute() or ".." in relative.parts:
-            raise GraphpassError(
-                f"external data location {location!r} leaves the model's directory; "
-                "ONNX requires a relative path inside it (re-save the model)"
-            )
-        source, target = source_dir / relative, out_dir / relative
-        if not source.resolve().is_relative_to(root):
-            raise GraphpassError(
-                f"external data file {source} is a symbolic link to {source.resolve()}, "
-                "outside the model's directory; copy the data into the directory instead")
-        if not source.is_file():
-            raise GraphpassError(f"external data file {source} is missing or not a regular "
-                                 "file; keep it beside the model it came with")
-        if target.is_dir():
-            raise GraphpassError(f"{target}: is a directory, where the external data file "
-                                 f"{location!r} is to be written; choose another output")
-        if not (target.exists() and target.resolve() == source.resolve()):
-            copies.append((source, target))
+        try:
+            copies.extend(_external_data_copy(location, source_dir, root, out_dir))
+        except (OSError, ValueError) as exc:  # a link loop, a name the system refuses
+            raise GraphpassError(f"external data location {location!r}: cannot be looked "
+                                 f"up ({getattr(exc, 'strerror', None) or exc})") from None
     return copies
+
+
+def _external_data_copy(location: str, source_dir: Path, root: Path,
+                        out_dir: Path) -> list[tuple[Path, Path]]:
+    """The one ``(source, target)`` copy for ``location``, or none when the output
+    already is the source; a user error for a location outside the model."""
+    relative = Path(location)
+    if relative.is_absolute() or ".." in relative.parts:
+        raise GraphpassError(
+            f"external data location {location!r} leaves the model's directory; "
+            "ONNX requires a relative path inside it (re-save the model)"
+        )
+    source, target = source_dir / relative, out_dir / relative
+    if not source.resolve().is_relative_to(root):
+        raise GraphpassError(
+            f"external data file {source} is a symbolic link to {source.resolve()}, "
+            "outside the model's directory; copy the data into the directory instead")
+    if not source.is_file():
+        raise GraphpassError(f"external data file {source} is missing or not a regular "
+                             "file; keep it beside the model it came with")
+    if target.is_dir():
+        raise GraphpassError(f"{target}: is a directory, where the external data file "
+                             f"{location!r} is to be written; choose another output")
+    if target.exists() or target.is_symlink():
+        check_output_path(target)  # a FIFO or device there would be replaced
+    if not (target.exists() and target.resolve() == source.resolve()):
+        return [(source, target)]
+    return []

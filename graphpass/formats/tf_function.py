@@ -48,18 +48,19 @@ def _called(node_def, functions: dict) -> str | None:
     return node_def.op if node_def.op in functions else None
 
 
-def _holds_writes(name: str, functions: dict, seen: set | None = None) -> bool:
-    """Whether function ``name`` or a function it calls writes a variable."""
-    seen = set() if seen is None else seen
-    if name in seen:
-        return False
-    seen.add(name)
-    for node_def in functions[name].node_def:
-        if writes_variables(node_def.op):
-            return True
-        if any(_holds_writes(c, functions, seen)
-               for c in called_functions(node_def.op, node_def.attr, functions)):
-            return True
+def _holds_writes(name: str, functions: dict) -> bool:
+    """Whether function ``name`` or a function it calls writes a variable (an
+    iterative walk: call chains may be deep, and a malformed library cyclic)."""
+    seen, stack = {name}, [name]
+    while stack:
+        fdef = functions.get(stack.pop())
+        for node_def in fdef.node_def if fdef is not None else ():
+            if writes_variables(node_def.op):
+                return True
+            for callee in called_functions(node_def.op, node_def.attr, functions):
+                if callee not in seen:
+                    seen.add(callee)
+                    stack.append(callee)
     return False
 
 
@@ -68,7 +69,9 @@ def step_function(functions: dict, start: str) -> str:
     variables: a function that only forwards to one writing callee is a wrapper."""
     name = start
     for _ in range(len(functions)):
-        fdef = functions[name]
+        fdef = functions.get(name)
+        if fdef is None:
+            return name
         if any(writes_variables(n.op) for n in fdef.node_def):
             return name
         callees = sorted({c for n in fdef.node_def
@@ -156,38 +159,46 @@ def graph_def_steps(graph_def) -> list[str]:
     return sorted({step_function(functions, e) for e in entries})
 
 
-def _reaches(name: str, step: str, functions: dict, seen: set) -> bool:
+def _reaches(name: str, step: str, functions: dict) -> bool:
     """Whether function ``name`` is ``step`` or calls it, directly or not."""
-    if name == step:
-        return True
-    if name in seen:
-        return False
-    seen.add(name)
-    return any(_reaches(c, step, functions, seen) for n in functions[name].node_def
-               if (c := _called(n, functions)))
+    seen, stack = {name}, [name]
+    while stack:
+        current = stack.pop()
+        if current == step:
+            return True
+        fdef = functions.get(current)
+        for node_def in fdef.node_def if fdef is not None else ():
+            callee = _called(node_def, functions)
+            if callee and callee not in seen:
+                seen.add(callee)
+                stack.append(callee)
+    return False
 
 
 def argument_sources(graph_def, step: str) -> dict[str, str]:
     """``{argument of step: top-level node}``: which variable (``VarHandleOp``) or
     placeholder each argument of the step function is, following the calls that
-    lead to it from the top level."""
+    lead to it from the top level (depth first, with an explicit stack)."""
     functions = library_functions(graph_def)
-
-    def descend(node_defs, names: dict | None) -> dict | None:
-        for node_def in node_defs:
-            callee = _called(node_def, functions)
-            if callee is None or not _reaches(callee, step, functions, set()):
-                continue
-            inputs = [i.split(":")[0] for i in node_def.input if not i.startswith("^")]
-            outer = inputs if names is None else [names.get(i) for i in inputs]
-            args = [a.name for a in functions[callee].signature.input_arg]
-            mapping = {a: o for a, o in zip(args, outer) if o}
-            found = mapping if callee == step else descend(functions[callee].node_def, mapping)
-            if found is not None:
-                return found
-        return None
-
-    return descend(graph_def.node, None) or {}
+    stack = [(iter(graph_def.node), None)]
+    while stack:
+        node_def = next(stack[-1][0], None)
+        if node_def is None:
+            stack.pop()
+            continue
+        names = stack[-1][1]
+        callee = _called(node_def, functions)
+        if callee is None or callee not in functions \
+                or not _reaches(callee, step, functions):
+            continue
+        inputs = [i.split(":")[0] for i in node_def.input if not i.startswith("^")]
+        outer = inputs if names is None else [names.get(i) for i in inputs]
+        args = [a.name for a in functions[callee].signature.input_arg]
+        mapping = {a: o for a, o in zip(args, outer) if o}
+        if callee == step:
+            return mapping
+        stack.append((iter(functions[callee].node_def), mapping))
+    return {}
 
 
 # -- FunctionDef -> IR ----------------------------------------------------------

@@ -25,6 +25,7 @@ from graphpass.formats.files import (
     check_output_path,
 )
 from graphpass.formats.tf_importer import imported_shapes, record_shapes
+from graphpass.formats.tf_library_check import check_library
 from graphpass.formats.tf_node_def import keep_extras, write_extras
 from graphpass.formats.tf_state import TFState
 from graphpass.ir.graph import Graph, gc_paused, parse_tensor_name
@@ -68,6 +69,7 @@ def read_tf(path: Path, kind: str, is_text: bool, *, tag: str | None = None,
         state.savedmodel, state.metagraph_index = message, index
         state.source_dir = source.parent if source.is_file() else source
         graph_def = message.meta_graphs[index].graph_def
+    check_library(graph_def, str(source))
     if kind != GRAPHDEF:
         state.signatures = tf_function.signatures(_meta_graph(message, state))
     step = _step_function(source, kind, message, state, signature, holds_step)

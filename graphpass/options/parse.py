@@ -28,6 +28,14 @@ from graphpass.units import parse_bytes
 _RELATIVE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*x\s*")
 
 
+#: Bounds of the numbers options carry into a graph: int64 constants, and batch
+#: sizes a tensor's byte count (a product of dims) can hold.
+INT64_LIMIT = 2**63
+MAX_BATCH_SIZE = 2**31 - 1
+#: TF and ONNX store an output port as an int32.
+MAX_PORT = 2**31 - 1
+_PORTED = re.compile(r"(.*):(\d+)")
+
 _FILE_KEYS = ("input", "output", "in_place", "output_format", "tag", "signature", "report",
               "quiet")
 
@@ -51,6 +59,10 @@ def pipeline_options(values: Mapping) -> PipelineOptions:
                              f"valid: {', '.join(sorted(known))}")
     for key, value in given.items():
         _check_choice(known[key], value)
+    for key in ("loss", "global_step"):
+        _check_port(key, given.get(key))
+    for name in given.get("train_op") or ():
+        _check_port("train_op", name)
     target = _resolve_target(given.get("target"), given.get("device"))
     return PipelineOptions(
         target=target,
@@ -62,6 +74,14 @@ def pipeline_options(values: Mapping) -> PipelineOptions:
         lower=_lower(given, target),
         stale=_stale(given),
     )
+
+
+def _check_port(key: str, text: object) -> None:
+    """A tensor name's port, where it has one, fits the formats' int32 port."""
+    found = _PORTED.fullmatch(text) if isinstance(text, str) else None
+    if found and int(found.group(2)) > MAX_PORT:
+        raise GraphpassError(f"--{key.replace('_', '-')} {text!r}: output port "
+                             f"{found.group(2)} is out of range (at most {MAX_PORT})")
 
 
 def _given(value: object) -> bool:
@@ -156,6 +176,8 @@ def positive_batch_size(value) -> int | None:
         size = 0
     if size < 1 or str(size) != str(value).strip():
         raise GraphpassError(f"--batch-size {value!r}: expected a positive integer")
+    if size > MAX_BATCH_SIZE:
+        raise GraphpassError(f"--batch-size {size}: out of range; at most {MAX_BATCH_SIZE}")
     return size
 
 
@@ -188,12 +210,19 @@ def _stale(given: dict) -> StaleOptions | None:
 def _parse_staleness(raw: object) -> int:
     """An integer from the CLI (a string) or a config file (an int); anything else,
     bools and 1.5 included, is a user error rather than a silent truncation."""
+    value = None
     if isinstance(raw, int) and not isinstance(raw, bool):
-        return raw
-    if isinstance(raw, str):
+        value = raw
+    elif isinstance(raw, str):
         try:
-            return int(raw.strip())
+            value = int(raw.strip())
         except ValueError:
             pass
-    raise GraphpassError(f"--drop-stale expects an integer staleness (global steps), "
-                         f"got {raw!r}")
+    if value is None:
+        raise GraphpassError(f"--drop-stale expects an integer staleness (global steps), "
+                             f"got {raw!r}")
+    if not -INT64_LIMIT <= value < INT64_LIMIT:
+        # The staleness becomes a constant of the step counter's type (int64 at most).
+        raise GraphpassError(f"--drop-stale {value}: out of range; a staleness is a step "
+                             f"count between {-INT64_LIMIT} and {INT64_LIMIT - 1}")
+    return value
