@@ -9,7 +9,7 @@ Builders add nodes to the graph and return the new tensor.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
@@ -290,11 +290,12 @@ class Dialect(ABC):
         return self.copy_node(graph, name, new_name)
 
     def keep_readers(self, graph: Graph, name: str, tensor: Tensor, count: int,
-                     holders: list[str]) -> int:
+                     holders: Callable[[], list[str]]) -> int:
         """Give ``tensor`` ``count`` more readers that the runtime's graph optimizer
-        counts but that hold nothing, run by ``holders`` (fetched nodes that depend
-        on ``tensor`` already). Remat calls it where a value lost readers to a copy,
-        or a copy has fewer than its original: the runtime's rewrites decide by the
+        counts but that hold nothing, run by ``holders()`` (fetched nodes that depend
+        on ``tensor`` already; asked only where needed, as it costs a walk). Remat
+        calls it where a value lost readers to a copy, or a copy has fewer than its
+        original: the runtime's rewrites decide by the
         number of readers (a remapper fuses an op into its only reader), and each
         node must be rewritten as its original was. Returns how many nodes it
         added; a runtime without such rewrites needs none (the default)."""

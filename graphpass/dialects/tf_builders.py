@@ -10,6 +10,8 @@ to build.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from graphpass.dialects.capabilities import ResourceVariable
 from graphpass.dialects.tf_ops import (
     DO_NOT_REWRITE_ATTR,
@@ -46,7 +48,7 @@ class TFBuilders:
         return new_name
 
     def keep_readers(self, graph: Graph, name: str, tensor: Tensor, count: int,
-                     holders: list[str]) -> int:
+                     holders: Callable[[], list[str]]) -> int:
         """``count`` ``Identity`` readers Grappler keeps as they are
         (``_grappler_do_not_remove``: not pruned, not rewritten), so its fanout
         counts see them; each runs as soon as ``tensor`` exists and holds
@@ -59,7 +61,7 @@ class TFBuilders:
             if function is not None:
                 function.control_ret[reader.node] = reader.node
             else:
-                for holder in holders:
+                for holder in holders():
                     graph.add_control_input(holder, reader.node)
         return count
 

@@ -202,11 +202,11 @@ def _losses(graph: Graph, accesses: _Accesses) -> list[Tensor]:
                 and not dialect.is_source(graph, t.node) and t.node not in accesses.written]
     graph.dialect.ensure_shapes(graph, [t.node for t in computed])
     found = [t for t in computed if not dialect.shape(graph, t)]  # scalar or unknown rank
-    upstream = graph.ancestors({t.node for t in found}, follow_control=False)
-    if not upstream & accesses.reads:
+    if not found:
         return []
-    return [t for t in found
-            if graph.ancestors([t.node], follow_control=False) & accesses.reads]
+    # One sweep for every candidate: computed from a variable read is downstream of one.
+    from_reads = graph.descendants(accesses.reads, follow_control=False)
+    return [t for t in found if t.node in from_reads]
 
 
 def plain_updates(graph: Graph, *, strict: bool = True,

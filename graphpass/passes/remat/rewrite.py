@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
+from functools import partial
 
 from graphpass.analysis.memory import tensor_bytes
 from graphpass.analysis.shapes import infer_shapes
@@ -123,7 +124,7 @@ def _keep_readers(graph: Graph, segment: Segment, copy_of: dict[str, str],
             missing = count - len(graph.consumers(value))
             if missing > 0:
                 kept += dialect.keep_readers(graph, scope, value, missing,
-                                             holders.of(tensor.node))
+                                             partial(holders.of, tensor.node))
     return kept
 
 

@@ -62,16 +62,18 @@ def global_step_of(graph: Graph, regions: Regions) -> str:
 
 def plan_step(graph: Graph, step: TrainStep, global_step: str) -> StepPlan:
     unit = _apply_unit(graph, step, global_step)
+    ordered = [n for n in graph if n in unit]  # the graph's order: the output is the same
     depths = graph.dialect.frame_depths(graph)
     entries, front = _gradient_entries(graph, step, depths)
     inherited = _outside_control_inputs(graph, front, set(front))
     downstream = graph.descendants(entries)
     gradient_ops = [t.node for t in step.gradients]
-    check_after = list(dict.fromkeys(gradient_ops + _outside_control_inputs(graph, unit, unit)))
-    exits = [u for n in unit for u in graph.users(n) if u not in unit]
+    check_after = list(dict.fromkeys(gradient_ops + _outside_control_inputs(graph, ordered,
+                                                                            unit)))
+    exits = [u for n in ordered for u in graph.users(n) if u not in unit]
     return StepPlan(
         train_op=step.train_op,
-        unit=[n for n in graph if n in unit],
+        unit=ordered,
         entries=entries,
         snapshot_after=[c for c in inherited if c not in downstream and depths[c] == 0],
         check_after=check_after,
