@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 from graphpass.errors import GraphpassError
+from graphpass.ir.order import first_cycle
 
 #: The most elements a tensor may hold: 2^45 (256 TiB of float64) is beyond any
 #: device, and sums of many such byte counts still fit an int64.
@@ -40,27 +41,13 @@ def _check_function_cycles(model, where: str) -> None:
     calls = {key: sorted({(n.domain, n.op_type) for n in _nodes(f.node)
                           if (n.domain, n.op_type) in local})
              for key, f in local.items()}
-    state: dict = {}  # 1: on the current path, 2: done
-    for root in calls:
-        if root in state:
-            continue
-        path, stack = [root], [iter(calls[root])]
-        state[root] = 1
-        while stack:
-            callee = next(stack[-1], None)
-            if callee is None:
-                state[path.pop()] = 2
-                stack.pop()
-            elif state.get(callee) == 1:
-                cycle = " -> ".join(f"{d}::{n}" for d, n in path[path.index(callee):]
-                                    + [callee])
-                raise GraphpassError(f"{where}: model-local function {callee[0]}::{callee[1]} "
-                                     f"calls itself ({cycle}); ONNX functions may not be "
-                                     f"recursive: {_FIX}")
-            elif callee not in state:
-                state[callee] = 1
-                path.append(callee)
-                stack.append(iter(calls[callee]))
+    cycle = first_cycle(calls)
+    if cycle:
+        callee = cycle[0]
+        named = " -> ".join(f"{d}::{n}" for d, n in cycle)
+        raise GraphpassError(f"{where}: model-local function {callee[0]}::{callee[1]} "
+                             f"calls itself ({named}); ONNX functions may not be "
+                             f"recursive: {_FIX}")
 
 
 def _nodes(nodes):

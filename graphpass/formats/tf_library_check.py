@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from graphpass.dialects.tf_ops import attrs_problem, op_def
 from graphpass.errors import GraphpassError
+from graphpass.ir.order import first_cycle
 
 CALL_OPS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
 _FIX = "the library is malformed: re-export the model"
@@ -40,7 +41,7 @@ def check_library(graph_def, where: str) -> None:
     calls = {name: sorted({c for n in fdef.node_def
                            for c in _callees(n, functions, where, f"function {name!r}")})
              for name, fdef in functions.items()}
-    cycle = _find_cycle(calls)
+    cycle = first_cycle(calls)
     if cycle:
         path = " -> ".join(repr(c) for c in cycle)
         raise GraphpassError(f"{where}: function {cycle[0]!r} calls itself ({path}); "
@@ -106,25 +107,3 @@ def _check_body(fdef, where: str) -> None:
 
 def _is_index(text: str) -> bool:
     return text.isdigit() and text.isascii() and int(text) < 2**31
-
-
-def _find_cycle(calls: dict[str, list[str]]) -> list[str] | None:
-    """A cycle of the call graph as ``[f, g, ..., f]``, or None; iterative DFS."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    for root in calls:
-        if root in state:
-            continue
-        path, stack = [root], [iter(calls[root])]
-        state[root] = 1
-        while stack:
-            callee = next(stack[-1], None)
-            if callee is None:
-                state[path.pop()] = 2
-                stack.pop()
-            elif state.get(callee) == 1:
-                return path[path.index(callee):] + [callee]
-            elif callee not in state:
-                state[callee] = 1
-                path.append(callee)
-                stack.append(iter(calls[callee]))
-    return None

@@ -11,7 +11,7 @@ to be acyclic) and decides when to call which.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -96,3 +96,26 @@ def placed_order(g: nx.MultiDiGraph, base: list[str]) -> list[str]:
             order.append(name)
     order.extend(before.get(end, ()))
     return order
+
+
+def first_cycle(calls: dict[Hashable, list]) -> list | None:
+    """A cycle of a call graph (``{caller: callees}``) as ``[f, g, ..., f]``, or None:
+    an iterative depth-first search, so a deep chain cannot exhaust the stack."""
+    state: dict[Hashable, int] = {}  # 1: on the current path, 2: done
+    for root in calls:
+        if root in state:
+            continue
+        path, stack = [root], [iter(calls[root])]
+        state[root] = 1
+        while stack:
+            callee = next(stack[-1], None)
+            if callee is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(callee) == 1:
+                return path[path.index(callee):] + [callee]
+            elif callee not in state:
+                state[callee] = 1
+                path.append(callee)
+                stack.append(iter(calls[callee]))
+    return None
