@@ -20,16 +20,7 @@ STEPS = 3
 COUNTER = "graphpass/stale_counter"
 PS = "/job:ps/task:0"
 
-# TF 1.15's test matrix (DropStaleGradientOptimizer's tests, 1 ps + N workers):
-# workers, staleness -> global_step, stale_counter, v0, v1
-MATRIX = [
-    (1, 0, 1, 0, 1, 2),
-    (1, -1, 0, 1, 0, 1),
-    (2, 0, 1, 1, 1, 2),
-    (2, 1, 2, 0, 2, 3),
-    (3, 0, 1, 2, 1, 2),
-    (3, 1, 2, 1, 2, 3),
-]
+MATRIX = stale_cluster.TF115_MATRIX
 
 
 def rewrite(graph_def, **settings):

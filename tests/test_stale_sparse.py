@@ -28,16 +28,8 @@ from tools.fixtures import keras3_models, sparse_models, stale_cluster, tf_model
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 3
 COUNTER = "graphpass/stale_counter"
-#: TF 1.15's matrix (tests/test_stale.py), each row with an embedding table:
-#: workers, staleness -> global_step, stale_counter, v0, v1 (table row 1 is 10 + v0).
-MATRIX = [
-    (1, 0, 1, 0, 1, 2),
-    (1, -1, 0, 1, 0, 1),
-    (2, 0, 1, 1, 1, 2),
-    (2, 1, 2, 0, 2, 3),
-    (3, 0, 1, 2, 1, 2),
-    (3, 1, 2, 1, 2, 3),
-]
+#: TF 1.15's matrix, each row with an embedding table (its row 1 is 10 + v0).
+MATRIX = stale_cluster.TF115_MATRIX
 V1_CASES = [(o, r) for o in ("sgd", "adam") for r in (False, True)]
 
 

@@ -322,15 +322,11 @@ def _onnx_op_type(rng, model) -> str:
 
 
 def _onnx_external(rng, model) -> str:
-    import onnx
+    from tools.fuzz_mutators import external_tensor
 
-    tensor = rng.choice(list(model.graph.initializer))
-    tensor.ClearField("raw_data")
-    tensor.ClearField("float_data")
-    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor = external_tensor(rng, model)
     location = rng.choice(["../outside.bin", "/etc/passwd", "data.bin", "", "sub/../../x.bin",
                            "link.bin", "missing.bin"])
-    del tensor.external_data[:]
     tensor.external_data.add(key="location", value=location)
     if rng.random() < 0.5:
         tensor.external_data.add(key="offset", value=rng.choice(["0", "-4", "x", str(2**40)]))

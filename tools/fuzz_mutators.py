@@ -289,7 +289,9 @@ def _onnx_extreme_dims(rng, model) -> str:
     return f"extreme dim {value.name} #{choice}"
 
 
-def _onnx_external_odd(rng, model) -> str:
+def external_tensor(rng, model):
+    """One of ``model``'s initializers, made to point at external data (no location
+    yet): what every external-data mutation starts from."""
     import onnx
 
     tensor = rng.choice(list(model.graph.initializer))
@@ -297,6 +299,11 @@ def _onnx_external_odd(rng, model) -> str:
     tensor.ClearField("float_data")
     tensor.data_location = onnx.TensorProto.EXTERNAL
     del tensor.external_data[:]
+    return tensor
+
+
+def _onnx_external_odd(rng, model) -> str:
+    tensor = external_tensor(rng, model)
     location = rng.choice(["da\x00ta.bin", "data.bin\n", "\x1b.bin", "d" * 300 + ".bin",
                            "data.bin", "./data.bin", "sub//data.bin", "\u00e9.bin"])
     tensor.external_data.add(key="location", value=location)
