@@ -433,15 +433,24 @@ def check_cli_case(path: Path) -> list[dict]:
     return [dict(ident=case_dir.name, command="cli", status=status, problem=problem)]
 
 
+def exit_problem(status: int, stderr: str) -> str | None:
+    """What is wrong with how a command ended: only 0, or 2 with one error line."""
+    if status not in (0, 2):
+        return f"exit {status}: {stderr.strip()[-300:]}"
+    lines = stderr.strip().splitlines()
+    if status == 2 and (len(lines) != 1 or not lines[0].startswith("graphpass: error: ")):
+        return f"exit 2 without one error line: {stderr.strip()[-300:]!r}"
+    return None
+
+
 def _judge_cli(case: dict, status: int, stderr: str, before: dict, after: dict,
                case_dir: Path) -> str | None:
     argv = case["argv"]
-    if status not in (0, 2):
-        return f"exit {status}: {stderr.strip()[-300:]}"
+    problem = exit_problem(status, stderr)
+    if problem:
+        return problem
     if status == 2:
         lines = stderr.strip().splitlines()
-        if len(lines) != 1 or not lines[0].startswith("graphpass: error: "):
-            return f"exit 2 without one error line: {stderr.strip()[-300:]!r}"
         if len(lines[0]) > 3000 or not lines[0].isprintable():
             return "an error line too long or not printable"
         # dumps may be created before a later refusal? No: all checks come first.
