@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from graphpass.dialects import tf_runtime, tf_shapes, tf_updates, tf_xla
-from graphpass.dialects.base import Dialect
+from graphpass.dialects import tf_loops, tf_runtime, tf_shapes, tf_updates, tf_xla
+from graphpass.dialects.base import Dialect, LoopFacts
 from graphpass.dialects.capabilities import ConditionalBuilder, TargetLowering
 from graphpass.dialects.tf_builders import TFBuilders
 from graphpass.dialects.tf_ops import (
@@ -62,6 +62,19 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
 
     def is_back_edge(self, graph: Graph, src: str, dst: str) -> bool:
         return graph.node(src).op in LOOP_BACK_OPS
+
+    def loop_facts(self, graph: Graph, name: str, batch_size: int | None = None,
+                   loop_trips: int | None = None) -> LoopFacts | None:
+        """Control flow v2 ``While`` loops (``tf_loops``), recorded on the node per
+        batch size and trip count given (the body's import and a constant
+        evaluation cost more than a step's walk)."""
+        if graph.node(name).op not in tf_loops.WHILE_OPS:
+            return None
+        known = graph.node(name).meta.setdefault("loop_facts", {})
+        if (batch_size, loop_trips) not in known:
+            known[batch_size, loop_trips] = tf_loops.loop_facts(graph, name, batch_size,
+                                                                loop_trips)
+        return known[batch_size, loop_trips]
 
     def num_outputs(self, graph: Graph, name: str) -> int | None:
         """From the OpDef and the node's count attrs, else ``_output_shapes``."""
