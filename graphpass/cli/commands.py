@@ -255,4 +255,5 @@ def _memory_plot(graphs: list, args: argparse.Namespace, batch_size: int | None,
     from graphpass.options import RegionOptions
 
     regions = RegionOptions(loss=args.loss, train_ops=tuple(args.train_op or ()))
-    write_step_plot(graphs, Path(args.memory_plot), title, regions, batch_size)
+    write_step_plot(graphs, Path(args.memory_plot), title, regions, batch_size,
+                    positive_batch_size(getattr(args, "loop_trips", None), "--loop-trips"))

@@ -97,14 +97,15 @@ class RematPass(Pass):
                     backward=set(regions.nodes("backward")),
                     fetches=regions.fetches, dependency=dependency,
                     gradients=unique(t for s in regions.steps for t in s.gradients),
-                    optimizer=set(regions.nodes("optimizer")))
+                    optimizer=set(regions.nodes("optimizer")),
+                    loop_trips=self.options.loop_trips)
 
 
 def _peak_before(graph: Graph, ctx: PassContext, step: Step, batch: int | None) -> int:
     """The estimate of the original step (shared with other passes without a batch)."""
-    if batch is None:
+    if batch is None and step.loop_trips is None:
         return ctx.analyses.peak_bytes(graph, step.fetches)
-    return estimated_peak_bytes(graph, step.fetches, batch)
+    return estimated_peak_bytes(graph, step.fetches, batch, step.loop_trips)
 
 
 def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
@@ -116,7 +117,7 @@ def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
         return peak_before
     if auto is not None:
         return auto.estimate
-    return estimated_peak_bytes(graph, step.fetches, batch)
+    return estimated_peak_bytes(graph, step.fetches, batch, step.loop_trips)
 
 
 def _report(entries: list[dict], skipped: list[str], dependency: str,

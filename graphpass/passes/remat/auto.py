@@ -8,7 +8,12 @@ import time
 
 from graphpass.analysis.cost import Sizes
 from graphpass.analysis.forward import ForwardChain, computed_forward, forward_chain
-from graphpass.analysis.memory import check_batch_size, estimated_peak_bytes, memory_profile
+from graphpass.analysis.memory import (
+    check_batch_size,
+    estimated_peak_bytes,
+    format_bytes,
+    memory_profile,
+)
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor, gc_paused
 from graphpass.options import CHEAP, RematOptions
@@ -51,7 +56,8 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions,
         budget = int(options.memory_budget_fraction * before)
     plan = AutoPlan(options.policy, budget, len(chain.units), chain.width, "none", 0.0,
                     before, before, max(0, before - model_peak(chain.units, ())),
-                    headroom=graph.dialect.allocator_headroom)
+                    headroom=graph.dialect.allocator_headroom,
+                    loops=_loop_notes(graph, step, options))
 
     def rewritten(segments: list[Segment]) -> tuple[Graph, list[dict]]:
         trial = graph.copy()
@@ -61,7 +67,8 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions,
         """The peak of the step as the pass writes it: the updates deferred where
         that is lower (``defer``)."""
         copy = rewritten(segments)[0]
-        peak = estimated_peak_bytes(copy, step.fetches, options.batch_size)
+        peak = estimated_peak_bytes(copy, step.fetches, options.batch_size,
+                                    options.loop_trips)
         deferred = defer_updates(copy, step, options.batch_size, peak)
         return peak if deferred is None else deferred[1].peak_bytes
 
@@ -71,7 +78,7 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions,
         in the backward pass, which deferring moves nothing of)."""
         copy, entries = rewritten(_chain_segments(chain, ChainPlan(runs, 0, 0)))
         return (copy, [e["copies"] for e in entries],
-                memory_profile(copy, step.fetches, options.batch_size))
+                memory_profile(copy, step.fetches, options.batch_size, options.loop_trips))
 
     if any(n.startswith(SCOPE) for n in graph):
         plan.solver = "none (already rematerialized by graphpass)"
@@ -83,6 +90,26 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions,
                                can_defer(graph, step))
     plan.seconds = time.perf_counter() - start
     return plan, segments
+
+def _loop_notes(graph: Graph, step: Step, options: RematOptions) -> list[str]:
+    """The forward loops, in graph order: the planner segments the step around a
+    loop, never inside its body (what the body stacks per iteration stays), and the
+    user should know that, and whether the estimate knew the trip count."""
+    notes = []
+    for name in graph:
+        facts = graph.dialect.loop_facts(graph, name, options.batch_size, options.loop_trips) \
+            if name in step.forward else None
+        if facts is None:
+            continue
+        if facts.trips is None:
+            notes.append(f"{name} (trip count unknown: what it stacks per iteration counts "
+                         "as zero in the estimate; give --loop-trips N)")
+        else:
+            source = "from the graph" if facts.trips_from == "graph" else "from --loop-trips"
+            notes.append(f"{name} ({facts.trips} trips {source}, stacks "
+                         f"{format_bytes(sum(facts.per_trip.values()))} per iteration)")
+    return notes
+
 
 def _plan_chain(chain: ForwardChain, plan: AutoPlan, options: RematOptions,
                 estimate, trial, deferrable: bool) -> list[Segment]:

@@ -84,6 +84,8 @@ class AutoPlan:
     seconds: float = 0.0
     #: the dialect's ``allocator_headroom``: a budget is planned to ``target_bytes``
     headroom: float = 0.0
+    #: forward loops whose bodies the planner does not plan into, one note each
+    loops: list[str] = field(default_factory=list)
 
     @property
     def target_bytes(self) -> int | None:
@@ -105,7 +107,8 @@ class AutoPlan:
                 "estimated_peak_bytes_before": self.estimate_before,
                 "estimated_peak_bytes": self.estimate, "model_offset_bytes": self.model_offset,
                 "segments": self.segments, "rounds": self.rounds,
-                "planning_seconds": round(self.seconds, 3)}
+                "planning_seconds": round(self.seconds, 3),
+                "loops_not_planned_into": self.loops}
 
     def summary(self) -> list[str]:
         """One line for the plan, then one per recomputed segment."""
@@ -119,6 +122,7 @@ class AutoPlan:
                  f"{budget}; solver {self.solver}, gap {gap}; {self.seconds:.1f} s"]
         lines += [f"  {s['label']}: saves ~{format_bytes(s['estimated_bytes_saved'])}, "
                   f"recomputes {s['recompute_flops'] / 1e6:.1f} MFLOP" for s in self.segments]
+        lines += [f"  loop body not planned into: {note}" for note in self.loops]
         return lines
 
     def allowance(self) -> str:
