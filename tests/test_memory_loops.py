@@ -42,6 +42,17 @@ def test_lstm_trips_come_from_the_graph(lstm):
     assert 4 * 16 * 4 in loop.per_trip.values()
 
 
+def test_gradient_loop_counts_the_iterations_in_flight(lstm):
+    """The gradient loop adds each iteration's weight gradients into running sums:
+    those addends are what its iterations in flight hold."""
+    profile = memory_profile(_graph(lstm), FETCHES)
+    gradient = next(f for f in profile.loops if "grad" in f.name)
+    assert gradient.in_flight == 32
+    # kernel and recurrent kernel [16, 64] and bias [64], float32
+    assert gradient.pending_bytes == (2 * 16 * 64 + 64) * 4
+    assert profile.peak_node == gradient.name
+
+
 def test_lstm_estimate_grows_with_the_sequence():
     """What the loop stacks scales with the trip count: double the sequence, and
     the estimate grows by about the stacked bytes of the shorter one."""
@@ -114,12 +125,14 @@ def test_loop_trips_must_be_a_positive_integer(lstm, tmp_path, capsys):
 @pytest.mark.parametrize("onednn", [True, False])
 def test_lstm_estimate_against_measured(tmp_path, onednn):
     """The LSTM's estimate against its measured peak. TF's executor runs up to
-    ``parallel_iterations`` iterations of the lowered loop at once, and the
-    measured peak of the same graph moves between runs (docs/remat.md, loops):
-    the bound is the one that holds over those runs, not the issue's 15%."""
+    ``parallel_iterations`` iterations of the lowered gradient loop at once, and
+    how many weight-gradient addends wait for the running sum differs from run to
+    run of the same graph (docs/remat.md, loops): the estimate counts the worst
+    case, so it is never more than 15% under a run and at most the spread of
+    the runs (3x here) over one."""
     model = loop_models.lstm(seq=16, batch=8, units=32)
     source = tmp_path / "lstm.meta"
     source.write_bytes(model.meta_graph.SerializeToString(deterministic=True))
     estimate = memory_profile(_graph(model), FETCHES).peak_bytes
     measured = measure(source, FETCHES, onednn=onednn).peak_bytes
-    assert 0.5 <= estimate / measured <= 2.0, (estimate, measured)
+    assert 0.85 <= estimate / measured <= 3.5, (estimate, measured)

@@ -157,8 +157,9 @@ def _loops(graph: Graph, order: list[str], batch_size: int | None,
            loop_trips: int | None) -> dict[str, tuple[LoopFacts, int]]:
     """The loops the step runs, each with what it holds at its own step only: its
     body's peak over one iteration (the body estimated as a step of its own; the
-    values passed in are not its) and the accumulators no later node reads."""
-    loops = {}
+    values passed in are not its), the accumulators no later node reads, and what
+    the iterations in flight at once add (``_in_flight_bytes``)."""
+    loops: dict[str, tuple[LoopFacts, int]] = {}
     for name in order:
         facts = graph.dialect.loop_facts(graph, name, batch_size, loop_trips)
         if facts is None:
@@ -167,11 +168,22 @@ def _loops(graph: Graph, order: list[str], batch_size: int | None,
         if facts.body is not None:
             inner = memory_profile(facts.body, list(facts.body_fetches), batch_size, loop_trips)
             body = inner.peak_bytes - inner.fed_bytes
-        # What the loop accumulates for no reader is freed as it ends: held at its step.
-        used = set(graph.used_ports(name))
+        used = set(graph.used_ports(name))  # the rest is freed as the loop ends
         body += sum(facts.held_bytes(p) or 0 for p in facts.per_trip if p not in used)
-        loops[name] = (facts, body)
+        popped = sum(loops[t.node][0].per_trip.get(t.port, 0)
+                     for t in graph.inputs(name) if t.node in loops)
+        loops[name] = (facts, body + _in_flight_bytes(facts, popped))
     return loops
+
+
+def _in_flight_bytes(facts: LoopFacts, popped: int) -> int:
+    """TF runs up to ``parallel_iterations`` iterations at once: the executor runs
+    ahead along them while a running sum (a weight gradient's total) trails, so
+    each iteration ahead holds its addends, and has freed the elements it popped
+    from the lists read (``popped`` per iteration). The measured peak lands
+    anywhere up to the worst case, which is what counts here."""
+    ahead = min(facts.in_flight, facts.trips or 1) - 1
+    return max(0, ahead * (facts.pending_bytes - popped))
 
 
 def _known_before(graph: Graph, needed: set[str], batch_size: int | None) -> frozenset[str]:

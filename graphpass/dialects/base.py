@@ -23,7 +23,11 @@ class LoopFacts:
     """A loop node's trip count (None: unknown), where it came from (``graph``,
     ``option`` or ``unknown``), the bytes one iteration adds to each output port
     (its accumulators), and the body as a graph with its results (for the
-    body's own per-iteration peak)."""
+    body's own per-iteration peak). ``in_flight``: how many iterations the
+    runtime may run at once; ``pending_bytes``: what one iteration computes
+    off the loop's carried chain and hands to a running sum (a weight gradient
+    added into the loop's total), which waits for the sum while later
+    iterations run."""
 
     name: str
     trips: int | None
@@ -31,6 +35,8 @@ class LoopFacts:
     per_trip: dict[int, int]
     body: Graph | None
     body_fetches: tuple[str, ...] = ()
+    in_flight: int = 1
+    pending_bytes: int = 0
 
     def held_bytes(self, port: int) -> int | None:
         """What output ``port`` holds when the loop ends (None: not an accumulator)."""

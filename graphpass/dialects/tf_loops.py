@@ -34,6 +34,7 @@ WHILE_OPS = frozenset({"While", "StatelessWhile"})
 _LIST_WRITES = {"TensorListPushBack": 1, "TensorListSetItem": 2}
 _PASS_THROUGH = frozenset({"Identity", "Snapshot"})
 _COUNTER_STEPS = frozenset({"Add", "AddV2"})
+_SUMS = frozenset({"AddN", "Add", "AddV2"})
 
 
 def loop_facts(graph: Graph, name: str, batch_size: int | None,
@@ -54,7 +55,9 @@ def loop_facts(graph: Graph, name: str, batch_size: int | None,
     if trips is None:
         trips = loop_trips
     fetches = tuple(n for n in body if body.node(n).op == "_Retval")
-    return LoopFacts(name, trips, source, _per_trip(body, body_def, batch_size), body, fetches)
+    parallel = node.attrs["parallel_iterations"].i if "parallel_iterations" in node.attrs else 1
+    return LoopFacts(name, trips, source, _per_trip(body, body_def, batch_size), body, fetches,
+                     max(1, parallel), _pending(body, batch_size))
 
 
 def _functions(graph: Graph) -> dict:
@@ -91,25 +94,45 @@ def _per_trip(body: Graph, body_def, batch_size: int | None) -> dict[int, int]:
             following = _result(body, args.index(element.node))
             if following is None or following.node == element.node or following in held:
                 continue
-        size = _element_bytes(body, write, element, batch_size)
+        dtype = body.node(write).attrs.get("element_dtype")
+        size = _value_bytes(body, element, dtype and dtype_name(dtype.type), batch_size)
         if size is not None:
             found[port] = size
     return found
 
 
-def _element_bytes(body: Graph, write: str, element: Tensor,
-                   batch_size: int | None) -> int | None:
-    """Static bytes of one pushed element: the body's recorded shape, an unknown
+def _pending(body: Graph, batch_size: int | None) -> int:
+    """Bytes per iteration of the addends of running sums: results ``k`` computed
+    as ``AddN``/``Add`` of loop variable ``k`` and values of this iteration."""
+    args = [a for a in body if body.node(a).op == "Placeholder"]
+    total = 0
+    for index in range(len(args)):
+        result = _result(body, index)
+        if result is None or body.node(result.node).op not in _SUMS:
+            continue
+        operands = [_through(body, t) for t in body.inputs(result.node)]
+        if Tensor(args[index], 0) not in operands:
+            continue
+        for operand in operands:
+            if operand.node not in args and body.node(operand.node).op != "Const":
+                size = _value_bytes(body, operand, body.dialect.dtype(body, operand),
+                                    batch_size)
+                total += size or 0
+    return total
+
+
+def _value_bytes(body: Graph, value: Tensor, dtype: str | None,
+                 batch_size: int | None) -> int | None:
+    """Static bytes of one value of the body: its recorded shape, an unknown
     first dimension taken as ``batch_size``."""
-    shape = body.dialect.shape(body, element)
-    dtype = body.node(write).attrs.get("element_dtype")
+    shape = body.dialect.shape(body, value)
     if shape is None or dtype is None:
         return None
     dims = [batch_size if i == 0 and (d is None or d < 0) else d for i, d in enumerate(shape)]
     if any(d is None or d < 0 for d in dims):
         return None
     try:
-        itemsize = np_dtype(dtype_name(dtype.type)).itemsize
+        itemsize = np_dtype(dtype).itemsize
     except TypeError:  # a list of lists, a resource: nothing static to count
         return None
     return math.prod(dims) * itemsize
