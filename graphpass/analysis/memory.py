@@ -149,7 +149,7 @@ def memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = No
     known = _known_before(graph, needed, batch_size)
     order = graph.dialect.schedule(graph, needed, known, frozenset(targets))
     simulation = _Simulation(graph, order, targets, known, _kept(graph, fetches), batch_size)
-    simulation.loops = _loops(graph, order, batch_size, loop_trips)
+    simulation.add_loops(_loops(graph, order, batch_size, loop_trips))
     return simulation.run()
 
 
@@ -170,20 +170,18 @@ def _loops(graph: Graph, order: list[str], batch_size: int | None,
             body = inner.peak_bytes - inner.fed_bytes
         used = set(graph.used_ports(name))  # the rest is freed as the loop ends
         body += sum(facts.held_bytes(p) or 0 for p in facts.per_trip if p not in used)
-        popped = sum(loops[t.node][0].per_trip.get(t.port, 0)
-                     for t in graph.inputs(name) if t.node in loops)
-        loops[name] = (facts, body + _in_flight_bytes(facts, popped))
+        loops[name] = (facts, body + _in_flight_bytes(facts))
     return loops
 
 
-def _in_flight_bytes(facts: LoopFacts, popped: int) -> int:
+def _in_flight_bytes(facts: LoopFacts) -> int:
     """TF runs up to ``parallel_iterations`` iterations at once: the executor runs
     ahead along them while a running sum (a weight gradient's total) trails, so
     each iteration ahead holds its addends, and has freed the elements it popped
-    from the lists read (``popped`` per iteration). The measured peak lands
-    anywhere up to the worst case, which is what counts here."""
+    (``LoopFacts.popped_bytes``). The measured peak lands anywhere up to the worst
+    case, which is what counts here."""
     ahead = min(facts.in_flight, facts.trips or 1) - 1
-    return max(0, ahead * (facts.pending_bytes - popped))
+    return max(0, ahead * (facts.pending_bytes - facts.popped_bytes))
 
 
 def _known_before(graph: Graph, needed: set[str], batch_size: int | None) -> frozenset[str]:
@@ -263,6 +261,8 @@ class _Simulation:
         self.buffers: dict[Tensor, _Buffer] = {}
         self.live = 0
         self.loops: dict[str, tuple[LoopFacts, int]] = {}
+        self.stacked: dict[Tensor, int] = {}  # a v1 push: what its stack holds
+        self.pops: dict[str, list[Tensor]] = {}  # a pop: the pushes whose stacks it frees
         # Planned reuse: shape key -> freed buffers (most recent last), and the step
         # after which each waiting buffer was freed.
         self.planned = self.dialect.reuses_freed_buffers
@@ -282,7 +282,23 @@ class _Simulation:
                 idle.add(name)
         return idle
 
+    def add_loops(self, loops: dict[str, tuple[LoopFacts, int]]) -> None:
+        """The loops of the step; a v1 push (nodes walked once) holds its element
+        times the trip count from the push until its pop has run."""
+        self.loops = loops
+        running = {n for n in self.order if n not in self.idle and n not in self.constant}
+        for facts, _ in loops.values():
+            for push, (size, pops) in facts.pushes.items():
+                ran = [p for p in pops if p in running]
+                if push in running and ran:
+                    self.stacked[Tensor(push, 0)] = size * (facts.trips or 0)
+                    self.readers[Tensor(push, 0)] = self.readers.get(Tensor(push, 0), 0) + len(ran)
+                    for pop in ran:
+                        self.pops.setdefault(pop, []).append(Tensor(push, 0))
+
     def _bytes(self, tensor: Tensor) -> int:
+        if tensor in self.stacked:
+            return self.stacked[tensor]
         size = tensor_bytes(self.graph, tensor, self.batch_size)
         if size is None and tensor.node in self.loops:
             size = self.loops[tensor.node][0].held_bytes(tensor.port)
@@ -307,12 +323,14 @@ class _Simulation:
             for tensor in self.kept_of.get(name, ()):
                 if tensor not in self.buffers:
                     self._output(name, tensor, inputs)
+            if Tensor(name, 0) in self.stacked and Tensor(name, 0) not in self.buffers:
+                self._output(name, Tensor(name, 0), {})
             running = self.live + scratch_bytes(self.graph, name) + \
                 (self.loops[name][1] if name in self.loops else 0)
             profile.timeline.append((name, running))
             if running > profile.peak_bytes:
                 profile.peak_bytes, profile.peak_node = running, name
-            for tensor in inputs.values():
+            for tensor in [*inputs.values(), *self.pops.get(name, ())]:
                 self.readers[tensor] -= 1
                 if self.readers[tensor] == 0:
                     self._release(tensor, len(profile.timeline) - 1)

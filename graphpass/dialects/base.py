@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
@@ -37,6 +37,15 @@ class LoopFacts:
     body_fetches: tuple[str, ...] = ()
     in_flight: int = 1
     pending_bytes: int = 0
+    #: v1 loops (nodes in the graph itself): push node -> (bytes it stacks per
+    #: iteration, the nodes that pop them)
+    pushes: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
+    #: bytes per iteration the loop pops off its forward loop's accumulators
+    popped_bytes: int = 0
+
+    def stacked_bytes(self) -> int:
+        """What the loop accumulates per iteration, in all."""
+        return sum(self.per_trip.values()) + sum(size for size, _ in self.pushes.values())
 
     def held_bytes(self, port: int) -> int | None:
         """What output ``port`` holds when the loop ends (None: not an accumulator)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from graphpass.dialects import tf_loops, tf_runtime, tf_shapes, tf_updates, tf_xla
+from graphpass.dialects import tf_loops, tf_loops_v1, tf_runtime, tf_shapes, tf_updates, tf_xla
 from graphpass.dialects.base import Dialect, LoopFacts
 from graphpass.dialects.capabilities import ConditionalBuilder, TargetLowering
 from graphpass.dialects.tf_builders import TFBuilders
@@ -65,15 +65,17 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
 
     def loop_facts(self, graph: Graph, name: str, batch_size: int | None = None,
                    loop_trips: int | None = None) -> LoopFacts | None:
-        """Control flow v2 ``While`` loops (``tf_loops``), recorded on the node per
-        batch size and trip count given (the body's import and a constant
-        evaluation cost more than a step's walk)."""
-        if graph.node(name).op not in tf_loops.WHILE_OPS:
+        """Control flow v2 ``While`` loops (``tf_loops``) and v1 loops by their
+        ``LoopCond`` (``tf_loops_v1``), recorded on the node per batch size and trip
+        count given (a body's import and a constant evaluation cost more than a
+        step's walk)."""
+        op = graph.node(name).op
+        if op not in tf_loops.WHILE_OPS and op != "LoopCond":
             return None
         known = graph.node(name).meta.setdefault("loop_facts", {})
         if (batch_size, loop_trips) not in known:
-            known[batch_size, loop_trips] = tf_loops.loop_facts(graph, name, batch_size,
-                                                                loop_trips)
+            find = tf_loops.loop_facts if op != "LoopCond" else tf_loops_v1.loop_facts
+            known[batch_size, loop_trips] = find(graph, name, batch_size, loop_trips)
         return known[batch_size, loop_trips]
 
     def num_outputs(self, graph: Graph, name: str) -> int | None:

@@ -56,8 +56,13 @@ def loop_facts(graph: Graph, name: str, batch_size: int | None,
         trips = loop_trips
     fetches = tuple(n for n in body if body.node(n).op == "_Retval")
     parallel = node.attrs["parallel_iterations"].i if "parallel_iterations" in node.attrs else 1
+    popped = 0
+    for tensor in graph.inputs(name):  # a gradient loop pops its forward loop's lists
+        forward = graph.dialect.loop_facts(graph, tensor.node, batch_size, loop_trips) \
+            if graph.node(tensor.node).op in WHILE_OPS else None
+        popped += forward.per_trip.get(tensor.port, 0) if forward is not None else 0
     return LoopFacts(name, trips, source, _per_trip(body, body_def, batch_size), body, fetches,
-                     max(1, parallel), _pending(body, batch_size))
+                     max(1, parallel), _pending(body, batch_size), popped_bytes=popped)
 
 
 def _functions(graph: Graph) -> dict:

@@ -107,7 +107,7 @@ def _loop_notes(graph: Graph, step: Step, options: RematOptions) -> list[str]:
         else:
             source = "from the graph" if facts.trips_from == "graph" else "from --loop-trips"
             notes.append(f"{name} ({facts.trips} trips {source}, stacks "
-                         f"{format_bytes(sum(facts.per_trip.values()))} per iteration)")
+                         f"{format_bytes(facts.stacked_bytes())} per iteration)")
     return notes
 
 
