@@ -263,6 +263,7 @@ class _Simulation:
         self.loops: dict[str, tuple[LoopFacts, int]] = {}
         self.stacked: dict[Tensor, int] = {}  # a v1 push: what its stack holds
         self.pops: dict[str, list[Tensor]] = {}  # a pop: the pushes whose stacks it frees
+        self.stacks_at: dict[str, list[Tensor]] = {}  # a v1 loop: its pushes
         # Planned reuse: shape key -> freed buffers (most recent last), and the step
         # after which each waiting buffer was freed.
         self.planned = self.dialect.reuses_freed_buffers
@@ -284,13 +285,15 @@ class _Simulation:
 
     def add_loops(self, loops: dict[str, tuple[LoopFacts, int]]) -> None:
         """The loops of the step; a v1 push (nodes walked once) holds its element
-        times the trip count from the push until its pop has run."""
+        times the trip count from its loop's condition (the walk may place a push
+        that nothing reads late) until its pop has run."""
         self.loops = loops
         running = {n for n in self.order if n not in self.idle and n not in self.constant}
-        for facts, _ in loops.values():
+        for name, (facts, _) in loops.items():
             for push, (size, pops) in facts.pushes.items():
                 ran = [p for p in pops if p in running]
                 if push in running and ran:
+                    self.stacks_at.setdefault(name, []).append(Tensor(push, 0))
                     self.stacked[Tensor(push, 0)] = size * (facts.trips or 0)
                     self.readers[Tensor(push, 0)] = self.readers.get(Tensor(push, 0), 0) + len(ran)
                     for pop in ran:
@@ -299,6 +302,9 @@ class _Simulation:
     def _bytes(self, tensor: Tensor) -> int:
         if tensor in self.stacked:
             return self.stacked[tensor]
+        slot = self.dialect.container_input(self.graph, tensor)
+        if slot is not None:  # a copy of that input, held as long as the container
+            tensor = self.graph.input_slots(tensor.node).get(slot, tensor)
         size = tensor_bytes(self.graph, tensor, self.batch_size)
         if size is None and tensor.node in self.loops:
             size = self.loops[tensor.node][0].held_bytes(tensor.port)
@@ -323,8 +329,8 @@ class _Simulation:
             for tensor in self.kept_of.get(name, ()):
                 if tensor not in self.buffers:
                     self._output(name, tensor, inputs)
-            if Tensor(name, 0) in self.stacked and Tensor(name, 0) not in self.buffers:
-                self._output(name, Tensor(name, 0), {})
+            for tensor in self.stacks_at.get(name, ()):
+                self._output(name, tensor, {})
             running = self.live + scratch_bytes(self.graph, name) + \
                 (self.loops[name][1] if name in self.loops else 0)
             profile.timeline.append((name, running))

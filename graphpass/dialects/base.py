@@ -102,6 +102,12 @@ class Dialect(ABC):
         estimate does not model (here: none)."""
         return None
 
+    def container_input(self, graph: Graph, tensor: Tensor) -> int | None:
+        """For a value that holds a copy of an input in a container of the runtime's
+        own (TF's TensorList or TensorArray filled from a tensor, which the loops
+        read an element at a time): that input's slot; else None."""
+        return None
+
     def num_outputs(self, graph: Graph, name: str) -> int | None:
         """Number of outputs of ``name`` when cheaply known, else None."""
         return None

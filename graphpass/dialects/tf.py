@@ -78,6 +78,10 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
             known[batch_size, loop_trips] = find(graph, name, batch_size, loop_trips)
         return known[batch_size, loop_trips]
 
+    def container_input(self, graph: Graph, tensor: Tensor) -> int | None:
+        return tf_loops.FILLED_FROM.get(graph.node(tensor.node).op) if tensor.port == 0 \
+            else None
+
     def num_outputs(self, graph: Graph, name: str) -> int | None:
         """From the OpDef and the node's count attrs, else ``_output_shapes``."""
         node = graph.node(name)

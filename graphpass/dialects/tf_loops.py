@@ -26,10 +26,13 @@ import math
 from graphpass.dialects.base import LoopFacts
 from graphpass.dialects.tf_ops import dtype_name
 from graphpass.formats.tf_function import RESULT_SCOPE, graph_from_function
+from graphpass.errors import GraphpassError
 from graphpass.ir.dtypes import np_dtype
 from graphpass.ir.graph import Graph, Tensor
 
 WHILE_OPS = frozenset({"While", "StatelessWhile"})
+#: Containers filled with a copy of a tensor (split into elements): op -> its slot.
+FILLED_FROM = {"TensorListFromTensor": 0, "TensorArrayScatterV3": 2, "TensorArraySplitV3": 1}
 #: List writes that keep one element per iteration: op -> the element's input slot.
 _LIST_WRITES = {"TensorListPushBack": 1, "TensorListSetItem": 2}
 _PASS_THROUGH = frozenset({"Identity", "Snapshot"})
@@ -48,8 +51,11 @@ def loop_facts(graph: Graph, name: str, batch_size: int | None,
     cond_def = functions.get(node.attrs["cond"].func.name)
     if body_def is None or cond_def is None:
         return None
-    body = _import(body_def, functions, graph)
-    cond = _import(cond_def, functions, graph)
+    try:
+        body = _import(body_def, functions, graph)
+        cond = _import(cond_def, functions, graph)
+    except GraphpassError:  # a body graphpass cannot read: the loop stays a plain node
+        return None
     trips = _static_trips(graph, name, body, cond, batch_size, functions)
     source = "graph" if trips is not None else "option" if loop_trips is not None else "unknown"
     if trips is None:

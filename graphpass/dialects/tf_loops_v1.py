@@ -29,8 +29,9 @@ _EXIT = frozenset({"Exit", "RefExit"})
 _NEXT = frozenset({"NextIteration", "RefNextIteration"})
 _THROUGH = frozenset({"Identity", "Switch", "RefSwitch", "Snapshot"})
 _SUMS = frozenset({"AddN", "Add", "AddV2"})
-#: Values that are another value's buffer (a variable's, a TensorArray element's).
-_ALIASED_READS = frozenset({"ReadVariableOp", "TensorArrayReadV3"})
+#: Values that are a variable's buffer. (A TensorArray element read is cleared from
+#: the array as it is read: the stack's reference is what keeps it.)
+_ALIASED_READS = frozenset({"ReadVariableOp"})
 
 _FRAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -102,8 +103,8 @@ def _stack(graph: Graph, handle: Tensor) -> str:
 def _pushes(graph: Graph, members: list[str], frames: dict[str, str],
             batch_size: int | None) -> dict[str, tuple[int, tuple[str, ...]]]:
     """Push -> (bytes it stacks per iteration, its pops), for the pushes of this
-    frame whose element is a new buffer each iteration: not a variable's value or
-    another value's buffer, not a loop variable whose next value is pushed too."""
+    frame whose element is a new buffer each iteration: not a variable's value,
+    not a loop variable whose next value is pushed too."""
     pops: dict[str, list[str]] = {}
     for name in graph:
         if graph.node(name).op == "StackPopV2":
