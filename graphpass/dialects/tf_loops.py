@@ -25,8 +25,8 @@ import math
 
 from graphpass.dialects.base import LoopFacts
 from graphpass.dialects.tf_ops import dtype_name
-from graphpass.formats.tf_function import RESULT_SCOPE, graph_from_function
 from graphpass.errors import GraphpassError
+from graphpass.formats.tf_function import RESULT_SCOPE, graph_from_function
 from graphpass.ir.dtypes import np_dtype
 from graphpass.ir.graph import Graph, Tensor
 
