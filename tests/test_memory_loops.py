@@ -143,6 +143,20 @@ def test_summary_asks_for_loop_trips_where_unknown(tmp_path, capsys):
     assert "6 trips from --loop-trips" in capsys.readouterr().out
 
 
+def test_inspect_draws_with_loop_trips(tmp_path, capsys):
+    source = tmp_path / "loop.meta"
+    source.write_bytes(_data_bound_loop().meta_graph.SerializeToString(deterministic=True))
+    plots = []
+    for trips in ("2", "40"):
+        plot = tmp_path / f"plot{trips}.svg"
+        assert main(["inspect", str(source), "--memory-plot", str(plot),
+                     "--loop-trips", trips]) == 0
+        plots.append(plot.read_text())
+    assert plots[0] != plots[1]  # the stacked bytes are drawn
+    assert main(["inspect", str(source), "--loop-trips", "2"]) == 2
+    assert "--loop-trips goes with --memory-plot" in capsys.readouterr().err
+
+
 def test_loop_trips_must_be_a_positive_integer(lstm, tmp_path, capsys):
     source = tmp_path / "lstm.meta"
     source.write_bytes(lstm.meta_graph.SerializeToString(deterministic=True))

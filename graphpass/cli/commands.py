@@ -121,6 +121,8 @@ class Inspect(Command):
             raise GraphpassError("--rewritten goes with --memory-plot FILE.svg")
         if args.batch_size and not (args.memory_plot or args.saved):
             raise GraphpassError("--batch-size goes with --memory-plot FILE.svg or --saved")
+        if args.loop_trips and not args.memory_plot:
+            raise GraphpassError("--loop-trips goes with --memory-plot FILE.svg")
         batch_size = positive_batch_size(args.batch_size)
         if args.memory_plot:
             check_outputs(_inputs(args, input=Path(args.input), rewritten=args.rewritten),
