@@ -152,9 +152,9 @@ def _align(offset: int) -> int:
 def arena_profile(graph: Graph, fetches: list[str], batch_size: int | None = None
                   ) -> MemoryProfile:
     """The step ``fetches`` run, as TFLite's arena would hold it: every op the
-    fetches need in the graph's order (the converter keeps a topological order of
-    the function body), outputs that alias an input (Identity, Reshape) as that
-    input, constants and what folds into them outside the arena (module
+    fetches need in the converter's order (``_converted_order``), outputs that
+    alias an input (Identity, Reshape) as that input, constants and what folds
+    into them outside the arena (module
     docstring). ``peak_bytes`` is the arena's size; ``timeline`` the bytes of
     tensors alive at each op (what the planner's refinement reads positions from).
     """
@@ -163,7 +163,9 @@ def arena_profile(graph: Graph, fetches: list[str], batch_size: int | None = Non
     targets = _fetch_nodes(graph, fetches)
     needed = graph.ancestors(targets) | set(targets)
     folded = _known_before(graph, needed, batch_size)
-    fed = [n for n in dialect.graph_inputs(graph) if n in needed]
+    # data fed to the step (a function body's resource handles are arguments too)
+    fed = [n for n in dialect.graph_inputs(graph)
+           if n in needed and tensor_bytes(graph, Tensor(n, 0), batch_size) is not None]
     names = {}
 
     def key(tensor: Tensor) -> Tensor:
@@ -172,7 +174,7 @@ def arena_profile(graph: Graph, fetches: list[str], batch_size: int | None = Non
         return tensor
 
     ops, order, scratch = [], [], {}
-    for name in graph.topological_order():
+    for name in _converted_order(graph, fed):
         if name not in needed or name in fed or name in targets or (
                 name in folded and not dialect.is_variable_value(graph, name)):
             continue
@@ -201,6 +203,19 @@ def arena_profile(graph: Graph, fetches: list[str], batch_size: int | None = Non
         sizes[tensor] = tensor_bytes(graph, tensor, batch_size) or 0
     plan = plan_arena(ops, inputs, results, sizes, scratch)
     return _profile(plan, order)
+
+
+def _converted_order(graph: Graph, fed: list[str]) -> list[str]:
+    """The converter's op order as far as it matters to the arena: what does not
+    depend on the step's inputs (variable reads and what is computed from variables
+    alone: a momentum times its slot) hoisted to the start, each part in the
+    graph's topological order."""
+    order = graph.topological_order()
+    reached = set(fed)
+    for name in order:
+        if name not in reached and any(t.node in reached for t in graph.inputs(name)):
+            reached.add(name)
+    return [n for n in order if n not in reached] + [n for n in order if n in reached]
 
 
 def _batch_matmul(graph: Graph, name: str) -> bool:
