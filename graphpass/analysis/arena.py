@@ -162,7 +162,7 @@ def arena_profile(graph: Graph, fetches: list[str], batch_size: int | None = Non
     dialect = graph.dialect
     targets = _fetch_nodes(graph, fetches)
     needed = graph.ancestors(targets) | set(targets)
-    folded = _known_before(graph, needed, batch_size)
+    folded = _folded(graph, needed, batch_size)
     # data fed to the step (a function body's resource handles are arguments too)
     fed = [n for n in dialect.graph_inputs(graph)
            if n in needed and tensor_bytes(graph, Tensor(n, 0), batch_size) is not None]
@@ -174,7 +174,7 @@ def arena_profile(graph: Graph, fetches: list[str], batch_size: int | None = Non
         return tensor
 
     ops, order, scratch = [], [], {}
-    for name in _converted_order(graph, fed):
+    for name in _converted_order(graph, needed):
         if name not in needed or name in fed or name in targets or (
                 name in folded and not dialect.is_variable_value(graph, name)):
             continue
@@ -205,17 +205,46 @@ def arena_profile(graph: Graph, fetches: list[str], batch_size: int | None = Non
     return _profile(plan, order)
 
 
-def _converted_order(graph: Graph, fed: list[str]) -> list[str]:
-    """The converter's op order as far as it matters to the arena: what does not
-    depend on the step's inputs (variable reads and what is computed from variables
-    alone: a momentum times its slot) hoisted to the start, each part in the
-    graph's topological order."""
-    order = graph.topological_order()
-    reached = set(fed)
-    for name in order:
-        if name not in reached and any(t.node in reached for t in graph.inputs(name)):
-            reached.add(name)
-    return [n for n in order if n not in reached] + [n for n in order if n in reached]
+def _folded(graph: Graph, needed: set[str], batch_size: int | None) -> frozenset[str]:
+    """What the converter makes constants: what the runtime folds (``_known_before``)
+    and, as its shapes are static, what reads only a shape (``ZerosLike``, ``Shape``)
+    and everything computed from those alone."""
+    dialect = graph.dialect
+    known = _known_before(graph, needed, batch_size)
+    folded = {n for n in known if not (dialect.is_source(graph, n)
+                                       or dialect.is_variable_value(graph, n))}
+    for name in graph.topological_order():
+        if name in needed and name not in folded and (
+                dialect.is_shape_only(graph, name) and all(
+                    tensor_bytes(graph, Tensor(name, p), batch_size) is not None
+                    for p in graph.used_ports(name))
+                or dialect.is_foldable(graph, name) and graph.inputs(name)
+                and all(t.node in folded for t in graph.inputs(name))):
+            folded.add(name)
+    return frozenset(folded | known)
+
+
+def _converted_order(graph: Graph, needed: set[str]) -> list[str]:
+    """The converter's op order as far as it matters to the arena: each op as
+    soon as its inputs are there, the most recently readied first (a depth-first
+    list schedule; ties in the graph's order). The converter hoists what does not
+    wait for the gradients (variable reads, a momentum times its slot, the masks
+    of activation gradients) next to what it reads, which this reproduces; the
+    graph's own order would keep activations alive until their gradient's turn."""
+    order = [n for n in graph.topological_order() if n in needed]
+    position = {n: i for i, n in enumerate(order)}
+    waiting = {n: sum(1 for p in set(graph.producers(n)) if p in position) for n in order}
+    ready = [n for n in reversed(order) if not waiting[n]]
+    scheduled = []
+    while ready:
+        name = ready.pop()
+        scheduled.append(name)
+        users = [u for u in set(graph.users(name)) if u in position]
+        for user in sorted(users, key=position.get, reverse=True):
+            waiting[user] -= 1
+            if not waiting[user]:
+                ready.append(user)
+    return scheduled
 
 
 def _batch_matmul(graph: Graph, name: str) -> bool:

@@ -24,7 +24,7 @@ from graphpass.cli.files import (
     read_feeds,
     staged_json,
 )
-from graphpass.cli.litert import TARGET, check_conversion, check_input
+from graphpass.cli.litert import TARGET, check_conversion, check_input, check_source
 from graphpass.cli.text import LIST_LIMIT, describe_text, rewrite_summary
 from graphpass.errors import GraphpassError
 from graphpass.options import OPTIONS, positive_batch_size, rewrite_options
@@ -74,6 +74,7 @@ class Rewrite(Command):
         if options.dump_dir:
             outputs["--dump-dir"] = (Path(options.dump_dir), DUMPS)
         check_outputs(_inputs(args, input=source), outputs, options.in_place)
+        check_source(source, options.pipeline.target)
         # The estimates only the summary or the report show are skipped when neither is.
         estimates = not options.quiet or bool(options.report)
         # Every shape now, or (loss detection, a report's bytes) a few when asked for.

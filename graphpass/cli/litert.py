@@ -18,6 +18,14 @@ from graphpass.ir.graph import Graph
 TARGET = "litert"
 
 
+def check_source(source: Path, target: str) -> None:
+    """Before reading: TFLite converts SavedModels (directories) only."""
+    if target == TARGET and not source.is_dir():
+        raise GraphpassError(f"--target litert needs a TF2 SavedModel whose training step is "
+                             f"a signature (TFLite's converter reads signatures); {source} is "
+                             "not a SavedModel directory")
+
+
 def check_input(graph: Graph, target: str) -> None:
     """TFLite converts signatures: the step must be a SavedModel's function."""
     if target == TARGET and not graph.dialect.in_function_body(graph):
