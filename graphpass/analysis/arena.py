@@ -154,9 +154,9 @@ def arena_profile(graph: Graph, fetches: list[str], batch_size: int | None = Non
     """The step ``fetches`` run, as TFLite's arena would hold it: every op the
     fetches need in the converter's order (``_converted_order``), outputs that
     alias an input (Identity, Reshape) as that input, constants and what folds
-    into them outside the arena (module
-    docstring). ``peak_bytes`` is the arena's size; ``timeline`` the bytes of
-    tensors alive at each op (what the planner's refinement reads positions from).
+    into them (``_folded``) outside the arena. ``peak_bytes`` is the arena's size;
+    ``timeline`` the bytes of tensors alive at each op (what the planner's
+    refinement reads positions from).
     """
     infer_shapes(graph)
     dialect = graph.dialect
