@@ -146,3 +146,18 @@ def test_arena_model_matches_the_interpreter(litert_variants):
                                        (remat["estimated_peak_bytes_after"], name)):
                 actual = runs[measured]["arena_bytes"]
                 assert abs(estimate - actual) <= 0.25 * actual, (name, estimate, actual)
+
+
+@pytest.mark.slow
+def test_budget_is_planned_on_the_arena(litert_variants, tmp_path):
+    """``--memory-budget`` for litert is met by the arena estimate, with no allocator
+    headroom taken off (a static arena is what it is planned to be)."""
+    source = litert_variants["original"][0]
+    report = tmp_path / "report.json"
+    assert main(["rewrite", str(source), "-o", str(tmp_path / "out"), "--quiet", "--target",
+                 "litert", "--recompute", "auto", "--memory-budget", "0.95x",
+                 "--report", str(report)]) == 0
+    remat = json.loads(report.read_text())["passes"][0]["report"]
+    auto = remat["auto"]
+    assert auto["budget_met"] and auto["planned_budget_bytes"] == auto["budget_bytes"]
+    assert remat["estimated_peak_bytes_after"] <= 0.95 * remat["estimated_peak_bytes_before"]

@@ -56,7 +56,9 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions,
         budget = int(options.memory_budget_fraction * before)
     plan = AutoPlan(options.policy, budget, len(chain.units), chain.width, "none", 0.0,
                     before, before, max(0, before - model_peak(chain.units, ())),
-                    headroom=graph.dialect.allocator_headroom)
+                    # a static arena (TFLite's) is what it is planned to be: no allocator
+                    headroom=graph.dialect.allocator_headroom if profile is memory_profile
+                    else 0.0)
 
     def rewritten(segments: list[Segment]) -> tuple[Graph, list[dict]]:
         trial = graph.copy()
