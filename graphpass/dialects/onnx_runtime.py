@@ -122,9 +122,18 @@ def scratch_shapes(graph: Graph, name: str) -> list[tuple[Tensor, tuple]]:
 
 def forwardable_inputs(graph: Graph, name: str) -> tuple[int, ...]:
     """Input 0 of onnxruntime's in-place kernels (``INPLACE_OPS``): its allocation
-    planner gives their output the input's buffer when this read is its last."""
+    planner gives their output the input's buffer when this read is its last. And
+    the MatMul's slot of an ``Add`` that ``MatMulAddFusion`` folds into it (a bias
+    add: one Gemm, ``FusedGemm`` with a following activation, writes the sum where
+    the product would have gone, so the product never has a buffer of its own)."""
     node = graph.node(name)
-    return (0,) if node.op in INPLACE_OPS and node.domain in DEFAULT_DOMAINS else ()
+    if node.domain not in DEFAULT_DOMAINS:
+        return ()
+    if node.op in INPLACE_OPS:
+        return (0,)
+    if node.op == "Add":
+        return tuple(s for s in (0, 1) if fuses_into_producer(graph, name, s))
+    return ()
 
 
 def _fused_transpose(graph: Graph, name: str) -> bool:

@@ -16,6 +16,7 @@ from graphpass.dialects.onnx_ops import dtype_name
 from graphpass.errors import GraphpassError
 from graphpass.formats.onnx_io import model_from_graph
 from graphpass.formats.onnx_order import INITIALIZER
+from graphpass.formats.ort_artifacts import GRADIENT_SUFFIX
 from graphpass.ir.graph import Tensor
 
 if TYPE_CHECKING:
@@ -91,8 +92,6 @@ def infer_types(graph: Graph) -> None:
 #: whose type it has} (ORT's own schemas: ``Scale`` keeps its input's type;
 #: ``BatchNormInternal``'s saved and running statistics are per channel, like its scale).
 TRAINING_OP_TYPES = {"Scale": {0: 0}, "BatchNormInternal": {0: 0, 1: 1, 2: 1, 3: 1, 4: 1}}
-#: ORT's gradient builder names the gradient of value ``v`` ``v_grad``.
-GRADIENT_SUFFIX = "_grad"
 
 
 def _training_types(nodes, types: dict) -> None:

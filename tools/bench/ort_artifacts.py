@@ -27,6 +27,8 @@ MODELS = {
     "mlp": ("mlp_ce", dict(batch=2048, width=512, blocks=8, classes=16)),
     "transformer": ("transformer_ce", dict(batch=8, seq=256, width=256, layers=3)),
     "conv_bn": ("conv_bn_ce", dict(batch=32, size=32, channels=32, layers=6)),
+    "mlp_gelu": ("mlp_gelu_bce", dict(batch=2048, width=512, blocks=8, classes=16)),
+    "torch_mlp": ("torch_mlp_ce", dict(batch=2048, width=512, blocks=8, classes=16)),
 }
 
 
@@ -35,9 +37,8 @@ def _feeds(directory: Path, model) -> dict[str, np.ndarray]:
 
     state = api.CheckpointState.load_checkpoint(str(directory / "checkpoint"))
     batch = np.load(directory / "inputs.npz")
-    feeds = {"labels": batch["target"]}
-    data = [i.name for i in model.graph.input][0]
-    feeds[data] = batch["x"]
+    batch_values = iter([batch["x"], batch["target"]])  # the data, then the loss's target
+    feeds = {}
     for value in model.graph.input:
         name = value.name
         if name in state.parameters:
@@ -47,6 +48,8 @@ def _feeds(directory: Path, model) -> dict[str, np.ndarray]:
             feeds[name] = np.zeros_like(state.parameters[parameter].data)
         elif name == "lazy_reset_grad":
             feeds[name] = np.array([True])
+        else:
+            feeds[name] = next(batch_values)
     return feeds
 
 
