@@ -160,3 +160,87 @@ def test_verify_trains_both_artifacts_in_ort_training(tmp_path):
     # Another step (MSE loss, some layers frozen) with other inputs is refused.
     other = ARTIFACTS / "mlp_mse_some" / "training_model.onnx"
     assert run_in_env(VERIFY.replace('"--quiet", ', ""), str(source), str(other))["rc"] != 0
+
+
+def test_a_regex_on_ort_blocks_says_why_it_recomputes_nothing():
+    """ORT's backward of a ``MatMul + Add + Relu`` block reads only the Relu output,
+    which the next block reads too: a block on its own holds nothing to release, and
+    the summary says so; the same blocks under one ``_recompute_hint`` are one
+    segment, and are recomputed."""
+    import re
+
+    import graphpass
+
+    path = ARTIFACTS / "mlp_ce" / "training_model.onnx"
+    graph = graphpass.load(path)
+    report = graphpass.run_passes(graph, {"recompute": ["block[1-6]/"]})[0].report
+    assert report["nodes_added"] == 0
+    assert any(s.startswith("nothing recomputed") and "--recompute auto" in s
+               for s in report["summary"])
+    assert report["segments"][0]["outputs_read"] == ["block1/act"]
+    graph = graphpass.load(path)
+    for node in graph.nodes():
+        if re.fullmatch(r"block[1-6]/(matmul|add|act)", node.name):
+            graph.dialect.set_attr(graph, node.name, "_recompute_hint", 1)
+    report = graphpass.run_passes(graph, {"recompute_hints": True})[0].report
+    assert [s["segment"] for s in report["segments"]] == ["hint 1"]
+    assert report["nodes_added"] > 0
+
+
+def _gradient_step(tmp_path):
+    """mlp_ce's step with its accumulators turned into gradient outputs."""
+    from tools.fixtures.ort_artifacts import gradients_as_outputs
+
+    model = gradients_as_outputs(onnx.load(ARTIFACTS / "mlp_ce" / "training_model.onnx"))
+    path = tmp_path / "gradients.onnx"
+    onnx.save(model, path)
+    return model, path
+
+
+def test_a_step_returning_gradients_is_recognised(tmp_path, capsys):
+    model, path = _gradient_step(tmp_path)
+    gradients = [o.name for o in model.graph.output[1:]]
+    assert gradients and all(g.endswith("_grad") for g in gradients)
+    info = _inspect(capsys, path)
+    assert "returning gradients" in info["container"]
+    loss = next(n.name for n in model.graph.node if n.output[0] == model.graph.output[0].name)
+    assert info["regions"]["losses"] == [loss]
+    producers = {v: n.name for n in model.graph.node for v in n.output}
+    assert sorted(info["regions"]["updates"]) == sorted({producers[g] for g in gradients})
+    assert info["regions"]["counts"]["optimizer"] == 0
+    assert {g.removesuffix("_grad") for g in gradients} <= set(info["variables"])
+    target = tmp_path / "auto.onnx"
+    assert main(["rewrite", str(path), "-o", str(target), "--recompute", "auto", "--quiet"]) == 0
+    after = onnx.load(target)
+    assert [o.name for o in after.graph.output] == [o.name for o in model.graph.output]
+    assert len(after.graph.node) > len(model.graph.node)
+
+
+RUN_GRADIENTS = """
+import json, sys
+from pathlib import Path
+import numpy as np, onnxruntime as ort
+from onnxruntime.training import api
+directory, paths = Path(sys.argv[1]), sys.argv[2:]
+state = api.CheckpointState.load_checkpoint(str(directory / "checkpoint"))
+batch = np.load(directory / "inputs.npz")
+results = []
+for path in paths:
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    data = iter([batch["x"], batch["target"]])
+    feeds = {i.name: state.parameters[i.name].data if i.name in state.parameters else next(data)
+             for i in session.get_inputs()}
+    results.append([o.tolist() for o in session.run(None, feeds)])
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.slow
+def test_a_rewritten_step_returning_gradients_gives_the_same_gradients(tmp_path):
+    model, path = _gradient_step(tmp_path)
+    target = tmp_path / "auto.onnx"
+    assert main(["rewrite", str(path), "-o", str(target), "--recompute", "auto", "--quiet"]) == 0
+    original, rewritten = run_in_env(RUN_GRADIENTS, str(ARTIFACTS / "mlp_ce"), str(path),
+                                     str(target))
+    assert len(original) == len(model.graph.output)
+    assert rewritten == original
