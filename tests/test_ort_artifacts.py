@@ -244,3 +244,52 @@ def test_a_rewritten_step_returning_gradients_gives_the_same_gradients(tmp_path)
                                      str(target))
     assert len(original) == len(model.graph.output)
     assert rewritten == original
+
+
+@pytest.mark.parametrize("case", ["transformer_ce", "conv_bn_ce", "torch_mlp_ce"])
+def test_contrib_ops_are_sized_by_onnxruntime_without_value_info(case, tmp_path):
+    """Without the exporter's ``value_info``, onnxruntime's symbolic shape inference
+    (taught ORT's training ops) types every value as the shipped model does."""
+    import graphpass
+    from graphpass.analysis.shapes import infer_shapes
+
+    model = onnx.load(ARTIFACTS / case / "training_model.onnx")
+    del model.graph.value_info[:]
+    onnx.save(model, tmp_path / "bare.onnx")
+    bare, shipped = graphpass.load(tmp_path / "bare.onnx"), \
+        graphpass.load(ARTIFACTS / case / "training_model.onnx")
+    infer_shapes(bare)
+    infer_shapes(shipped)
+    assert "symbolic shape inference" in bare.dialect.shape_source(bare)
+    assert [(n.meta["dtypes"], n.meta["shapes"]) for n in bare.nodes()] == \
+        [(shipped.node(n.name).meta["dtypes"], shipped.node(n.name).meta["shapes"])
+         for n in bare.nodes()]
+    assert all(s is not None and None not in s for n in bare.nodes()
+               for v, s in zip(n.outputs, n.meta["shapes"]) if v)
+
+
+def test_an_op_onnxruntime_cannot_size_falls_back_and_says_so(tmp_path, capsys):
+    """A ``com.microsoft`` op neither onnxruntime's inference nor ORT's conventions
+    know: what comes before it is still sized, and ``inspect`` says what sized it."""
+    from onnx import TensorProto, helper
+
+    import graphpass
+    from graphpass.analysis.shapes import infer_shapes
+    from graphpass.ir.graph import Tensor
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
+             helper.make_node("NoSuchOp", ["a"], ["b"], name="custom", domain="com.microsoft"),
+             helper.make_node("Relu", ["b"], ["y"], name="after")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                         [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    onnx.save(model, tmp_path / "custom.onnx")
+    loaded = graphpass.load(tmp_path / "custom.onnx")
+    infer_shapes(loaded)
+    assert loaded.dialect.shape(loaded, Tensor("relu", 0)) == (2, 3)
+    assert loaded.dialect.shape(loaded, Tensor("custom", 0)) is None
+    assert loaded.dialect.shape_source(loaded) == (
+        "ORT's training-op conventions alone (onnxruntime's symbolic shape inference "
+        "stopped at com.microsoft::NoSuchOp)")

@@ -50,7 +50,7 @@ from graphpass.dialects.onnx_ops import (
     has_schema,
     opset,
 )
-from graphpass.dialects.onnx_shapes import constant_value, inferred
+from graphpass.dialects.onnx_shapes import constant_value, inferred, shape_source
 from graphpass.dialects.onnx_shapes import infer_types as _infer_types
 from graphpass.errors import GraphpassError
 from graphpass.formats.onnx_order import INPUT, SOURCE_OPS, ort_schedule
@@ -251,6 +251,11 @@ class ONNXDialect(Dialect):
     def constant_value(self, graph: Graph, tensor: Tensor) -> Any:
         """The numpy value of an initializer or ``Constant`` output, else None."""
         return constant_value(graph, tensor)
+
+    def shape_source(self, graph: Graph) -> str | None:
+        """onnxruntime's symbolic shape inference, or ORT's conventions alone and why
+        (``onnx_contrib_shapes``)."""
+        return shape_source(graph)
 
     def dependency_scale(self, dtype: str) -> float:
         """0: data-mode ties are ``x + Identity(0 * s)``, exact for finite ``s``.
