@@ -44,6 +44,7 @@ from graphpass.dialects.onnx_ops import (
     CONV_OPS,
     DEFAULT_DOMAINS,
     MATMUL_OPS,
+    PURE_MS_OPS,
     RANDOM_OPS,
     SHAPE_ONLY_OPS,
     dtype_enum,
@@ -54,7 +55,7 @@ from graphpass.dialects.onnx_shapes import constant_value, inferred, shape_sourc
 from graphpass.dialects.onnx_shapes import infer_types as _infer_types
 from graphpass.errors import GraphpassError
 from graphpass.formats.onnx_order import INPUT, SOURCE_OPS, ort_schedule
-from graphpass.formats.ort_artifacts import EVAL, OPTIMIZER, not_a_step
+from graphpass.formats.ort_artifacts import EVAL, MS_DOMAIN, OPTIMIZER, not_a_step
 from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
 
 __all__ = ["DEFAULT_DOMAINS", "ONNXDialect", "dtype_enum"]
@@ -101,9 +102,10 @@ class ONNXDialect(Dialect):
 
     def is_stateful(self, graph: Graph, name: str) -> bool:
         """Random ops (``Dropout`` only in training mode), control flow, and ops
-        outside the ONNX schemas (custom domains: unknown, so assumed stateful)."""
+        outside the ONNX schemas (custom domains: unknown, so assumed stateful) but
+        onnxruntime's pure ones (``PURE_MS_OPS``)."""
         node = graph.node(name)
-        if node.op in SOURCE_OPS:
+        if node.op in SOURCE_OPS or (node.domain == MS_DOMAIN and node.op in PURE_MS_OPS):
             return False
         if node.domain not in DEFAULT_DOMAINS + ("ai.onnx.ml",) or not has_schema(node):
             return True
