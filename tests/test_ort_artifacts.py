@@ -333,3 +333,47 @@ def test_the_estimate_of_an_artifact_step_is_within_10_percent_of_its_peak(case)
     for estimate, measured in rows.values():
         assert 0.9 <= estimate / measured <= 1.1, rows
     assert rows["auto"][1] < rows["original"][1]
+
+
+RUN_STEP = """
+import json, sys
+from pathlib import Path
+import numpy as np, onnx, onnxruntime as ort
+from tools.bench.ort_artifacts import _feeds
+directory, paths = Path(sys.argv[1]), sys.argv[2:]
+results = []
+for path in paths:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    feeds = _feeds(directory, onnx.load(path))
+    results.append([o.tolist() for o in session.run(None, feeds)])
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.slow
+def test_a_recomputed_residual_keeps_its_layer_norm_out_of_ort_skip_fusion(tmp_path):
+    """One segment from a block's last residual ``Add`` into the next block's
+    ``LayerNormalization`` (as ``auto`` plans at benchmark size). Run as one inference
+    session with all of ORT's optimizations (as a caller of a step returning
+    gradients runs it), the copied ``Add``, read only by the copied norm, would be
+    fused with it into ``SkipLayerNormalization``, which rounds otherwise and leaves
+    the mean and inverse deviation ``LayerNormalizationGrad`` reads unset (ORT
+    stops: "Missing Input"). The norm stays kept; the step is the same."""
+    import graphpass
+
+    source = ARTIFACTS / "transformer_ce" / "training_model.onnx"
+    graph = graphpass.load(source)
+    assert not graph.dialect.is_recomputable(graph, "layer1/ln1")
+    for name in ("layer0/fc1", "layer0/relu", "layer0/fc2", "layer0/residual2", "layer1/ln1"):
+        graph.dialect.set_attr(graph, name, "_recompute_hint", 1)
+    report = graphpass.run_passes(graph, {"recompute_hints": True})[0].report
+    assert report["nodes_added"] > 0
+    target = tmp_path / "hinted.onnx"
+    graphpass.save(graph, target)
+    copies = [n for n in onnx.load(target).graph.node if n.name.startswith("graphpass/remat/")]
+    assert not any(n.op_type == "LayerNormalization" for n in copies)
+    original, step = run_in_env(RUN_STEP, str(ARTIFACTS / "transformer_ce"), str(source),
+                                str(target))
+    assert step == original

@@ -113,6 +113,12 @@ class ONNXDialect(Dialect):
             return self._dropout_trains(graph, name)
         return node.op in RANDOM_OPS or node.op in CONTROL_FLOW_OPS
 
+    def is_recomputable(self, graph: Graph, name: str) -> bool:
+        """Not what onnxruntime would rewrite differently as a copy than as the
+        original (``onnx_runtime.fused_unlike_its_copy``)."""
+        return super().is_recomputable(graph, name) and \
+            not runtime.fused_unlike_its_copy(graph, name)
+
     def _dropout_trains(self, graph: Graph, name: str) -> bool:
         if self.opset(graph) < 7:  # is_test, default 0: training unless set
             return self.get_attr(graph, name, "is_test", 0) == 0
