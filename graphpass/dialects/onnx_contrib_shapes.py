@@ -66,8 +66,8 @@ def contrib_types(model, types: dict) -> str:
     returns what typed them (:data:`SYMBOLIC`, or :data:`CONVENTIONS` and why)."""
     try:
         found, stopped = _symbolic(model)
-    except ImportError:
-        found, stopped = {}, "onnxruntime is not importable"
+    except ImportError as error:  # onnxruntime, or the sympy it needs
+        found, stopped = {}, f"could not be imported (no {error.name})"
     except Exception as error:  # noqa: BLE001 - its own bugs must not stop a rewrite
         found, stopped = {}, f"it failed ({type(error).__name__})"
     for name, value in found.items():
