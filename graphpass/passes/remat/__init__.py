@@ -150,9 +150,10 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
         summary.append(
             "nothing recomputed: each matched scope is a segment of its own, and a segment's "
             "outputs stay kept (forward ops after it read them), so a segment whose "
-            "internal values no gradient reads holds nothing to release; mark several "
-            "blocks as one segment (one _recompute_hint value on all their nodes, with "
-            "--recompute-hints) or use --recompute auto")
+            "internal values no gradient reads holds nothing to release; mark groups of "
+            "blocks as segments (one _recompute_hint value per group, with "
+            "--recompute-hints: the outputs inside a group are recomputed) or use "
+            "--recompute auto, which picks such groups")
     if skipped:
         summary.append(f"{len(skipped)} marked gradient ops were skipped (only forward "
                        f"nodes are recomputed) "
