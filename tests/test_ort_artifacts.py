@@ -244,6 +244,23 @@ def test_a_rewritten_step_returning_gradients_gives_the_same_gradients(tmp_path)
                                      str(target))
     assert len(original) == len(model.graph.output)
     assert rewritten == original
+    assert run_in_env(VERIFY, str(path), str(target)) == {"rc": 0}
+
+
+def test_verify_of_a_step_returning_gradients_says_it_needs_the_training_build(tmp_path,
+                                                                                capsys):
+    """Its gradient ops are onnxruntime-training's kernels, as an artifact's are."""
+    from graphpass.runtimes import MissingRuntime, require_onnxruntime_training
+
+    try:
+        require_onnxruntime_training()
+        pytest.skip("this environment has onnxruntime-training")
+    except MissingRuntime:
+        pass
+    _, path = _gradient_step(tmp_path)
+    assert main(["verify", str(path), str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "onnxruntime-training" in err
 
 
 @pytest.mark.parametrize("case", ["transformer_ce", "conv_bn_ce", "torch_mlp_ce"])
