@@ -8,7 +8,7 @@ benchmark size in a temporary directory; each variant's step runs in a process o
 its own under ``tools/fixtures/ort_measure.py`` (CPU arena off, memory pattern
 off, all graph optimizations): the parameters from the checkpoint, zeroed
 accumulation buffers and ``lazy_reset_grad`` are fed like the training API feeds
-them. Printed: measured peak RSS growth of one step, its ratio to the original,
+them (``mlp_gradients``: the MLP's step returning its gradients instead). Printed: measured peak RSS growth of one step, its ratio to the original,
 graphpass's estimate and its ratio to the measurement, the median step time.
 """
 
@@ -29,7 +29,11 @@ MODELS = {
     "conv_bn": ("conv_bn_ce", dict(batch=32, size=32, channels=32, layers=6)),
     "mlp_gelu": ("mlp_gelu_bce", dict(batch=2048, width=512, blocks=8, classes=16)),
     "torch_mlp": ("torch_mlp_ce", dict(batch=2048, width=512, blocks=8, classes=16)),
+    # The MLP's step returning its gradients (``ort_artifacts.gradients_as_outputs``).
+    "mlp_gradients": ("mlp_ce", dict(batch=2048, width=512, blocks=8, classes=16)),
 }
+#: Models whose step returns gradients instead of accumulating them.
+GRADIENT_STEPS = frozenset({"mlp_gradients"})
 
 
 def _feeds(directory: Path, model) -> dict[str, np.ndarray]:
@@ -63,6 +67,10 @@ def measure(name: str, work: Path, threads: int, steps: int) -> list[dict]:
     directory = ort_artifacts.generate(case, work, **sizes)
     original = directory / "training_model.onnx"
     model = onnx.load(original)
+    if name in GRADIENT_STEPS:
+        model = ort_artifacts.gradients_as_outputs(model)
+        original = directory / "gradients.onnx"
+        onnx.save(model, original)
     feeds = work / f"{name}_feeds.npz"
     np.savez(feeds, **{k.replace("/", "|"): v for k, v in _feeds(directory, model).items()})
     graph = graphpass.load(original)
