@@ -110,15 +110,17 @@ INPUT_SIZED_SCRATCH = {"LayerNormalizationGrad": 4}
 
 
 def fused_unlike_its_copy(graph: Graph, name: str) -> bool:
-    """A ``LayerNormalization`` reading an ``Add`` that other ops read too. ORT's
-    ``SkipLayerNormFusion`` folds an ``Add`` read only by a normalisation into one
-    ``SkipLayerNormalization``: not the original here, but a copy of the pair, whose
-    ``Add`` only the copied normalisation reads. The fused CPU kernel rounds
-    otherwise and leaves the mean and inverse deviation the gradient reads
-    uncomputed, so the normalisation is not recomputed."""
+    """A ``LayerNormalization`` whose mean or inverse deviation is read (ORT's
+    ``LayerNormalizationGrad`` reads both), reading an ``Add`` other ops read too.
+    ORT's ``SkipLayerNormFusion`` folds an ``Add`` read only by a normalisation into
+    one ``SkipLayerNormalization``: not the original here, but possibly a copy of the
+    pair, whose ``Add`` only the copied normalisation reads; the fused CPU kernel
+    leaves those two outputs uncomputed (the step stops), so the normalisation is
+    not recomputed."""
     node = graph.node(name)
     source = graph.input_slots(name).get(0)
-    if node.op != "LayerNormalization" or node.domain not in DEFAULT_DOMAINS or source is None:
+    if node.op != "LayerNormalization" or node.domain not in DEFAULT_DOMAINS or \
+            source is None or not {1, 2} & set(graph.used_ports(name)):
         return False
     producer = graph.node(source.node)
     return producer.op == "Add" and producer.domain in DEFAULT_DOMAINS and \
