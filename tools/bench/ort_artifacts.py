@@ -8,7 +8,8 @@ benchmark size in a temporary directory; each variant's step runs in a process o
 its own under ``tools/fixtures/ort_measure.py`` (CPU arena off, memory pattern
 off, all graph optimizations): the parameters from the checkpoint, zeroed
 accumulation buffers and ``lazy_reset_grad`` are fed like the training API feeds
-them (``mlp_gradients``: the MLP's step returning its gradients instead). Printed: measured peak RSS growth of one step, its ratio to the original,
+them (``mlp_gradients``: the MLP's step returning its gradients instead).
+Printed: measured peak RSS growth of one step, its ratio to the original,
 graphpass's estimate and its ratio to the measurement, the median step time.
 """
 
