@@ -149,12 +149,24 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
                      f"kept{size}, trigger {', '.join(e['triggers'][:3])}")
         else:
             line += e["note"]
+            if e.get("outputs_read"):
+                read = ", ".join(e["outputs_read"][:3])
+                line += f"; the backward reads only its outputs ({read})"
         summary.append(line)
         if e["read_once"]:
             summary.append(
                 f"  not exact if TF fuses {', '.join(e['read_once'][:3])}"
                 f"{' ...' if len(e['read_once']) > 3 else ''} into its one reader: the "
                 f"copies read it too (mark from its producer on; check with verify)")
+    if entries and not any(e["copied"] for e in entries) and \
+            any(e.get("outputs_read") for e in entries):
+        summary.append(
+            "nothing recomputed: each matched scope is a segment of its own, and a segment's "
+            "outputs stay kept (forward ops after it read them), so a segment whose "
+            "internal values no gradient reads holds nothing to release; mark groups of "
+            "blocks as segments (one _recompute_hint value per group, with "
+            "--recompute-hints: the outputs inside a group are recomputed) or use "
+            "--recompute auto, which picks such groups")
     if skipped:
         summary.append(f"{len(skipped)} marked gradient ops were skipped (only forward "
                        f"nodes are recomputed) "
