@@ -115,6 +115,8 @@ class MemoryProfile:
     fed_bytes: int = 0
     peak_node: str | None = None
     timeline: list[tuple[str, int]] = field(default_factory=list)
+    #: What was simulated (:func:`runtime_memory_profile`); empty: the graph as given.
+    model: str = ""
 
 
 def estimated_peak_bytes(graph: Graph, fetches: list[str], batch_size: int | None = None) -> int:
@@ -137,6 +139,25 @@ def memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = No
     known = _known_before(graph, needed, batch_size)
     order = graph.dialect.schedule(graph, needed, known, frozenset(targets))
     return _Simulation(graph, order, targets, known, _kept(graph, fetches), batch_size).run()
+
+
+def runtime_memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = None
+                           ) -> MemoryProfile:
+    """:func:`memory_profile` of the graph the runtime really runs, where the runtime
+    can be asked for it (TF: Grappler's output, ``dialects/tf_grappler``); else of
+    ``graph`` under the hand model. ``model`` on the result says which, and why.
+
+    Asking TF takes seconds per call (Grappler on the whole step): for the figures
+    a user reads (original and final graph), not for every candidate a planner
+    weighs."""
+    if graph.dialect.name != "tf":
+        return memory_profile(graph, fetches, batch_size)
+    from graphpass.dialects.tf_grappler import runtime_graph
+
+    view = runtime_graph(graph, fetches)
+    profile = memory_profile(view.graph, fetches, batch_size)
+    profile.model = f"{view.model} ({view.reason})" if view.reason else view.model
+    return profile
 
 
 def _known_before(graph: Graph, needed: set[str], batch_size: int | None) -> frozenset[str]:
