@@ -91,3 +91,15 @@ def test_keras3_train_signature_estimate_within_the_issue_bound(tmp_path):
         measured = third_party.measure(name, path, "test", onednn)["peak"]
         assert abs(estimated / measured - 1) <= THIRD_PARTY_TOLERANCE, (onednn, estimated,
                                                                          measured)
+
+
+def test_hand_model_where_grappler_refuses(stable):
+    """Where TF cannot give its graph (here: a fetch the graph lacks), the estimate is
+    the hand model's, and says so and why."""
+    from graphpass.dialects.tf_grappler import HAND_MODEL, runtime_graph
+
+    path, fetches, _ = stable["mlp"]
+    graph = graphpass.load(path)
+    view = runtime_graph(graph, [*fetches, "no_such_node"])
+    assert view.model == HAND_MODEL and view.graph is graph
+    assert view.reason.startswith("Grappler refused the graph")
