@@ -31,13 +31,14 @@ does (see ``order``).
 
 from __future__ import annotations
 
-from graphpass.analysis.memory import MemoryProfile, estimated_peak_bytes
+from graphpass.analysis.arena import arena_profile
+from graphpass.analysis.memory import MemoryProfile, estimated_peak_bytes, memory_profile
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
 from graphpass.options import RematOptions
 from graphpass.passes.base import Pass
 from graphpass.passes.context import PassContext
-from graphpass.passes.remat.auto import auto_plan
+from graphpass.passes.remat.auto import Profiler, auto_plan
 from graphpass.passes.remat.defer import defer_updates
 from graphpass.passes.remat.marks import marked_segments, unique
 from graphpass.passes.remat.plan import AutoPlan
@@ -57,10 +58,11 @@ class RematPass(Pass):
         step = self._analyze(graph, ctx)
         batch = self.options.batch_size
         estimate = self.estimates_memory(ctx)
-        peak_before = _peak_before(graph, ctx, step, batch) if estimate else None
+        profile = profiler(ctx)
+        peak_before = _peak_before(graph, ctx, step, batch, profile) if estimate else None
         auto = None
         if self.options.auto:
-            auto, segments = auto_plan(graph, step, self.options, peak_before)
+            auto, segments = auto_plan(graph, step, self.options, peak_before, profile)
             skipped = []
         else:
             segments, skipped = marked_segments(graph, self.options, step.forward,
@@ -68,7 +70,7 @@ class RematPass(Pass):
         entries = rewrite_segments(graph, segments, step,
                                    self.options.tupleize_grads, released_bytes=estimate)
         changed = any(e["copied"] for e in entries)
-        peak_after = _peak_after(graph, step, batch, changed, peak_before, auto) \
+        peak_after = _peak_after(graph, step, batch, changed, peak_before, auto, profile) \
             if estimate else None
         # auto's estimate already has the updates deferred where that is lower.
         # Deferring is part of the rewrite, so it is decided (estimated) when the
@@ -100,15 +102,25 @@ class RematPass(Pass):
                     optimizer=set(regions.nodes("optimizer")))
 
 
-def _peak_before(graph: Graph, ctx: PassContext, step: Step, batch: int | None) -> int:
+def profiler(ctx: PassContext) -> Profiler:
+    """The estimate the target's memory is planned and reported by: TFLite's static
+    arena for litert (``analysis.arena``), else the runtime's executor."""
+    return arena_profile if ctx.target == "litert" else memory_profile
+
+
+def _peak_before(graph: Graph, ctx: PassContext, step: Step, batch: int | None,
+                 profile: Profiler = memory_profile) -> int:
     """The estimate of the original step (shared with other passes without a batch)."""
+    if profile is not memory_profile:
+        return profile(graph, step.fetches, batch).peak_bytes
     if batch is None:
         return ctx.analyses.peak_bytes(graph, step.fetches)
     return estimated_peak_bytes(graph, step.fetches, batch)
 
 
 def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
-                peak_before: int, auto: AutoPlan | None) -> int:
+                peak_before: int, auto: AutoPlan | None,
+                profile: Profiler = memory_profile) -> int:
     """The estimate after the rewrite. The planner estimated this very rewrite
     (the same segments, rewritten the same way on a copy), so its figure is
     reused: a second estimate of a large graph would cost as much as the first."""
@@ -116,7 +128,7 @@ def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
         return peak_before
     if auto is not None:
         return auto.estimate
-    return estimated_peak_bytes(graph, step.fetches, batch)
+    return profile(graph, step.fetches, batch).peak_bytes
 
 
 def _report(entries: list[dict], skipped: list[str], dependency: str,

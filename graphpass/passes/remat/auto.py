@@ -5,10 +5,11 @@ its segments rewritten on a copy of the graph and estimated, never per candidate
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from graphpass.analysis.cost import Sizes
 from graphpass.analysis.forward import ForwardChain, computed_forward, forward_chain
-from graphpass.analysis.memory import check_batch_size, estimated_peak_bytes, memory_profile
+from graphpass.analysis.memory import MemoryProfile, check_batch_size, memory_profile
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor, gc_paused
 from graphpass.options import CHEAP, RematOptions
@@ -27,20 +28,24 @@ from graphpass.passes.remat.plan import (
 from graphpass.passes.remat.refine import refine_min_peak
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
 
+#: The estimate a plan is judged by: ``memory_profile`` (the runtime's executor),
+#: or a target's own (``analysis.arena.arena_profile`` for TFLite's arena).
+Profiler = Callable[[Graph, list[str], "int | None"], MemoryProfile]
 
-def auto_plan(graph: Graph, step: Step, options: RematOptions,
-              before: int) -> tuple[AutoPlan, list[Segment]]:
+
+def auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
+              profile: Profiler = memory_profile) -> tuple[AutoPlan, list[Segment]]:
     """The planner (``plan``) on the forward chain; a plan is rewritten on a copy
     of the graph and estimated once, never per candidate. The cyclic collector
     is paused meanwhile: the trial copies and their estimates are millions of
     containers and no cycles (a trial is freed when its last reference goes),
     so the collector's scans of them would be pure cost."""
     with gc_paused():
-        return _auto_plan(graph, step, options, before)
+        return _auto_plan(graph, step, options, before, profile)
 
 
 def _auto_plan(graph: Graph, step: Step, options: RematOptions,
-               before: int) -> tuple[AutoPlan, list[Segment]]:
+               before: int, profile: Profiler) -> tuple[AutoPlan, list[Segment]]:
     start = time.perf_counter()
     check_batch_size(graph, step.fetches, options.batch_size)
     sizes = Sizes(graph, options.batch_size)
@@ -51,7 +56,9 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions,
         budget = int(options.memory_budget_fraction * before)
     plan = AutoPlan(options.policy, budget, len(chain.units), chain.width, "none", 0.0,
                     before, before, max(0, before - model_peak(chain.units, ())),
-                    headroom=graph.dialect.allocator_headroom)
+                    # a static arena (TFLite's) is what it is planned to be: no allocator
+                    headroom=graph.dialect.allocator_headroom if profile is memory_profile
+                    else 0.0)
 
     def rewritten(segments: list[Segment]) -> tuple[Graph, list[dict]]:
         trial = graph.copy()
@@ -61,7 +68,7 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions,
         """The peak of the step as the pass writes it: the updates deferred where
         that is lower (``defer``)."""
         copy = rewritten(segments)[0]
-        peak = estimated_peak_bytes(copy, step.fetches, options.batch_size)
+        peak = profile(copy, step.fetches, options.batch_size).peak_bytes
         deferred = defer_updates(copy, step, options.batch_size, peak)
         return peak if deferred is None else deferred[1].peak_bytes
 
@@ -71,7 +78,7 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions,
         in the backward pass, which deferring moves nothing of)."""
         copy, entries = rewritten(_chain_segments(chain, ChainPlan(runs, 0, 0)))
         return (copy, [e["copies"] for e in entries],
-                memory_profile(copy, step.fetches, options.batch_size))
+                profile(copy, step.fetches, options.batch_size))
 
     if any(n.startswith(SCOPE) for n in graph):
         plan.solver = "none (already rematerialized by graphpass)"
