@@ -125,6 +125,8 @@ class MemoryProfile:
     peak_node: str | None = None
     timeline: list[tuple[str, int]] = field(default_factory=list)
     loops: list[LoopFacts] = field(default_factory=list)
+    #: What was simulated (``runtime_memory.runtime_memory_profile``); empty: the graph as given.
+    model: str = ""
 
 
 def estimated_peak_bytes(graph: Graph, fetches: list[str], batch_size: int | None = None,

@@ -1,0 +1,31 @@
+"""The estimate of the graph the runtime really runs, where the runtime can say.
+
+:func:`graphpass.analysis.memory.memory_profile` simulates the graph it is given
+under the dialect's hand model of the runtime's rewrites. Where the runtime can
+be asked for the graph it runs (TF: Grappler's output, ``dialects/tf_grappler``),
+this module simulates that graph instead; it never edits the graph it is given.
+"""
+
+from __future__ import annotations
+
+from graphpass.analysis.memory import MemoryProfile, memory_profile
+from graphpass.ir.graph import Graph
+
+
+def runtime_memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = None
+                           ) -> MemoryProfile:
+    """:func:`memory_profile` of the graph the runtime really runs, where the runtime
+    can be asked for it (TF: Grappler's output, ``dialects/tf_grappler``); else of
+    ``graph`` under the hand model. ``model`` on the result says which, and why.
+
+    Asking TF takes seconds per call (Grappler on the whole step): for the figures
+    a user reads (original and final graph), not for every candidate a planner
+    weighs."""
+    if graph.dialect.name != "tf":
+        return memory_profile(graph, fetches, batch_size)
+    from graphpass.dialects.tf_grappler import runtime_graph
+
+    view = runtime_graph(graph, fetches)
+    profile = memory_profile(view.graph, fetches, batch_size)
+    profile.model = f"{view.model} ({view.reason})" if view.reason else view.model
+    return profile

@@ -1,0 +1,84 @@
+"""The graph TF's executor runs, asked from TF instead of modelled: Grappler's meta
+optimizer (``tf_optimizer.OptimizeGraph``) run on the step with a session's default
+``RewriterConfig``, its fetches in the ``train_op`` collection so that nothing they
+need is pruned, read back into the IR.
+
+This is the graph a ``Session`` hands its executor, less what runs after Grappler
+(the graph optimization passes: oneDNN's ``MklLayoutRewritePass`` renames kernels,
+and its node creation changes the executor's successor order); only a run shows
+those (``RunMetadata`` partition graphs). Where TF is not installed, or refuses
+the graph, :func:`runtime_graph` says why, and callers keep the hand model
+(``tf_runtime.GrapplerView``).
+
+It reads the graph and never edits it; node names Grappler keeps are the IR's
+(Grappler renames only what it creates or folds), so the result maps back by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
+from graphpass.ir.graph import Graph
+from graphpass.runtimes import TENSORFLOW, installed
+
+#: What a figure was computed on (``RuntimeGraph.model``).
+GRAPPLER = "the graph Grappler hands TF's executor"
+HAND_MODEL = "graphpass's model of Grappler"
+
+
+@dataclass
+class RuntimeGraph:
+    """``graph``: the graph to estimate; ``model``: :data:`GRAPPLER` or
+    :data:`HAND_MODEL`; ``reason``: why TF was not asked (empty when it was)."""
+
+    graph: Graph
+    model: str
+    reason: str = ""
+
+
+def runtime_graph(graph: Graph, fetches: list[str]) -> RuntimeGraph:
+    """The graph TF runs for ``fetches`` (``node`` or ``node:port``), or ``graph``
+    itself under the hand model, with the reason, where TF cannot be asked."""
+    if not installed(TENSORFLOW):
+        return RuntimeGraph(graph, HAND_MODEL, "TensorFlow is not installed")
+    try:
+        optimized = optimize(graph_def_from_graph(graph), _fetch_nodes(fetches))
+    except Exception as exc:  # noqa: BLE001 - any refusal of TF's keeps the hand model
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return RuntimeGraph(graph, HAND_MODEL, f"Grappler refused the graph: {first}")
+    result = graph_from_graph_def(optimized, shapes=True)
+    _keep_shapes(graph, result)
+    return RuntimeGraph(result, GRAPPLER)
+
+
+def _keep_shapes(graph: Graph, optimized: Graph) -> None:
+    """The IR's shapes on the nodes Grappler kept (same name, same op): TF infers
+    the optimized graph alone, without what the IR knows beyond the GraphDef (a
+    function body's variable arguments' shapes, recorded from the SavedModel)."""
+    graph.dialect.ensure_shapes(graph, None)
+    for node in optimized.nodes():
+        if node.name in graph and graph.node(node.name).op == node.op:
+            shapes = graph.node(node.name).meta.get("shapes")
+            if shapes is not None:
+                node.meta["shapes"] = shapes
+
+
+def optimize(graph_def, fetch_nodes: list[str]):
+    """Grappler's output for ``graph_def`` with ``fetch_nodes`` fetched, as a
+    ``Session`` with a default ``ConfigProto`` runs it: the same optimizers, and
+    oneDNN's remapper fusions when this process has oneDNN on."""
+    from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
+    from tensorflow.python.grappler import tf_optimizer
+
+    meta = meta_graph_pb2.MetaGraphDef()
+    meta.graph_def.CopyFrom(graph_def)
+    meta.collection_def["train_op"].node_list.value.extend(fetch_nodes)
+    return tf_optimizer.OptimizeGraph(config_pb2.ConfigProto(), meta)
+
+
+def _fetch_nodes(fetches: list[str]) -> list[str]:
+    """Node names of ``fetches`` (``loss:0`` -> ``loss``), in order, once each."""
+    names = (f.lstrip("^").rsplit(":", 1)[0] if f.rsplit(":", 1)[-1].isdigit()
+             else f.lstrip("^") for f in fetches)
+    return list(dict.fromkeys(names))

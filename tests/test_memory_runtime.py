@@ -1,0 +1,106 @@
+"""The memory estimate on the graph TF really runs (``runtime_memory_profile``: Grappler's
+output, asked from TF) against what TF does: the order its executor ran the step in
+(``RunMetadata`` step stats, one inter-op thread) and the allocation records' peak,
+with oneDNN on and off (each measurement in a process of its own)."""
+
+from __future__ import annotations
+
+import pytest
+from scipy.stats import kendalltau
+
+import graphpass
+from graphpass.analysis.manager import AnalysisManager
+from graphpass.analysis.memory import memory_profile, tensor_bytes
+from graphpass.analysis.runtime_memory import runtime_memory_profile
+from graphpass.dialects.tf_grappler import GRAPPLER
+from graphpass.ir.names import Tensor
+from tools.fixtures import keras_models, tf_models, third_party
+from tools.fixtures.measure import measure
+
+pytestmark = pytest.mark.slow  # every test here measures in subprocesses
+
+#: Nodes whose order is compared: those with an output of at least this many bytes,
+#: the values a peak is made of. Scalars, shapes and variable reads wait in the
+#: executor's pool queue for as long as the thread is busy with other work, which
+#: moves no memory that counts.
+LARGE_BYTES = 64 * 1024
+#: Kendall's tau between the estimate's order of those nodes and TF's: 1 is the same
+#: order; 0.98 allows a few neighbours swapped (measured 0.999-1.0 on both models).
+ORDER_AGREEMENT = 0.98
+#: The stable models' estimate against the measured peak (measured within 1%).
+STABLE_TOLERANCE = 0.05
+#: The issue's bound for third-party models.
+THIRD_PARTY_TOLERANCE = 0.15
+
+STABLE = {"mlp": lambda: tf_models.block_mlp(batch=256, width=256, optimizer="sgd"),
+          "transformer": lambda: keras_models.transformer(size=32, batch=8, layers=2,
+                                                          width=64)}
+
+
+@pytest.fixture(scope="module")
+def stable(tmp_path_factory):
+    """name -> (MetaGraphDef path, fetches, init op), each built once."""
+    built = {}
+    for name, build in STABLE.items():
+        model = build()
+        path = tmp_path_factory.mktemp(name) / f"{name}.meta"
+        path.write_bytes(model.meta_graph.SerializeToString(deterministic=True))
+        built[name] = (path, [model.loss, model.train_op], model.init)
+    return built
+
+
+def _large_nodes(graph, names: list[str]) -> set[str]:
+    return {n for n in names if n in graph and any(
+        (tensor_bytes(graph, Tensor(n, p)) or 0) >= LARGE_BYTES for p in graph.used_ports(n))}
+
+
+@pytest.mark.parametrize("onednn", [True, False])
+@pytest.mark.parametrize("name", sorted(STABLE))
+def test_schedule_and_peak_follow_what_tf_ran(stable, name, onednn):
+    """The estimate's order of the large values is the executor's, and its peak the
+    allocation records' peak; the figure says it was made on Grappler's graph."""
+    path, fetches, init = stable[name]
+    graph = graphpass.load(path)
+    profile = runtime_memory_profile(graph, fetches)
+    assert profile.model == GRAPPLER
+    ran = measure(path, fetches, init=init, steps=1, onednn=onednn)
+    estimated_order = [n for n, _ in profile.timeline]
+    large = _large_nodes(graph, estimated_order)
+    executed = [n for n in ran.order if n in large]
+    position = {n: i for i, n in enumerate(n for n in estimated_order if n in set(executed))}
+    assert len(executed) >= 50
+    tau = kendalltau(range(len(executed)), [position[n] for n in executed]).correlation
+    assert tau >= ORDER_AGREEMENT, tau
+    estimated = profile.peak_bytes - profile.fed_bytes
+    assert abs(estimated / ran.peak_bytes - 1) <= STABLE_TOLERANCE, (estimated, ran.peak_bytes)
+
+
+def test_keras3_train_signature_estimate_within_the_issue_bound(tmp_path):
+    """A Keras 3 train signature, read as its function body: Grappler's graph of the
+    body (inlined calls, its arithmetic rewrites) within 15% of the measured peak
+    with oneDNN on and off, where the hand model was 0.76x. (The CNNs are not
+    here: their measured peak moves from run to run, see ``third_party``.)"""
+    name = "encoder"
+    path, _ = third_party.build(name, tmp_path, "test")
+    graph = graphpass.load(path)
+    step = AnalysisManager().regions(graph)
+    profile = runtime_memory_profile(graph, step.fetches)
+    hand = memory_profile(graph, step.fetches)
+    assert profile.model == GRAPPLER and hand.model == ""
+    estimated = profile.peak_bytes - profile.fed_bytes
+    for onednn in (True, False):
+        measured = third_party.measure(name, path, "test", onednn)["peak"]
+        assert abs(estimated / measured - 1) <= THIRD_PARTY_TOLERANCE, (onednn, estimated,
+                                                                         measured)
+
+
+def test_hand_model_where_grappler_refuses(stable):
+    """Where TF cannot give its graph (here: a fetch the graph lacks), the estimate is
+    the hand model's, and says so and why."""
+    from graphpass.dialects.tf_grappler import HAND_MODEL, runtime_graph
+
+    path, fetches, _ = stable["mlp"]
+    graph = graphpass.load(path)
+    view = runtime_graph(graph, [*fetches, "no_such_node"])
+    assert view.model == HAND_MODEL and view.graph is graph
+    assert view.reason.startswith("Grappler refused the graph")
