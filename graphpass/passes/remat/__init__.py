@@ -31,6 +31,7 @@ does (see ``order``).
 
 from __future__ import annotations
 
+from graphpass.analysis.measured import StepMeasurement
 from graphpass.analysis.memory import MemoryProfile, estimated_peak_bytes
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
@@ -40,8 +41,8 @@ from graphpass.passes.context import PassContext
 from graphpass.passes.remat.auto import auto_plan
 from graphpass.passes.remat.defer import defer_updates
 from graphpass.passes.remat.marks import marked_segments, unique
-from graphpass.passes.remat.plan import AutoPlan
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
+from graphpass.passes.remat.verdict import AutoPlan
 
 __all__ = ["RematPass"]
 
@@ -58,13 +59,15 @@ class RematPass(Pass):
         batch = self.options.batch_size
         estimate = self.estimates_memory(ctx)
         peak_before = _peak_before(graph, ctx, step, batch) if estimate else None
-        auto = None
+        auto = measured = None
         if self.options.auto:
-            auto, segments = auto_plan(graph, step, self.options, peak_before)
+            auto, segments = auto_plan(graph, step, self.options, peak_before, ctx.profiler)
             skipped = []
         else:
             segments, skipped = marked_segments(graph, self.options, step.forward,
                                                 step.backward)
+            if ctx.profiler is not None:  # --profile: the marks' rewrite measured too
+                measured = [ctx.profiler(graph, step.fetches)]
         entries = rewrite_segments(graph, segments, step,
                                    self.options.tupleize_grads, released_bytes=estimate)
         changed = any(e["copied"] for e in entries)
@@ -74,8 +77,12 @@ class RematPass(Pass):
         # Deferring is part of the rewrite, so it is decided (estimated) when the
         # figures are not shown too: the output never depends on --quiet.
         deferred = defer_updates(graph, step, batch, None if auto else peak_after)
+        if measured is not None:
+            measured.append(ctx.profiler(graph, step.fetches))
+        elif auto is not None and auto.measured is not None:
+            measured = [auto.measured_before, auto.measured]
         self.report = _report(entries, skipped, step.dependency, peak_before, peak_after,
-                              auto, deferred)
+                              auto, deferred, measured)
         return changed or deferred is not None
 
     def estimates_memory(self, ctx: PassContext) -> bool:
@@ -122,10 +129,12 @@ def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
 def _report(entries: list[dict], skipped: list[str], dependency: str,
             peak_before: int | None, peak_after: int | None,
             auto: AutoPlan | None = None,
-            deferred: tuple[int, MemoryProfile] | None = None) -> dict:
+            deferred: tuple[int, MemoryProfile] | None = None,
+            measured: list[StepMeasurement] | None = None) -> dict:
     """The pass's report; the peaks are None when not estimated
     (``PassContext.estimates``); ``deferred``: the estimates without and with the
-    updates deferred (``defer``), None if they were not."""
+    updates deferred (``defer``), None if they were not; ``measured``: the step
+    before and after, run (``--profile``), None if it was not."""
     summary = auto.summary() if auto else []
     for e in entries:
         line = f"segment {e['segment']}: "
@@ -155,6 +164,13 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
         summary.append(f"estimated peak {peak_before / 2**20:.1f} MiB -> "
                        f"{peak_after / 2**20:.1f} MiB ({peak_after / peak_before:.2f}x)")
     extra = {"auto": auto.to_json()} if auto else {}
+    if measured is not None:
+        first, last = measured
+        summary.append(f"measured peak {first.peak_bytes / 2**20:.1f} MiB -> "
+                       f"{last.peak_bytes / 2**20:.1f} MiB "
+                       f"({last.peak_bytes / max(first.peak_bytes, 1):.2f}x, {last.source})")
+        extra.update(measured_peak_bytes_before=first.peak_bytes,
+                     measured_peak_bytes_after=last.peak_bytes, measured_source=last.source)
     return {
         **extra,
         "dependency": dependency,
