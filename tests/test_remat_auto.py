@@ -18,10 +18,10 @@ import pytest
 import graphpass
 from graphpass.analysis.forward import Unit
 from graphpass.cli import main
-from graphpass.units import format_bytes
 from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
 from graphpass.passes.remat.marks import SCOPE
 from graphpass.passes.remat.plan import _Prefix, model_peak, solve_budget, solve_min_peak
+from graphpass.units import format_bytes
 from tools.fixtures import keras_models, tf_models
 
 

@@ -126,6 +126,9 @@ def _measure(tf, session, fetches: list, feeds: dict) -> StepMeasurement:
     except tf.errors.OpError as exc:
         raise GraphpassError(f"--profile: the step failed to run: "
                              f"{exc.message.splitlines()[0]}") from None
+    except ValueError as exc:  # a --feed array the placeholder does not take
+        raise GraphpassError(f"--profile: the step cannot run on its inputs: "
+                             f"{str(exc).splitlines()[0]}") from None
     records, order = step_peak_bytes(metadata), executed_order(metadata.step_stats)
     fed = sum(np.asarray(value).nbytes for value in feeds.values())
     if allocator is None or allocator < records + fed:

@@ -65,7 +65,8 @@ OPTIONS: tuple[Option, ...] = (
            "keeps the step's estimated peak at most N bytes (or e.g. 300MiB)", metavar="N",
            integer=True),
     Option("--memory-budget", "remat", "the same budget relative to the estimated peak of "
-           "the original step (e.g. 0.6x), or in bytes", metavar="F"),
+           "the original step (with --profile: its measured peak) (e.g. 0.6x), or in bytes",
+           metavar="F"),
     Option("--batch-size", "remat", "the size of unknown (dynamic) batch dimensions: for "
            "the planner, the memory plot and --saved, and verify's inputs (default there: "
            "the batch of the step's other inputs)", metavar="N", integer=True,

@@ -41,12 +41,13 @@ def auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
     so the collector's scans of them would be pure cost."""
     with gc_paused():
         if profiler is not None:
+            measured = profiler(graph, step.fetches)
             return profiled_plan(
                 lambda target, policy: _auto_plan(graph, step, options, before, target,
-                                                  policy),
+                                                  policy, measured.peak_bytes),
                 lambda segments: profiler(written(graph, step, options, segments),
                                           step.fetches),
-                profiler(graph, step.fetches), budget_option(options))
+                measured, budget_option(options))
         plan, segments = _auto_plan(graph, step, options, before)
         if plan.met is False:  # judged on the estimate: the lowest plan misses the budget
             raise GraphpassError(over_budget_message(
@@ -66,11 +67,12 @@ def written(graph: Graph, step: Step, options: RematOptions,
 
 
 def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
-               target: int | None = None, policy: str | None = None
-               ) -> tuple[AutoPlan, list[Segment]]:
+               target: int | None = None, policy: str | None = None,
+               measured_before: int | None = None) -> tuple[AutoPlan, list[Segment]]:
     """The plan of ``policy`` (default: the options'); ``target``: what the estimate
     must meet in place of the budget less the allocator's headroom (``--profile``
-    maps the budget onto the estimate by what it measured)."""
+    maps the budget onto the estimate by what it measured); ``measured_before``:
+    the original's measured peak, which a relative budget (``0.6x``) is then of."""
     start = time.perf_counter()
     policy = policy or options.policy
     check_batch_size(graph, step.fetches, options.batch_size)
@@ -79,7 +81,7 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
                           sizes, ignore_reader=is_generated)
     budget = options.memory_budget_bytes
     if options.memory_budget_fraction is not None:
-        budget = int(options.memory_budget_fraction * before)
+        budget = int(options.memory_budget_fraction * (measured_before or before))
     plan = AutoPlan(policy, budget, len(chain.units), chain.width, "none", 0.0,
                     before, before, max(0, before - model_peak(chain.units, ())),
                     headroom=graph.dialect.allocator_headroom)
