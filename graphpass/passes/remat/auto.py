@@ -28,6 +28,7 @@ from graphpass.passes.remat.profiled import profiled_plan
 from graphpass.passes.remat.refine import refine_min_peak
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
 from graphpass.passes.remat.verdict import AutoPlan, over_budget_message
+from graphpass.units import format_bytes
 
 
 def auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
@@ -49,10 +50,17 @@ def auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
                                           step.fetches),
                 measured, budget_option(options))
         plan, segments = _auto_plan(graph, step, options, before)
-        if plan.met is False:  # judged on the estimate: the lowest plan misses the budget
+        if plan.met is False:  # the lowest chain plan misses the budget: the cheap one?
+            cheap, cheap_segments = _auto_plan(graph, step, options, before, policy=CHEAP)
+            if cheap.met:
+                cheap.policy = BUDGET
+                cheap.notes.append(f"no chain plan meets the budget (lowest estimate "
+                                   f"{format_bytes(plan.estimate)}); the cheap policy's does")
+                return cheap, cheap_segments
+            best = min((plan, cheap), key=lambda p: p.estimate)
             raise GraphpassError(over_budget_message(
-                budget_option(options), plan, plan.estimate,
-                [s["label"] for s in plan.segments]))
+                budget_option(options), best, best.estimate,
+                [s["label"] for s in best.segments]))
         return plan, segments
 
 

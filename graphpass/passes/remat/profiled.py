@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from graphpass.analysis.measured import StepMeasurement
 from graphpass.errors import GraphpassError
-from graphpass.options import BUDGET, MIN_PEAK
+from graphpass.options import BUDGET, CHEAP, MIN_PEAK
 from graphpass.passes.remat.marks import Segment
 from graphpass.passes.remat.verdict import AutoPlan, over_budget_message
 from graphpass.units import format_bytes
@@ -51,11 +51,12 @@ def profiled_plan(plan_at: PlanAt, measure: Measure, before: StepMeasurement,
     scale = before.peak_bytes / max(plan.estimate_before, 1)
     tried = _budget_rounds(plan_at, measure, before, plan.budget_bytes, scale)
     budget = plan.budget_bytes
-    if not any(m.peak_bytes <= budget for m, _, _ in tried):
-        lowest, lowest_segments = plan_at(None, MIN_PEAK)
-        if all(_labels(lowest) != _labels(p) for _, p, _ in tried):
-            tried.append((_measured(measure, lowest_segments, before), lowest,
-                          lowest_segments))
+    for policy in (MIN_PEAK, CHEAP):  # the planner's other plans, where none met it
+        if any(m.peak_bytes <= budget for m, _, _ in tried):
+            break
+        other, other_segments = plan_at(None, policy)
+        if all(_labels(other) != _labels(p) for _, p, _ in tried):
+            tried.append((_measured(measure, other_segments, before), other, other_segments))
     runs = len(tried) + 1
     met = [t for t in tried if t[0].peak_bytes <= budget]
     if not met:
