@@ -37,7 +37,6 @@ from graphpass.inspect.verify.tf_runner import (
     _tf_placeholder_specs,
     _TFRunner,
     session_config,
-    step_peak_bytes,
 )
 from graphpass.ir.graph import Graph
 from graphpass.runtimes import require_tensorflow
@@ -129,7 +128,7 @@ def _measure(tf, session, fetches: list, feeds: dict) -> StepMeasurement:
     except ValueError as exc:  # a --feed array the placeholder does not take
         raise GraphpassError(f"--profile: the step cannot run on its inputs: "
                              f"{str(exc).splitlines()[0]}") from None
-    records, order = step_peak_bytes(metadata), executed_order(metadata.step_stats)
+    records, order = records_peak(metadata.step_stats), executed_order(metadata.step_stats)
     fed = sum(np.asarray(value).nbytes for value in feeds.values())
     if allocator is None or allocator < records + fed:
         return StepMeasurement(records + fed, RECORDS, records, order)
@@ -146,6 +145,22 @@ def _allocator_peak(tf, session, fetches: list, feeds: dict) -> int | None:
         return None
     session.run(fetches, feeds)
     return tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+
+
+def records_peak(step_stats) -> int:
+    """The high-water mark of the step's allocation records: every node's records
+    merged by time, a node's own in their order (a stable sort), so records of one
+    microsecond are not reordered to free first (``tools.fixtures.measure``'s figure)."""
+    records = [(record.alloc_micros, record.alloc_bytes)
+               for device in step_stats.dev_stats
+               for node in device.node_stats
+               for memory in node.memory
+               for record in memory.allocation_records]
+    live = peak = 0
+    for _, size in sorted(records, key=lambda r: r[0]):
+        live += size
+        peak = max(peak, live)
+    return peak
 
 
 def executed_order(step_stats) -> tuple[str, ...]:
