@@ -81,8 +81,8 @@ def rewrite(source: Path, target: Path, args: list[str]) -> dict:
                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=3600)
     if out.returncode == 2:
         return {"refused": out.stderr.strip().splitlines()[-1]}
-    if out.returncode != 0:
-        raise RuntimeError(f"rewriting {source} {args} failed:\n{out.stderr[-3000:]}")
+    if out.returncode != 0:  # a crash is a row too: the table says what failed
+        return {"failed": out.stderr.strip().splitlines()[-1]}
     return json.loads(report.read_text())["passes"][0]["report"]
 
 
@@ -163,11 +163,11 @@ def bench(name: str, size: str, variants: list[str], repeats: int, work: Path) -
         target = work / f"{name}_{size}_{variant}{source.suffix}"
         report = rewrite(source, target, VARIANTS[variant])
         row = {"model": name, "variant": variant, "report": report}
-        if "refused" not in report:
+        if "refused" not in report and "failed" not in report:
             row.update(measured(target, fetches, repeats, name, size))
         rows.append(row)
-    estimate = rows[1]["report"].get("estimated_peak_bytes_before") if len(rows) > 1 else None
-    rows[0]["report"] = {"estimated_peak_bytes_after": estimate}
+    estimates = [r["report"].get("estimated_peak_bytes_before") for r in rows[1:]]
+    rows[0]["report"] = {"estimated_peak_bytes_after": next(filter(None, estimates), None)}
     return rows
 
 
@@ -178,11 +178,13 @@ def _mib(value) -> str:
 def line(row: dict, base: dict) -> str:
     """One printed row (module docstring's columns)."""
     report = row["report"]
-    if "refused" in report:
-        return f"| {row['model']} | {row['variant']} | refused: {report['refused']} |"
+    for outcome in ("refused", "failed"):
+        if outcome in report:
+            return f"| {row['model']} | {row['variant']} | {outcome}: {report[outcome]} |"
     estimate = report.get("estimated_peak_bytes_after")
     before = report.get("estimated_peak_bytes_before") or estimate
     printed = f"{estimate / before:.2f}x" if estimate and before else "-"
+    fit = f"{estimate / row['measured']:.2f}" if estimate else "-"
     verdict = "-"
     auto = report.get("auto") or {}
     if auto.get("budget_bytes"):
@@ -191,7 +193,7 @@ def line(row: dict, base: dict) -> str:
     return (f"| {row['model']} | {row['variant']} | {_mib(estimate)} | {printed} | "
             f"{_mib(row['allocator'])} ±{_mib(row['spread'])} | {_mib(row['records'])} | "
             f"{row['measured'] / base['measured']:.2f}x | "
-            f"{estimate / row['measured']:.2f} | {verdict} |")
+            f"{fit} | {verdict} |")
 
 
 def main(argv: list[str] | None = None) -> int:
