@@ -344,7 +344,7 @@ def test_drop_stale_for_xla_on_a_v1_while_loop(models, tmp_path, capsys):
     ("report = 1", "report = 1: expects a string"),
     ('device = "quantum"', "device = 'quantum': choose one of cpu, gpu, tpu"),
     ("stale_counter = 5", "stale_counter = 5: expects a string"),
-    ('target = "gpu9000"', "target = 'gpu9000': choose one of tf, xla"),
+    ('target = "gpu9000"', "target = 'gpu9000': choose one of tf, xla, litert, tflite"),
     ('xla-cluster = "maybe"', "xla-cluster = 'maybe': choose one of step, none"),
     ('in_place = "no"', "in_place = 'no': expects true or false"),
     ("drop_stale = 1.5", "drop_stale = 1.5: expects an integer or a string"),

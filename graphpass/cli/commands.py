@@ -24,6 +24,7 @@ from graphpass.cli.files import (
     read_feeds,
     staged_json,
 )
+from graphpass.cli.litert import TARGET, check_conversion, check_input, check_source
 from graphpass.cli.text import LIST_LIMIT, describe_text, rewrite_summary
 from graphpass.errors import GraphpassError
 from graphpass.options import OPTIONS, positive_batch_size, rewrite_options
@@ -74,6 +75,7 @@ class Rewrite(Command):
         if options.dump_dir:
             outputs["--dump-dir"] = (Path(options.dump_dir), DUMPS)
         check_outputs(_inputs(args, input=source), outputs, options.in_place)
+        check_source(source, options.pipeline.target)
         # The estimates only the summary or the report show are skipped when neither is.
         estimates = not options.quiet or bool(options.report)
         # Every shape now, or (loss detection, a report's bytes) a few when asked for.
@@ -81,6 +83,7 @@ class Rewrite(Command):
                      shapes=bool(options.dump_dir)
                      or estimates_memory(options.pipeline, estimates))
         check_tensor_options(graph, options.pipeline.regions.loss)
+        check_input(graph, options.pipeline.target)
         nodes_before = len(graph)
         instruments = rewrite_instruments(options.dump_dir, full=options.dump_full,
                                           quiet=options.quiet,
@@ -97,6 +100,8 @@ class Rewrite(Command):
             "nodes_after": len(graph),
             "passes": [vars(r) for r in results],
         }
+        if options.pipeline.target == TARGET:  # converted before anything is written
+            report[TARGET] = check_conversion(graph, source, report["passes"])
         # The report is complete before the graph is written and renamed in place after
         # it: a failed graph write leaves neither, and nothing fails after the graph.
         with staged_json(options.report, report):

@@ -6,9 +6,9 @@ InitializeLog" notice) from C++ while it is imported, whatever
 For the CLI's own process only, :func:`quiet_runtimes` sets
 ``TF_CPP_MIN_LOG_LEVEL=3`` unless the environment sets it, sends file
 descriptor 2 to /dev/null while ``tensorflow`` is first imported (unless that
-level is 0), and sets onnxruntime's default log severity to errors once it is
-imported. ``--verbose`` skips all of it. The library never calls this, and
-``TF_ENABLE_ONEDNN_OPTS`` is never touched.
+level is 0), and sets onnxruntime's default log severity (and its Python
+loggers' level) to errors once it is imported. ``--verbose`` skips all of it.
+The library never calls this, and ``TF_ENABLE_ONEDNN_OPTS`` is never touched.
 """
 
 from __future__ import annotations
@@ -110,6 +110,11 @@ def _nothing(module) -> None:
 
 
 def _ort_errors_only(module) -> None:
+    """Errors only, from its C++ sessions and from its Python tools' loggers (its
+    symbolic shape inference warns of merges it guesses)."""
+    import logging
+
     setter = getattr(module, "set_default_logger_severity", None)
     if setter is not None:
         setter(ORT_ERROR)
+    logging.getLogger("onnxruntime").setLevel(logging.ERROR)

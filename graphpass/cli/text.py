@@ -33,6 +33,7 @@ def rewrite_summary(report: dict) -> str:
         state = "changed" if result["changed"] else "unchanged"
         lines.append(f"  {result['name']}: {state} in {result['seconds']:.2f}s")
         lines.extend(f"    {line}" for line in result["report"].get("summary", []))
+    lines.extend(f"  {line}" for line in report.get("litert", {}).get("summary", []))
     return "\n".join(lines)
 
 
@@ -58,6 +59,8 @@ def describe_text(info: dict, limit: int | None = LIST_LIMIT) -> str:
         lines.append(f"training:      not a training graph ({info['regions_error']})")
     else:
         lines += _regions_text(regions, limit)
+    if "shapes_of_runtime_ops" in info:
+        lines.append(f"contrib ops:   sized by {info['shapes_of_runtime_ops']}")
     if "saved" in info:
         lines += _saved_text(info["saved"], limit)
     if "xla_unsupported" in info:

@@ -229,6 +229,11 @@ class Dialect(ABC):
         shapes = graph.node(tensor.node).meta.get("shapes") or []
         return shapes[tensor.port] if tensor.port < len(shapes) else None
 
+    def shape_source(self, graph: Graph) -> str | None:
+        """What typed the ops the format's own inference cannot (ONNX: onnxruntime's
+        ``com.microsoft`` ops), at the last inference; None if nothing had to."""
+        return None
+
     def has_shapes(self, graph: Graph, name: str) -> bool:
         """Whether inference (or the node's builder) recorded ``name``'s shapes."""
         return "shapes" in graph.node(name).meta

@@ -44,17 +44,18 @@ from graphpass.dialects.onnx_ops import (
     CONV_OPS,
     DEFAULT_DOMAINS,
     MATMUL_OPS,
+    PURE_MS_OPS,
     RANDOM_OPS,
     SHAPE_ONLY_OPS,
     dtype_enum,
     has_schema,
     opset,
 )
-from graphpass.dialects.onnx_shapes import constant_value, inferred
+from graphpass.dialects.onnx_shapes import constant_value, inferred, shape_source
 from graphpass.dialects.onnx_shapes import infer_types as _infer_types
 from graphpass.errors import GraphpassError
 from graphpass.formats.onnx_order import INPUT, SOURCE_OPS, ort_schedule
-from graphpass.formats.ort_artifacts import EVAL, OPTIMIZER, not_a_step
+from graphpass.formats.ort_artifacts import EVAL, MS_DOMAIN, OPTIMIZER, not_a_step
 from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
 
 __all__ = ["DEFAULT_DOMAINS", "ONNXDialect", "dtype_enum"]
@@ -101,15 +102,22 @@ class ONNXDialect(Dialect):
 
     def is_stateful(self, graph: Graph, name: str) -> bool:
         """Random ops (``Dropout`` only in training mode), control flow, and ops
-        outside the ONNX schemas (custom domains: unknown, so assumed stateful)."""
+        outside the ONNX schemas (custom domains: unknown, so assumed stateful) but
+        onnxruntime's pure ones (``PURE_MS_OPS``)."""
         node = graph.node(name)
-        if node.op in SOURCE_OPS:
+        if node.op in SOURCE_OPS or (node.domain == MS_DOMAIN and node.op in PURE_MS_OPS):
             return False
         if node.domain not in DEFAULT_DOMAINS + ("ai.onnx.ml",) or not has_schema(node):
             return True
         if node.op == "Dropout":
             return self._dropout_trains(graph, name)
         return node.op in RANDOM_OPS or node.op in CONTROL_FLOW_OPS
+
+    def is_recomputable(self, graph: Graph, name: str) -> bool:
+        """Not what onnxruntime would rewrite differently as a copy than as the
+        original (``onnx_runtime.fused_unlike_its_copy``)."""
+        return super().is_recomputable(graph, name) and \
+            not runtime.fused_unlike_its_copy(graph, name)
 
     def _dropout_trains(self, graph: Graph, name: str) -> bool:
         if self.opset(graph) < 7:  # is_test, default 0: training unless set
@@ -251,6 +259,11 @@ class ONNXDialect(Dialect):
     def constant_value(self, graph: Graph, tensor: Tensor) -> Any:
         """The numpy value of an initializer or ``Constant`` output, else None."""
         return constant_value(graph, tensor)
+
+    def shape_source(self, graph: Graph) -> str | None:
+        """onnxruntime's symbolic shape inference, or ORT's conventions alone and why
+        (``onnx_contrib_shapes``)."""
+        return shape_source(graph)
 
     def dependency_scale(self, dtype: str) -> float:
         """0: data-mode ties are ``x + Identity(0 * s)``, exact for finite ``s``.

@@ -21,6 +21,13 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 # get_attr/set_attr keys with this prefix are node annotations (metadata_props).
 ANNOTATION_PREFIX = "_"
 # Ops whose output is random on every run (never recomputed: the copy would differ).
+#: onnxruntime's ``com.microsoft`` ops that compute their outputs from their inputs
+#: alone (no state, no randomness), so copies compute what the originals did:
+#: the forward ops exporters and ORT's own transformers write (torch's ``Gelu``).
+PURE_MS_OPS = frozenset({
+    "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "FusedMatMul", "FusedGemm", "BiasAdd",
+    "SkipLayerNormalization", "Scale",
+})
 RANDOM_OPS = frozenset({
     "RandomUniform", "RandomUniformLike", "RandomNormal", "RandomNormalLike",
     "Bernoulli", "Multinomial",

@@ -11,11 +11,13 @@ here adds, removes or rewires a node.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 from graphpass.dialects.onnx_ops import dtype_name
 from graphpass.errors import GraphpassError
 from graphpass.formats.onnx_io import model_from_graph
 from graphpass.formats.onnx_order import INITIALIZER
+from graphpass.formats.ort_artifacts import MS_DOMAIN
 from graphpass.ir.graph import Tensor
 
 if TYPE_CHECKING:
@@ -79,38 +81,78 @@ def infer_types(graph: Graph) -> None:
             types[info.name] = _type_of(info.type)
     for name, tensor in graph.format_state.initializers.items():
         types[name] = (dtype_name(tensor.data_type), tuple(tensor.dims))
+    _SOURCES.pop(graph, None)
     if model is not None:
-        _training_types(model.graph.node, types)
+        _contrib_types(graph, model, types)
     for node in graph.nodes():
         known = [types.get(v, (None, None)) for v in node.outputs]
         node.meta["dtypes"] = [dtype for dtype, _ in known]
         node.meta["shapes"] = [shape for _, shape in known]
 
 
-#: onnxruntime training ops outside ONNX's schemas -> {output port: the input port
-#: whose type it has} (ORT's own schemas: ``Scale`` keeps its input's type;
-#: ``BatchNormInternal``'s saved and running statistics are per channel, like its scale).
-TRAINING_OP_TYPES = {"Scale": {0: 0}, "BatchNormInternal": {0: 0, 1: 1, 2: 1, 3: 1, 4: 1}}
-#: ORT's gradient builder names the gradient of value ``v`` ``v_grad``.
-GRADIENT_SUFFIX = "_grad"
+def _contrib_types(graph: Graph, model, types: dict) -> None:
+    """Types of onnxruntime's own ops ONNX inference left unknown
+    (``onnx_contrib_shapes``). Then, while dims stay unknown (onnxruntime's
+    inference stopped, or left a dim symbolic that ONNX inference can tell), ONNX
+    inference and ORT's conventions take turns from what is typed (each may let
+    the other go further), up to ``MAX_INFERENCE_ROUNDS``. What typed the contrib
+    ops is kept for ``shape_source``."""
+    from graphpass.dialects.onnx_contrib_shapes import contrib_types, convention_types, unknown_dims
+
+    values = [v for n in model.graph.node for v in n.output if v]
+
+    def unknown() -> float:
+        return sum(unknown_dims(types.get(v, (None, None))[1]) for v in values)
+
+    if unknown() == 0 or not any(n.domain == MS_DOMAIN for n in model.graph.node):
+        return
+    _SOURCES[graph] = contrib_types(model, types)
+    for _ in range(MAX_INFERENCE_ROUNDS):
+        before = unknown()
+        if before == 0:
+            return
+        _reinfer(model, values, types)
+        convention_types(model.graph.node, types)
+        if unknown() >= before:
+            return
 
 
-def _training_types(nodes, types: dict) -> None:
-    """Types ONNX shape inference leaves unknown in onnxruntime's training graphs: a
-    gradient ``v_grad`` has ``v``'s type (any ``*Grad`` op), and the ops of
-    ``TRAINING_OP_TYPES`` their inputs'. onnxruntime's symbolic shape inference knows
-    none of the gradient ops, so it cannot serve here."""
-    for node in nodes:
-        same_as = TRAINING_OP_TYPES.get(node.op_type, {}) if node.domain == "com.microsoft" \
-            else {}
-        for port, value in enumerate(node.output):
-            if not value or types.get(value, (None, None))[1] is not None:
-                continue
-            source = value[:-len(GRADIENT_SUFFIX)] if value.endswith(GRADIENT_SUFFIX) else None
-            if port in same_as and same_as[port] < len(node.input):
-                source = node.input[same_as[port]]
-            if source is not None and types.get(source, (None, None))[1] is not None:
-                types[value] = types[source]
+#: The most rounds of ONNX inference ``_contrib_types`` runs without onnxruntime's.
+MAX_INFERENCE_ROUNDS = 32
+
+
+def _reinfer(model, values: list[str], types: dict) -> None:
+    """ONNX inference again, seeded with every type known so far."""
+    import onnx
+    from onnx import helper
+
+    from graphpass.dialects.onnx_contrib_shapes import better
+    from graphpass.dialects.onnx_ops import dtype_enum
+
+    seeded = onnx.ModelProto()
+    seeded.CopyFrom(model)
+    del seeded.graph.value_info[:]
+    seeded.graph.value_info.extend(
+        helper.make_tensor_value_info(v, dtype_enum(types[v][0]), list(types[v][1]))
+        for v in values if types.get(v, (None, None))[1] is not None and types[v][0])
+    try:
+        seeded = onnx.shape_inference.infer_shapes(seeded, data_prop=True)
+    except (onnx.shape_inference.InferenceError, ValueError):
+        return
+    for info in seeded.graph.value_info:
+        found = _type_of(info.type)
+        if better(types.get(info.name), found):
+            types[info.name] = found
+
+
+def shape_source(graph: Graph) -> str | None:
+    """What typed the graph's ``com.microsoft`` ops at the last inference (None if
+    ONNX inference alone did)."""
+    return _SOURCES.get(graph)
+
+
+#: Per graph: what typed its com.microsoft ops (``shape_source``).
+_SOURCES: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def _type_of(type_proto) -> tuple[str | None, tuple | None]:

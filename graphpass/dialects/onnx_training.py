@@ -40,6 +40,10 @@ write, not by an op pattern:
   accumulator is the update op, its buffer the state it updates, and the
   parameter named by the buffer (``<param>_grad.accumulation.buffer``) the
   parameter whose gradient it reads.
+* **Returned gradients** (the same step without accumulators: a graph output
+  ``<param>_grad`` for a graph input or initializer ``<param>``): the step's
+  result is the gradients; the op computing each is its update op, with no
+  state, so it stays in the backward pass and nothing after it is optimizer.
 
 State updates are reported as updates without gradients, so region analysis
 labels them optimizer (not backward) and never takes a moment for a gradient.
@@ -57,6 +61,7 @@ from graphpass.formats.ort_artifacts import (
     ACCUMULATOR_GRADIENT_SLOT,
     ACCUMULATOR_OP,
     BUFFER_SUFFIX,
+    GRADIENT_SUFFIX,
     MS_DOMAIN,
 )
 from graphpass.ir.graph import Graph, Tensor
@@ -148,8 +153,10 @@ def named_updates(graph: Graph, train_ops: list[str]) -> Updates:
 
 def _preview_updates(graph: Graph) -> Updates:
     """``ai.onnx.preview.training`` update ops: inputs ``R, T, X..., G..., state...``;
-    and gradient accumulators (``_accumulate``)."""
+    and gradient accumulators (``_accumulate``) or returned gradients."""
     updates = _accumulate(graph)
+    if not updates.applies:
+        updates = _returned_gradients(graph)
     for node in graph.nodes():
         groups = PREVIEW_OPS.get(node.op) if node.domain == PREVIEW_DOMAIN else None
         if groups is None:
@@ -184,6 +191,22 @@ def _accumulate(graph: Graph) -> Updates:
         parameter = buffer.node.removesuffix(BUFFER_SUFFIX)
         if parameter != buffer.node and parameter in graph:
             updates.parameters[parameter] = node.name
+    return updates
+
+
+def _returned_gradients(graph: Graph) -> Updates:
+    """Each graph output ``<param>_grad`` (``ort_artifacts.gradient_outputs``): an
+    update of ``<param>`` by the op computing it, reading that output."""
+    updates = Updates()
+    outputs = {graph.node(t.node).outputs[t.port]: t for t in computed_outputs(graph)}
+    for value in graph.format_state.outputs:
+        gradient = outputs.get(value.name)
+        parameter = value.name.removesuffix(GRADIENT_SUFFIX)
+        if gradient is None or parameter == value.name or parameter not in graph or \
+                graph.node(parameter).op not in SOURCE_OPS:
+            continue
+        updates.applies.setdefault(gradient.node, []).append(gradient)
+        updates.parameters[parameter] = gradient.node
     return updates
 
 

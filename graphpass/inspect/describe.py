@@ -47,6 +47,8 @@ def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | No
             option = "--xla" if xla else "--saved"
             raise GraphpassError(f"{option} needs the training step: {exc}") from None
         return info
+    if dialect.shape_source(graph) is not None:
+        info["shapes_of_runtime_ops"] = dialect.shape_source(graph)
     info["regions"] = {
         "counts": regions.counts(),
         "losses": sorted({str(s.loss) for s in regions.steps}),

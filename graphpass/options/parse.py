@@ -16,6 +16,7 @@ from graphpass.options.types import (
     AUTO,
     BUDGET,
     MIN_PEAK,
+    TARGET_ALIASES,
     LowerOptions,
     PipelineOptions,
     RegionOptions,
@@ -54,6 +55,9 @@ def rewrite_options(values: Mapping) -> RewriteOptions:
     if options.profile and options.pipeline.remat is None:
         raise GraphpassError("--profile measures the remat pass's rewrite; add --recompute "
                              "(e.g. --recompute auto), or drop --profile")
+    if options.profile and options.pipeline.target == "litert":
+        raise GraphpassError("--profile runs the step in TensorFlow; --target litert plans "
+                             "TFLite's arena, which it does not run: drop --profile")
     return options
 
 
@@ -79,7 +83,7 @@ def pipeline_options(values: Mapping) -> PipelineOptions:
         regions=RegionOptions(loss=given.get("loss"),
                               train_ops=tuple(given.get("train_op") or ()),
                               global_step=given.get("global_step")),
-        remat=_remat(given),
+        remat=_remat(given, target),
         lower=_lower(given, target),
         stale=_stale(given),
     )
@@ -106,14 +110,28 @@ def _check_choice(option: Option, value: object) -> None:
 
 
 def _resolve_target(target: str | None, device: str | None) -> str:
-    """``--target``, with ``--device tpu`` implying xla (and refusing ``--target tf``)."""
-    if device == "tpu" and target == "tf":
-        raise GraphpassError("--device tpu needs --target xla (TPUs run only XLA-compiled "
-                             "steps); drop --target tf")
+    """``--target`` by its canonical name (``tflite`` is ``litert``), with ``--device
+    tpu`` implying xla (and refusing ``--target tf`` or ``litert``)."""
+    target = TARGET_ALIASES.get(target, target)
+    if device == "tpu" and target in ("tf", "litert"):
+        raise GraphpassError(f"--device tpu needs --target xla (TPUs run only XLA-compiled "
+                             f"steps); drop --target {target}")
     return target or ("xla" if device == "tpu" else "tf")
 
 
-def _remat(given: dict) -> RematOptions | None:
+def _dependency(given: dict, target: str) -> str | None:
+    """``--dependency``; data by default for litert, whose converter refuses nothing
+    but loses control edges: its CSE then merges each control-mode copy back into
+    its original, so the written rewrite would convert to the original's model."""
+    dependency = given.get("dependency")
+    if target == "litert" and dependency == "control":
+        raise GraphpassError("--dependency control cannot survive --target litert: TFLite's "
+                             "converter drops control edges and merges every copy back into "
+                             "its original; use --dependency data (the default there)")
+    return dependency or ("data" if target == "litert" else None)
+
+
+def _remat(given: dict, target: str) -> RematOptions | None:
     patterns = tuple(given.get("recompute") or ())
     use_hints = bool(given.get("recompute_hints"))
     auto = _check_auto(patterns, use_hints, given)
@@ -133,7 +151,7 @@ def _remat(given: dict) -> RematOptions | None:
         memory_budget_bytes=budget_bytes,
         memory_budget_fraction=fraction,
         batch_size=positive_batch_size(given.get("batch_size")),
-        dependency=given.get("dependency"),
+        dependency=_dependency(given, target),
         tupleize_grads=bool(given.get("tupleize_grads")),
     )
 
@@ -199,10 +217,11 @@ def _check_patterns(patterns: tuple[str, ...]) -> None:
 
 
 def _lower(given: dict, target: str) -> LowerOptions | None:
-    """Lowering runs for --target xla or a --device; ``--xla-cluster step`` needs xla."""
+    """Lowering runs for --target xla or litert or a --device; ``--xla-cluster step``
+    needs xla."""
+    if target != "xla" and given.get("xla_cluster") == "step":
+        raise GraphpassError("--xla-cluster step needs --target xla")
     if target == "tf" and not given.get("device"):
-        if given.get("xla_cluster") == "step":
-            raise GraphpassError("--xla-cluster step needs --target xla")
         return None
     return LowerOptions(xla_cluster=given.get("xla_cluster")
                         or ("step" if target == "xla" else "none"))

@@ -13,7 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from graphpass.errors import GraphpassError
-from graphpass.options.types import DEPENDENCIES, DEVICES, POLICIES, TARGETS, XLA_CLUSTERS
+from graphpass.options.types import (
+    DEPENDENCIES,
+    DEVICES,
+    POLICIES,
+    TARGET_ALIASES,
+    TARGETS,
+    XLA_CLUSTERS,
+)
 
 REWRITE, INSPECT, DIFF, VERIFY = "rewrite", "inspect", "diff", "verify"
 
@@ -74,11 +81,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("--recompute-hints", "remat", "mark by the Grappler-compatible _recompute_hint "
            "node attribute (ONNX: a NodeProto metadata_props entry)", bool),
     Option("--dependency", "remat", "how copies are ordered (default: control for --target "
-           "tf, data for xla and ONNX)", choices=DEPENDENCIES),
+           "tf, data for xla, litert and ONNX)", choices=DEPENDENCIES),
     Option("--tupleize-grads", "remat", "release a segment's gradients only when all are "
            "computed", bool),
-    Option("--target", "lower", "runtime the graph is for (default tf; tpu implies xla)",
-           choices=TARGETS),
+    Option("--target", "lower", "runtime the graph is for (default tf; tpu implies xla; "
+           "litert, alias tflite: TensorFlow Lite's converter and interpreter)",
+           choices=TARGETS + tuple(TARGET_ALIASES)),
     Option("--device", "lower", "device type for the step's nodes without one",
            choices=DEVICES),
     Option("--xla-cluster", "lower", "mark the training step for XLA (default step with "

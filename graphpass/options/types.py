@@ -13,7 +13,9 @@ AUTO = "auto"
 #: ``--recompute-policy`` names (see passes/remat/plan.py).
 MIN_PEAK, BUDGET, CHEAP = "min-peak", "budget", "cheap"
 POLICIES = (MIN_PEAK, BUDGET, CHEAP)
-TARGETS = ("tf", "xla")
+TARGETS = ("tf", "xla", "litert")
+#: Other names of a target, as its ecosystem also calls it.
+TARGET_ALIASES = {"tflite": "litert"}
 DEVICES = ("cpu", "gpu", "tpu")
 DEPENDENCIES = ("control", "data")
 XLA_CLUSTERS = ("step", "none")
@@ -61,7 +63,8 @@ class StaleOptions:
 
 @dataclass(frozen=True)
 class PipelineOptions:
-    """What the passes run with: the resolved target (``--device tpu`` implies xla),
+    """What the passes run with: the resolved target (``--device tpu`` implies xla;
+    ``tflite`` is ``litert``),
     the region overrides, and one options object per requested pass (None: not run)."""
 
     target: str = "tf"

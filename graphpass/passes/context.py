@@ -22,8 +22,9 @@ from graphpass.passes.instrument import Instrument
 
 @dataclass(frozen=True)
 class PassContext:
-    """``target``: ``tf`` or ``xla``; ``dependency``: remat's default ordering
-    (``data`` for xla, which ignores control edges; None: the dialect's first mode);
+    """``target``: ``tf``, ``xla`` or ``litert``; ``dependency``: remat's default
+    ordering (``data`` for xla, which ignores control edges, and litert, whose
+    converter drops them; None: the dialect's first mode);
     ``estimates``: whether passes estimate the step's memory for their reports.
     The CLI turns it off when no report is shown (``--quiet`` without ``--report``),
     as nobody would see the estimates and they cost real time on big graphs. A pass
@@ -44,7 +45,7 @@ class PassContext:
                      estimates: bool = True, profiler: Profiler | None = None
                      ) -> PassContext:
         return cls(target=options.target, device=options.device,
-                   dependency="data" if options.target == "xla" else None,
+                   dependency="data" if options.target in ("xla", "litert") else None,
                    instruments=tuple(instruments),
                    analyses=AnalysisManager(options.regions), estimates=estimates,
                    profiler=profiler)

@@ -8,7 +8,8 @@ benchmark size in a temporary directory; each variant's step runs in a process o
 its own under ``tools/fixtures/ort_measure.py`` (CPU arena off, memory pattern
 off, all graph optimizations): the parameters from the checkpoint, zeroed
 accumulation buffers and ``lazy_reset_grad`` are fed like the training API feeds
-them. Printed: measured peak RSS growth of one step, its ratio to the original,
+them (``mlp_gradients``: the MLP's step returning its gradients instead).
+Printed: measured peak RSS growth of one step, its ratio to the original,
 graphpass's estimate and its ratio to the measurement, the median step time.
 """
 
@@ -27,7 +28,13 @@ MODELS = {
     "mlp": ("mlp_ce", dict(batch=2048, width=512, blocks=8, classes=16)),
     "transformer": ("transformer_ce", dict(batch=8, seq=256, width=256, layers=3)),
     "conv_bn": ("conv_bn_ce", dict(batch=32, size=32, channels=32, layers=6)),
+    "mlp_gelu": ("mlp_gelu_bce", dict(batch=2048, width=512, blocks=8, classes=16)),
+    "torch_mlp": ("torch_mlp_ce", dict(batch=2048, width=512, blocks=8, classes=16)),
+    # The MLP's step returning its gradients (``ort_artifacts.gradients_as_outputs``).
+    "mlp_gradients": ("mlp_ce", dict(batch=2048, width=512, blocks=8, classes=16)),
 }
+#: Models whose step returns gradients instead of accumulating them.
+GRADIENT_STEPS = frozenset({"mlp_gradients"})
 
 
 def _feeds(directory: Path, model) -> dict[str, np.ndarray]:
@@ -35,9 +42,8 @@ def _feeds(directory: Path, model) -> dict[str, np.ndarray]:
 
     state = api.CheckpointState.load_checkpoint(str(directory / "checkpoint"))
     batch = np.load(directory / "inputs.npz")
-    feeds = {"labels": batch["target"]}
-    data = [i.name for i in model.graph.input][0]
-    feeds[data] = batch["x"]
+    batch_values = iter([batch["x"], batch["target"]])  # the data, then the loss's target
+    feeds = {}
     for value in model.graph.input:
         name = value.name
         if name in state.parameters:
@@ -47,6 +53,8 @@ def _feeds(directory: Path, model) -> dict[str, np.ndarray]:
             feeds[name] = np.zeros_like(state.parameters[parameter].data)
         elif name == "lazy_reset_grad":
             feeds[name] = np.array([True])
+        else:
+            feeds[name] = next(batch_values)
     return feeds
 
 
@@ -60,6 +68,10 @@ def measure(name: str, work: Path, threads: int, steps: int) -> list[dict]:
     directory = ort_artifacts.generate(case, work, **sizes)
     original = directory / "training_model.onnx"
     model = onnx.load(original)
+    if name in GRADIENT_STEPS:
+        model = ort_artifacts.gradients_as_outputs(model)
+        original = directory / "gradients.onnx"
+        onnx.save(model, original)
     feeds = work / f"{name}_feeds.npz"
     np.savez(feeds, **{k.replace("/", "|"): v for k, v in _feeds(directory, model).items()})
     graph = graphpass.load(original)

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
+from graphpass.formats.ort_artifacts import GRADIENTS, TRAINING, artifact_kind
 from graphpass.inspect.verify.report import VerifyOptions, VerifyReport, format_report
 from graphpass.runtimes import (
     require_onnx,
@@ -49,12 +50,15 @@ def verify_files(original: str | Path, rewritten: str | Path,
     if kind_a == ONNX:
         if options.xla:
             raise GraphpassError("--xla applies to TF graphs; ONNX models run in onnxruntime")
-        if _training_artifacts(Path(original), Path(rewritten)):
+        kinds = _artifact_kinds(Path(original), Path(rewritten))
+        if kinds == {TRAINING}:
             require_onnxruntime_training("verifying")
             from graphpass.inspect.verify.ort_training_runner import verify_ort_training
 
             checkpoint = Path(options.checkpoint) if options.checkpoint else None
             return verify_ort_training(Path(original), Path(rewritten), options, checkpoint)
+        if GRADIENTS in kinds:  # run as inference sessions, with ORT's training kernels
+            require_onnxruntime_training("verifying")
         require_onnxruntime("verifying")
         from graphpass.inspect.verify.onnx_runner import verify_onnx
 
@@ -76,15 +80,13 @@ def verify_files(original: str | Path, rewritten: str | Path,
                      options)
 
 
-def _training_artifacts(original: Path, rewritten: Path) -> bool:
-    """Whether both ONNX files are onnxruntime training models (``ort_artifacts``)."""
+def _artifact_kinds(original: Path, rewritten: Path) -> set[str | None]:
+    """Which of onnxruntime's training artifacts each ONNX file is (``ort_artifacts``)."""
     require_onnx("verifying")
     import onnx
 
-    from graphpass.formats.ort_artifacts import TRAINING, artifact_kind
-
-    return all(artifact_kind(onnx.load(str(p), load_external_data=False)) == TRAINING
-               for p in (original, rewritten))
+    return {artifact_kind(onnx.load(str(p), load_external_data=False))
+            for p in (original, rewritten)}
 
 
 def enable_cpu_autojit() -> None:

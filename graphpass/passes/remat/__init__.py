@@ -31,14 +31,15 @@ does (see ``order``).
 
 from __future__ import annotations
 
+from graphpass.analysis.arena import arena_profile
 from graphpass.analysis.measured import StepMeasurement
-from graphpass.analysis.memory import MemoryProfile, estimated_peak_bytes
+from graphpass.analysis.memory import MemoryProfile, estimated_peak_bytes, memory_profile
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
 from graphpass.options import RematOptions
 from graphpass.passes.base import Pass
 from graphpass.passes.context import PassContext
-from graphpass.passes.remat.auto import auto_plan
+from graphpass.passes.remat.auto import Estimator, auto_plan
 from graphpass.passes.remat.defer import defer_updates
 from graphpass.passes.remat.marks import marked_segments, unique
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
@@ -58,10 +59,12 @@ class RematPass(Pass):
         step = self._analyze(graph, ctx)
         batch = self.options.batch_size
         estimate = self.estimates_memory(ctx)
-        peak_before = _peak_before(graph, ctx, step, batch) if estimate else None
+        profile = estimator(ctx)
+        peak_before = _peak_before(graph, ctx, step, batch, profile) if estimate else None
         auto = measured = None
         if self.options.auto:
-            auto, segments = auto_plan(graph, step, self.options, peak_before, ctx.profiler)
+            auto, segments = auto_plan(graph, step, self.options, peak_before, profile,
+                                       ctx.profiler)
             skipped = []
         else:
             segments, skipped = marked_segments(graph, self.options, step.forward,
@@ -71,7 +74,7 @@ class RematPass(Pass):
         entries = rewrite_segments(graph, segments, step,
                                    self.options.tupleize_grads, released_bytes=estimate)
         changed = any(e["copied"] for e in entries)
-        peak_after = _peak_after(graph, step, batch, changed, peak_before, auto) \
+        peak_after = _peak_after(graph, step, batch, changed, peak_before, auto, profile) \
             if estimate else None
         # auto's estimate already has the updates deferred where that is lower.
         # Deferring is part of the rewrite, so it is decided (estimated) when the
@@ -107,15 +110,25 @@ class RematPass(Pass):
                     optimizer=set(regions.nodes("optimizer")))
 
 
-def _peak_before(graph: Graph, ctx: PassContext, step: Step, batch: int | None) -> int:
+def estimator(ctx: PassContext) -> Estimator:
+    """The estimate the target's memory is planned and reported by: TFLite's static
+    arena for litert (``analysis.arena``), else the runtime's executor."""
+    return arena_profile if ctx.target == "litert" else memory_profile
+
+
+def _peak_before(graph: Graph, ctx: PassContext, step: Step, batch: int | None,
+                 profile: Estimator = memory_profile) -> int:
     """The estimate of the original step (shared with other passes without a batch)."""
+    if profile is not memory_profile:
+        return profile(graph, step.fetches, batch).peak_bytes
     if batch is None:
         return ctx.analyses.peak_bytes(graph, step.fetches)
     return estimated_peak_bytes(graph, step.fetches, batch)
 
 
 def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
-                peak_before: int, auto: AutoPlan | None) -> int:
+                peak_before: int, auto: AutoPlan | None,
+                profile: Estimator = memory_profile) -> int:
     """The estimate after the rewrite. The planner estimated this very rewrite
     (the same segments, rewritten the same way on a copy), so its figure is
     reused: a second estimate of a large graph would cost as much as the first."""
@@ -123,7 +136,7 @@ def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
         return peak_before
     if auto is not None:
         return auto.estimate
-    return estimated_peak_bytes(graph, step.fetches, batch)
+    return profile(graph, step.fetches, batch).peak_bytes
 
 
 def _report(entries: list[dict], skipped: list[str], dependency: str,
@@ -145,12 +158,24 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
                      f"kept{size}, trigger {', '.join(e['triggers'][:3])}")
         else:
             line += e["note"]
+            if e.get("outputs_read"):
+                read = ", ".join(e["outputs_read"][:3])
+                line += f"; the backward reads only its outputs ({read})"
         summary.append(line)
         if e["read_once"]:
             summary.append(
                 f"  not exact if TF fuses {', '.join(e['read_once'][:3])}"
                 f"{' ...' if len(e['read_once']) > 3 else ''} into its one reader: the "
                 f"copies read it too (mark from its producer on; check with verify)")
+    if entries and not any(e["copied"] for e in entries) and \
+            any(e.get("outputs_read") for e in entries):
+        summary.append(
+            "nothing recomputed: each matched scope is a segment of its own, and a segment's "
+            "outputs stay kept (forward ops after it read them), so a segment whose "
+            "internal values no gradient reads holds nothing to release; mark groups of "
+            "blocks as segments (one _recompute_hint value per group, with "
+            "--recompute-hints: the outputs inside a group are recomputed) or use "
+            "--recompute auto, which picks such groups")
     if skipped:
         summary.append(f"{len(skipped)} marked gradient ops were skipped (only forward "
                        f"nodes are recomputed) "

@@ -6,11 +6,12 @@ with ``--profile`` (a profiler in the context) measured as well (``profiled``).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from graphpass.analysis.cost import Sizes
 from graphpass.analysis.forward import ForwardChain, computed_forward, forward_chain
 from graphpass.analysis.measured import Profiler
-from graphpass.analysis.memory import check_batch_size, estimated_peak_bytes, memory_profile
+from graphpass.analysis.memory import MemoryProfile, check_batch_size, memory_profile
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor, gc_paused
 from graphpass.options import BUDGET, CHEAP, RematOptions
@@ -30,11 +31,16 @@ from graphpass.passes.remat.rewrite import Step, rewrite_segments
 from graphpass.passes.remat.verdict import AutoPlan, over_budget_message
 from graphpass.units import format_bytes
 
+#: The estimate a plan is judged by: ``memory_profile`` (the runtime's executor),
+#: or a target's own (``analysis.arena.arena_profile`` for TFLite's arena).
+Estimator = Callable[[Graph, list[str], "int | None"], MemoryProfile]
+
 
 def auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
-              profiler: Profiler | None = None) -> tuple[AutoPlan, list[Segment]]:
+              profile: Estimator = memory_profile, profiler: Profiler | None = None
+              ) -> tuple[AutoPlan, list[Segment]]:
     """The planner (``plan``) on the forward chain; a plan is rewritten on a copy
-    of the graph and estimated once, never per candidate. With a ``profiler``
+    of the graph and estimated once (by ``profile``), never per candidate. With a ``profiler``
     (``--profile``) the original step and the plans are measured too, and the
     budget judged on the measured figure (``profiled``). The cyclic collector
     is paused meanwhile: the trial copies and their estimates are millions of
@@ -44,14 +50,15 @@ def auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
         if profiler is not None:
             measured = profiler(graph, step.fetches)
             return profiled_plan(
-                lambda target, policy: _auto_plan(graph, step, options, before, target,
-                                                  policy, measured.peak_bytes),
+                lambda target, policy: _auto_plan(graph, step, options, before, profile,
+                                                  target, policy, measured.peak_bytes),
                 lambda segments: profiler(written(graph, step, options, segments),
                                           step.fetches),
                 measured, budget_option(options))
-        plan, segments = _auto_plan(graph, step, options, before)
+        plan, segments = _auto_plan(graph, step, options, before, profile)
         if plan.met is False:  # the lowest chain plan misses the budget: the cheap one?
-            cheap, cheap_segments = _auto_plan(graph, step, options, before, policy=CHEAP)
+            cheap, cheap_segments = _auto_plan(graph, step, options, before, profile,
+                                                  policy=CHEAP)
             if cheap.met:
                 cheap.policy = BUDGET
                 cheap.notes.append(f"no chain plan meets the budget (lowest estimate "
@@ -75,7 +82,7 @@ def written(graph: Graph, step: Step, options: RematOptions,
 
 
 def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
-               target: int | None = None, policy: str | None = None,
+               profile: Estimator, target: int | None = None, policy: str | None = None,
                measured_before: int | None = None) -> tuple[AutoPlan, list[Segment]]:
     """The plan of ``policy`` (default: the options'); ``target``: what the estimate
     must meet in place of the budget less the allocator's headroom (``--profile``
@@ -92,7 +99,9 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
         budget = int(options.memory_budget_fraction * (measured_before or before))
     plan = AutoPlan(policy, budget, len(chain.units), chain.width, "none", 0.0,
                     before, before, max(0, before - model_peak(chain.units, ())),
-                    headroom=graph.dialect.allocator_headroom)
+                    # a static arena (TFLite's) is what it is planned to be: no allocator
+                    headroom=graph.dialect.allocator_headroom if profile is memory_profile
+                    else 0.0)
     if policy != BUDGET:
         target = None
     elif target is None:
@@ -106,7 +115,7 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
         """The peak of the step as the pass writes it: the updates deferred where
         that is lower (``defer``)."""
         copy = rewritten(segments)[0]
-        peak = estimated_peak_bytes(copy, step.fetches, options.batch_size)
+        peak = profile(copy, step.fetches, options.batch_size).peak_bytes
         deferred = defer_updates(copy, step, options.batch_size, peak)
         return peak if deferred is None else deferred[1].peak_bytes
 
@@ -116,7 +125,7 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
         in the backward pass, which deferring moves nothing of)."""
         copy, entries = rewritten(_chain_segments(chain, ChainPlan(runs, 0, 0)))
         return (copy, [e["copies"] for e in entries],
-                memory_profile(copy, step.fetches, options.batch_size))
+                profile(copy, step.fetches, options.batch_size))
 
     if any(n.startswith(SCOPE) for n in graph):
         plan.solver = "none (already rematerialized by graphpass)"

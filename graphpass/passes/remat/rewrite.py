@@ -63,9 +63,19 @@ def rewrite_segments(graph: Graph, segments: list[Segment], step: Step,
         segment_plan = _plan(graph, segment, step.forward, step.backward, reach)
         entries.append(_apply(graph, segment, segment_plan, step.dependency,
                               tupleize_grads, released_bytes, holders))
+        if not segment_plan.rewires:
+            entries[-1]["outputs_read"] = _outputs_read(graph, segment, step.backward)
         if entries[-1]["copied"]:
             reach.rewritten(segment_plan)
     return entries
+
+def _outputs_read(graph: Graph, segment: Segment, backward: set[str]) -> list[str]:
+    """The segment's values gradient ops read: where nothing is recomputed, only
+    its outputs, which forward ops after it read too and so are kept anyway
+    (onnxruntime's gradients of a MatMul, Add, Relu block read only the Relu's)."""
+    return [str(Tensor(n, p)) for n in segment.nodes for p in graph.used_ports(n)
+            if any(c in backward for c, _ in graph.consumers(Tensor(n, p)))]
+
 
 def _apply(graph: Graph, segment: Segment, plan: _Plan, dependency: str,
            tupleize_grads: bool, released_bytes: bool, holders: _Holders) -> dict:

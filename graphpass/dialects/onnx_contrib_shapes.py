@@ -1,0 +1,161 @@
+"""Types of onnxruntime's own ops (``com.microsoft``) that ONNX shape inference
+leaves unknown, asked of onnxruntime where it can tell.
+
+onnxruntime ships a symbolic shape inference for its contrib ops
+(``onnxruntime.tools.symbolic_shape_infer``: ``Gelu``, ``FusedMatMul``,
+``BiasGelu``, the ``LayerNormalization`` variants, ``Attention``, ...), and it is
+used first. It knows none of the training ops ``generate_artifacts`` writes
+(``*Grad``, ``BatchNormInternal``, ``Scale``, ``InPlaceAccumulatorV2``) and stops
+at the first op it cannot type, so it is taught them here from ORT's own
+conventions (:data:`TRAINING_OP_TYPES`, and a gradient ``v_grad`` has ``v``'s
+type: ORT's gradient builder names and shapes it so); neither onnxruntime's
+Python API nor ``onnx`` exposes those ops' inference. Where onnxruntime is not
+importable, or its inference fails or stops anyway, what it typed so far is
+kept and the conventions alone type the rest (:func:`contrib_types` says which
+happened). Reads a ``ModelProto``; never touches the IR.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from graphpass.formats.ort_artifacts import GRADIENT_SUFFIX, MS_DOMAIN
+
+#: onnxruntime training ops outside ONNX's schemas -> {output port: the input port
+#: whose type it has} (ORT's own schemas: ``Scale`` keeps its input's type;
+#: ``BatchNormInternal``'s saved and running statistics are per channel, like its
+#: scale; ``LayerNormalizationGrad``'s ``dX`` is ``dY``'s, ``dscale`` and ``dbias``
+#: the scale's).
+TRAINING_OP_TYPES = {"Scale": {0: 0}, "BatchNormInternal": {0: 0, 1: 1, 2: 1, 3: 1, 4: 1},
+                     "LayerNormalizationGrad": {0: 0, 1: 2, 2: 2}}
+#: ... -> {output port: (dtype name, shape)}: the accumulator's "updated" flag.
+TRAINING_OP_FIXED = {"InPlaceAccumulatorV2": {0: ("bool", (1,))}}
+#: ORT's gradient builder names the gradient of ``v`` ``v_grad``, and the partial
+#: gradients it sums into it ``v_grad_1``, ``v_grad_2``, ...
+_GRADIENT = re.compile(rf"(.+){GRADIENT_SUFFIX}(_[0-9]+)?")
+
+#: What :func:`contrib_types` used.
+SYMBOLIC = "onnxruntime's symbolic shape inference (training ops: ORT's conventions)"
+CONVENTIONS = "ORT's training-op conventions alone"
+
+
+def convention_source(node, port: int) -> str | None:
+    """The value whose type output ``port`` of ``node`` has by ORT's conventions."""
+    same_as = TRAINING_OP_TYPES.get(node.op_type, {}) if node.domain == MS_DOMAIN else {}
+    if port in same_as and same_as[port] < len(node.input):
+        return node.input[same_as[port]]
+    gradient = _GRADIENT.fullmatch(node.output[port])
+    return gradient.group(1) if gradient else None
+
+
+def convention_type(node, port: int, type_of: Callable[[str], tuple | None]) -> tuple | None:
+    """``(dtype, shape)`` of output ``port`` of ``node`` by ORT's conventions, from
+    ``type_of`` (a value's ``(dtype, shape)`` or None); None if they do not tell."""
+    fixed = TRAINING_OP_FIXED.get(node.op_type, {}) if node.domain == MS_DOMAIN else {}
+    if port in fixed:
+        return fixed[port]
+    source = convention_source(node, port)
+    known = type_of(source) if source is not None else None
+    return known if known is not None and known[1] is not None else None
+
+
+def contrib_types(model, types: dict) -> str:
+    """Add to ``types`` (value -> ``(dtype name, shape)``, shapes with None for
+    unknown dims) what onnxruntime's symbolic inference and ORT's conventions give;
+    returns what typed them (:data:`SYMBOLIC`, or :data:`CONVENTIONS` and why)."""
+    try:
+        found, stopped = _symbolic(model)
+    except ImportError as error:  # onnxruntime, or the sympy it needs
+        found, stopped = {}, f"could not be imported (no {error.name})"
+    except Exception as error:  # noqa: BLE001 - its own bugs must not stop a rewrite
+        found, stopped = {}, f"it failed ({type(error).__name__})"
+    for name, value in found.items():
+        if better(types.get(name), value):
+            types[name] = value
+    convention_types(model.graph.node, types)
+    return SYMBOLIC if stopped is None else \
+        f"{CONVENTIONS} (onnxruntime's symbolic shape inference {stopped})"
+
+
+def unknown_dims(shape: tuple | None) -> float:
+    """How little of a shape is known: unknown dims, or infinity for an unknown rank."""
+    return float("inf") if shape is None else sum(d is None for d in shape)
+
+
+def better(old: tuple | None, new: tuple) -> bool:
+    """Whether ``(dtype, shape)`` ``new`` knows more than ``old``."""
+    return old is None or unknown_dims(new[1]) < unknown_dims(old[1]) or \
+        (old[0] is None and new[0] is not None and new[1] == old[1])
+
+
+def convention_types(nodes, types: dict) -> None:
+    """Types by ORT's conventions, one pass in the model's (topological) node order."""
+    for node in nodes:
+        for port, value in enumerate(node.output):
+            if not value or unknown_dims(types.get(value, (None, None))[1]) == 0:
+                continue
+            found = convention_type(node, port, types.get)
+            if found is not None and better(types.get(value), found):
+                types[value] = found
+
+
+def _symbolic(model) -> tuple[dict, str | None]:
+    """Every value onnxruntime's inference typed, and where it stopped (None if it
+    typed them all). Driven step by step as its ``infer_shapes`` does, which on
+    failure would write a file into the working directory."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    inference = SymbolicShapeInference(2**31 - 1, True, False, 0)
+    _teach(inference, model)
+    inference._preprocess(model)
+    complete = False
+    while inference.run_:
+        complete = inference._infer_impl()
+    found = {name: _type_of(info.type) for name, info in inference.known_vi_.items()}
+    if complete:
+        return found, None
+    typed = {name for name, (_, shape) in found.items() if shape is not None}
+    stop = next((n for n in model.graph.node if any(v and v not in typed for v in n.output)),
+                None)
+    return found, "stopped at " + (f"{stop.domain}::{stop.op_type}" if stop else "?")
+
+
+def _teach(inference, model) -> None:
+    """Register ORT's conventions for the ops it has no rule for: by op type, as
+    its dispatcher is keyed."""
+    from onnx import helper
+
+    from graphpass.dialects.onnx_ops import dtype_enum, dtype_name
+
+    def type_of(name: str) -> tuple | None:
+        info = inference.known_vi_.get(name)
+        if info is None or not info.type.HasField("tensor_type"):
+            return None
+        tensor = info.type.tensor_type
+        return dtype_name(tensor.elem_type), [
+            d.dim_value if d.HasField("dim_value") else d.dim_param or None
+            for d in tensor.shape.dim]
+
+    def infer(node) -> None:
+        for port, value in enumerate(node.output):
+            found = convention_type(node, port, type_of) if value else None
+            if found is not None:
+                inference.known_vi_[value] = helper.make_tensor_value_info(
+                    value, dtype_enum(found[0]), list(found[1]))
+
+    for node in model.graph.node:
+        if node.domain == MS_DOMAIN and node.op_type not in inference.dispatcher_:
+            inference.dispatcher_[node.op_type] = infer
+
+
+def _type_of(type_proto) -> tuple[str | None, tuple | None]:
+    from graphpass.dialects.onnx_ops import dtype_name
+
+    if type_proto.WhichOneof("value") != "tensor_type":
+        return None, None
+    tensor = type_proto.tensor_type
+    dtype = dtype_name(tensor.elem_type) if tensor.elem_type else None
+    if not tensor.HasField("shape"):
+        return dtype, None
+    return dtype, tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
