@@ -34,6 +34,14 @@ and counts what the runtime really allocates:
   buffer no later value takes is freed where its last value died. Returned
   values always get a buffer of their own, never an input's.
 
+A loop (``Dialect.loop_facts``: TF's ``While``) runs as one node of the step: its
+outputs that accumulate one element per iteration (what its gradient pops) hold
+the element's bytes times the trip count, and its body's own peak over one
+iteration counts at its step, once (an iteration's values are freed before the
+next one's peak, except what it accumulates). ``MemoryProfile.loops`` lists the
+loops with their trip counts; a loop whose trip count neither the graph nor
+``loop_trips`` gives counts its accumulators as zero.
+
 Unknown sizes count as zero, so the estimate is a lower bound on what it can
 see; ``batch_size`` gives the inputs' unknown batch dimension (``check_batch_size``
 names an input that needs it).
@@ -46,6 +54,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from graphpass.analysis.shapes import infer_shapes
+from graphpass.dialects.base import LoopFacts
 from graphpass.errors import GraphpassError
 from graphpass.ir.dtypes import np_dtype
 from graphpass.ir.graph import Graph, Tensor
@@ -115,11 +124,13 @@ class MemoryProfile:
     fed_bytes: int = 0
     peak_node: str | None = None
     timeline: list[tuple[str, int]] = field(default_factory=list)
+    loops: list[LoopFacts] = field(default_factory=list)
 
 
-def estimated_peak_bytes(graph: Graph, fetches: list[str], batch_size: int | None = None) -> int:
+def estimated_peak_bytes(graph: Graph, fetches: list[str], batch_size: int | None = None,
+                         loop_trips: int | None = None) -> int:
     """Peak bytes the runtime allocates at once while running ``fetches``."""
-    return memory_profile(graph, fetches, batch_size).peak_bytes
+    return memory_profile(graph, fetches, batch_size, loop_trips).peak_bytes
 
 
 def memory_timeline(graph: Graph, fetches: list[str],
@@ -128,15 +139,49 @@ def memory_timeline(graph: Graph, fetches: list[str],
     return memory_profile(graph, fetches, batch_size).timeline
 
 
-def memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = None
-                   ) -> MemoryProfile:
-    """Simulate one step running ``fetches`` (``node`` or ``node:port`` names)."""
+def memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = None,
+                   loop_trips: int | None = None) -> MemoryProfile:
+    """Simulate one step running ``fetches`` (``node`` or ``node:port`` names);
+    ``loop_trips``: the trip count of loops whose count the graph does not fix."""
     infer_shapes(graph)
     targets = _fetch_nodes(graph, fetches)
     needed = graph.ancestors(targets) | set(targets)
     known = _known_before(graph, needed, batch_size)
     order = graph.dialect.schedule(graph, needed, known, frozenset(targets))
-    return _Simulation(graph, order, targets, known, _kept(graph, fetches), batch_size).run()
+    simulation = _Simulation(graph, order, targets, known, _kept(graph, fetches), batch_size)
+    simulation.add_loops(_loops(graph, order, batch_size, loop_trips))
+    return simulation.run()
+
+
+def _loops(graph: Graph, order: list[str], batch_size: int | None,
+           loop_trips: int | None) -> dict[str, tuple[LoopFacts, int]]:
+    """The loops the step runs, each with what it holds at its own step only: its
+    body's peak over one iteration (the body estimated as a step of its own; the
+    values passed in are not its), the accumulators no later node reads, and what
+    the iterations in flight at once add (``_in_flight_bytes``)."""
+    loops: dict[str, tuple[LoopFacts, int]] = {}
+    for name in order:
+        facts = graph.dialect.loop_facts(graph, name, batch_size, loop_trips)
+        if facts is None:
+            continue
+        body = 0
+        if facts.body is not None:
+            inner = memory_profile(facts.body, list(facts.body_fetches), batch_size, loop_trips)
+            body = inner.peak_bytes - inner.fed_bytes
+        used = set(graph.used_ports(name))  # the rest is freed as the loop ends
+        body += sum(facts.held_bytes(p) or 0 for p in facts.per_trip if p not in used)
+        loops[name] = (facts, body + _in_flight_bytes(facts))
+    return loops
+
+
+def _in_flight_bytes(facts: LoopFacts) -> int:
+    """TF runs up to ``parallel_iterations`` iterations at once: the executor runs
+    ahead along them while a running sum (a weight gradient's total) trails, so
+    each iteration ahead holds its addends, and has freed the elements it popped
+    (``LoopFacts.popped_bytes``). The measured peak lands anywhere up to the worst
+    case, which is what counts here."""
+    ahead = min(facts.in_flight, facts.trips or 1) - 1
+    return max(0, ahead * (facts.pending_bytes - facts.popped_bytes))
 
 
 def _known_before(graph: Graph, needed: set[str], batch_size: int | None) -> frozenset[str]:
@@ -215,6 +260,10 @@ class _Simulation:
                     self.readers[tensor] = self.readers.get(tensor, 0) + 1
         self.buffers: dict[Tensor, _Buffer] = {}
         self.live = 0
+        self.loops: dict[str, tuple[LoopFacts, int]] = {}
+        self.stacked: dict[Tensor, int] = {}  # a v1 push: what its stack holds
+        self.pops: dict[str, list[Tensor]] = {}  # a pop: the pushes whose stacks it frees
+        self.stacks_at: dict[str, list[Tensor]] = {}  # a v1 loop: its pushes
         # Planned reuse: shape key -> freed buffers (most recent last), and the step
         # after which each waiting buffer was freed.
         self.planned = self.dialect.reuses_freed_buffers
@@ -234,8 +283,32 @@ class _Simulation:
                 idle.add(name)
         return idle
 
+    def add_loops(self, loops: dict[str, tuple[LoopFacts, int]]) -> None:
+        """The loops of the step; a v1 push (nodes walked once) holds its element
+        times the trip count from its loop's condition (the walk may place a push
+        that nothing reads late) until its pop has run."""
+        self.loops = loops
+        running = {n for n in self.order if n not in self.idle and n not in self.constant}
+        for name, (facts, _) in loops.items():
+            for push, (size, pops) in facts.pushes.items():
+                ran = [p for p in pops if p in running]
+                if push in running and ran:
+                    self.stacks_at.setdefault(name, []).append(Tensor(push, 0))
+                    self.stacked[Tensor(push, 0)] = size * (facts.trips or 0)
+                    self.readers[Tensor(push, 0)] = self.readers.get(Tensor(push, 0), 0) + len(ran)
+                    for pop in ran:
+                        self.pops.setdefault(pop, []).append(Tensor(push, 0))
+
     def _bytes(self, tensor: Tensor) -> int:
-        return tensor_bytes(self.graph, tensor, self.batch_size) or 0
+        if tensor in self.stacked:
+            return self.stacked[tensor]
+        slot = self.dialect.container_input(self.graph, tensor)
+        if slot is not None:  # a copy of that input, held as long as the container
+            tensor = self.graph.input_slots(tensor.node).get(slot, tensor)
+        size = tensor_bytes(self.graph, tensor, self.batch_size)
+        if size is None and tensor.node in self.loops:
+            size = self.loops[tensor.node][0].held_bytes(tensor.port)
+        return size or 0
 
     def _fed_bytes(self) -> int:
         """Bytes of the fed values the runtime holds for the step (module docstring)."""
@@ -244,7 +317,8 @@ class _Simulation:
                    for name in self.dialect.runtime_fed(self.graph) if name in needed)
 
     def run(self) -> MemoryProfile:
-        profile = MemoryProfile(fed_bytes=self._fed_bytes())
+        profile = MemoryProfile(fed_bytes=self._fed_bytes(),
+                                loops=[facts for facts, _ in self.loops.values()])
         self.live = profile.fed_bytes
         for name in self.order:
             if name in self.constant or name in self.idle:
@@ -255,11 +329,14 @@ class _Simulation:
             for tensor in self.kept_of.get(name, ()):
                 if tensor not in self.buffers:
                     self._output(name, tensor, inputs)
-            running = self.live + scratch_bytes(self.graph, name)
+            for tensor in self.stacks_at.get(name, ()):
+                self._output(name, tensor, {})
+            running = self.live + scratch_bytes(self.graph, name) + \
+                (self.loops[name][1] if name in self.loops else 0)
             profile.timeline.append((name, running))
             if running > profile.peak_bytes:
                 profile.peak_bytes, profile.peak_node = running, name
-            for tensor in inputs.values():
+            for tensor in [*inputs.values(), *self.pops.get(name, ())]:
                 self.readers[tensor] -= 1
                 if self.readers[tensor] == 0:
                     self._release(tensor, len(profile.timeline) - 1)

@@ -133,6 +133,8 @@ class Inspect(Command):
         if args.feed and not args.profile:
             raise GraphpassError("--feed gives the inputs --profile runs the step with; add "
                                  "--profile (or drop --feed)")
+        if args.loop_trips and not args.memory_plot:
+            raise GraphpassError("--loop-trips goes with --memory-plot FILE.svg")
         batch_size = positive_batch_size(args.batch_size)
         if args.memory_plot:
             check_outputs(_inputs(args, input=Path(args.input), rewritten=args.rewritten),
@@ -292,4 +294,5 @@ def _memory_plot(graphs: list, args: argparse.Namespace, batch_size: int | None,
     from graphpass.options import RegionOptions
 
     regions = RegionOptions(loss=args.loss, train_ops=tuple(args.train_op or ()))
-    write_step_plot(graphs, Path(args.memory_plot), title, regions, batch_size)
+    write_step_plot(graphs, Path(args.memory_plot), title, regions, batch_size,
+                    positive_batch_size(getattr(args, "loop_trips", None), "--loop-trips"))

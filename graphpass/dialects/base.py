@@ -10,11 +10,48 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+@dataclass(frozen=True)
+class LoopFacts:
+    """A loop node's trip count (None: unknown), where it came from (``graph``,
+    ``option`` or ``unknown``), the bytes one iteration adds to each output port
+    (its accumulators), and the body as a graph with its results (for the
+    body's own per-iteration peak). ``in_flight``: how many iterations the
+    runtime may run at once; ``pending_bytes``: what one iteration computes
+    off the loop's carried chain and hands to a running sum (a weight gradient
+    added into the loop's total), which waits for the sum while later
+    iterations run."""
+
+    name: str
+    trips: int | None
+    trips_from: str
+    per_trip: dict[int, int]
+    body: Graph | None
+    body_fetches: tuple[str, ...] = ()
+    in_flight: int = 1
+    pending_bytes: int = 0
+    #: v1 loops (nodes in the graph itself): push node -> (bytes it stacks per
+    #: iteration, the nodes that pop them)
+    pushes: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
+    #: bytes per iteration the loop pops off its forward loop's accumulators
+    popped_bytes: int = 0
+
+    def stacked_bytes(self) -> int:
+        """What the loop accumulates per iteration, in all."""
+        return sum(self.per_trip.values()) + sum(size for size, _ in self.pushes.values())
+
+    def held_bytes(self, port: int) -> int | None:
+        """What output ``port`` holds when the loop ends (None: not an accumulator)."""
+        if port not in self.per_trip:
+            return None
+        return self.per_trip[port] * (self.trips or 0)
 
 
 class Dialect(ABC):
@@ -56,6 +93,20 @@ class Dialect(ABC):
         the graph before running it (TF's Grappler) needs them, others ignore them."""
         order = graph.topological_order(ignore_edge=lambda s, d: self.is_back_edge(graph, s, d))
         return order if nodes is None else [n for n in order if n in nodes]
+
+    def loop_facts(self, graph: Graph, name: str, batch_size: int | None = None,
+                   loop_trips: int | None = None) -> LoopFacts | None:
+        """For a loop node: its trip count (from the graph, else ``loop_trips``), what
+        each iteration adds to its outputs (the accumulators its gradient pops) and
+        its body; None for any other node, and for formats whose loops the memory
+        estimate does not model (here: none)."""
+        return None
+
+    def container_input(self, graph: Graph, tensor: Tensor) -> int | None:
+        """For a value that holds a copy of an input in a container of the runtime's
+        own (TF's TensorList or TensorArray filled from a tensor, which the loops
+        read an element at a time): that input's slot; else None."""
+        return None
 
     def num_outputs(self, graph: Graph, name: str) -> int | None:
         """Number of outputs of ``name`` when cheaply known, else None."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from graphpass.dialects import tf_runtime, tf_shapes, tf_updates, tf_xla
-from graphpass.dialects.base import Dialect
+from graphpass.dialects import tf_loops, tf_loops_v1, tf_runtime, tf_shapes, tf_updates, tf_xla
+from graphpass.dialects.base import Dialect, LoopFacts
 from graphpass.dialects.capabilities import ConditionalBuilder, TargetLowering
 from graphpass.dialects.tf_builders import TFBuilders
 from graphpass.dialects.tf_ops import (
@@ -62,6 +62,25 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
 
     def is_back_edge(self, graph: Graph, src: str, dst: str) -> bool:
         return graph.node(src).op in LOOP_BACK_OPS
+
+    def loop_facts(self, graph: Graph, name: str, batch_size: int | None = None,
+                   loop_trips: int | None = None) -> LoopFacts | None:
+        """Control flow v2 ``While`` loops (``tf_loops``) and v1 loops by their
+        ``LoopCond`` (``tf_loops_v1``), recorded on the node per batch size and trip
+        count given (a body's import and a constant evaluation cost more than a
+        step's walk)."""
+        op = graph.node(name).op
+        if op not in tf_loops.WHILE_OPS and op != "LoopCond":
+            return None
+        known = graph.node(name).meta.setdefault("loop_facts", {})
+        if (batch_size, loop_trips) not in known:
+            find = tf_loops.loop_facts if op != "LoopCond" else tf_loops_v1.loop_facts
+            known[batch_size, loop_trips] = find(graph, name, batch_size, loop_trips)
+        return known[batch_size, loop_trips]
+
+    def container_input(self, graph: Graph, tensor: Tensor) -> int | None:
+        return tf_loops.FILLED_FROM.get(graph.node(tensor.node).op) if tensor.port == 0 \
+            else None
 
     def num_outputs(self, graph: Graph, name: str) -> int | None:
         """From the OpDef and the node's count attrs, else ``_output_shapes``."""

@@ -57,12 +57,14 @@ class MemoryTimeline:
 
 def step_timeline(graph: Graph, label: str, regions: RegionOptions | None = None,
                   measured_peak_bytes: int | None = None,
-                  batch_size: int | None = None) -> MemoryTimeline:
+                  batch_size: int | None = None, loop_trips: int | None = None
+                  ) -> MemoryTimeline:
     """The estimated live bytes of ``graph``'s training step, node by node.
 
     The step is what region analysis finds (with the user's overrides); a graph
     without one is the caller's error, said in one line. ``batch_size`` stands
-    in for unknown batch dimensions (else their tensors count as zero bytes).
+    in for unknown batch dimensions (else their tensors count as zero bytes),
+    ``loop_trips`` for the trip count of loops the graph does not fix.
     """
     from graphpass.analysis.manager import AnalysisManager
     from graphpass.analysis.regions import BACKWARD
@@ -72,7 +74,7 @@ def step_timeline(graph: Graph, label: str, regions: RegionOptions | None = None
     except GraphpassError as exc:
         raise GraphpassError(f"no memory plot for {label}: it needs the training step "
                              f"({exc})") from None
-    profile = memory_profile(graph, step.fetches, batch_size)
+    profile = memory_profile(graph, step.fetches, batch_size, loop_trips)
     points = profile.timeline
     if not points:
         raise GraphpassError(f"no memory plot for {label}: its training step computes nothing")
@@ -165,9 +167,9 @@ def _draw(axes, timeline: MemoryTimeline, k: int, scale: int) -> None:
 
 
 def write_step_plot(graphs: list[tuple[str, Graph, int | None]], path: Path, title: str,
-                    regions: RegionOptions | None = None, batch_size: int | None = None
-                    ) -> Path:
+                    regions: RegionOptions | None = None, batch_size: int | None = None,
+                    loop_trips: int | None = None) -> Path:
     """``(label, graph, measured peak or None)`` per line: estimate each step and draw."""
-    timelines = [step_timeline(graph, label, regions, measured, batch_size)
+    timelines = [step_timeline(graph, label, regions, measured, batch_size, loop_trips)
                  for label, graph, measured in graphs]
     return write_memory_plot(timelines, path, title)

@@ -151,6 +151,7 @@ def _remat(given: dict, target: str) -> RematOptions | None:
         memory_budget_bytes=budget_bytes,
         memory_budget_fraction=fraction,
         batch_size=positive_batch_size(given.get("batch_size")),
+        loop_trips=positive_batch_size(given.get("loop_trips"), "--loop-trips"),
         dependency=_dependency(given, target),
         tupleize_grads=bool(given.get("tupleize_grads")),
     )
@@ -164,7 +165,8 @@ def _check_auto(patterns: tuple[str, ...], use_hints: bool, given: dict) -> bool
         raise GraphpassError(
             "--recompute auto chooses the segments itself and cannot be combined with "
             "other --recompute patterns or --recompute-hints; drop either")
-    for key in ("memory_budget_bytes", "memory_budget", "recompute_policy", "batch_size"):
+    for key in ("memory_budget_bytes", "memory_budget", "recompute_policy", "batch_size",
+                "loop_trips"):
         if given.get(key) is not None and not auto:
             raise GraphpassError(f"--{key.replace('_', '-')} is an option of the automatic "
                                  "planner; add --recompute auto (or drop it)")
@@ -193,8 +195,9 @@ def _check_policy(policy: str, limited: bool) -> None:
                              "--memory-budget 0.6x")
 
 
-def positive_batch_size(value) -> int | None:
-    """``--batch-size``: None, or a positive integer (from a string or an int)."""
+def positive_batch_size(value, flag: str = "--batch-size") -> int | None:
+    """``--batch-size`` (or ``flag``): None, or a positive integer (from a string or
+    an int)."""
     if value is None:
         return None
     try:
@@ -202,9 +205,9 @@ def positive_batch_size(value) -> int | None:
     except (TypeError, ValueError):
         size = 0
     if size < 1 or str(size) != str(value).strip():
-        raise GraphpassError(f"--batch-size {value!r}: expected a positive integer")
+        raise GraphpassError(f"{flag} {value!r}: expected a positive integer")
     if size > MAX_BATCH_SIZE:
-        raise GraphpassError(f"--batch-size {size}: out of range; at most {MAX_BATCH_SIZE}")
+        raise GraphpassError(f"{flag} {size}: out of range; at most {MAX_BATCH_SIZE}")
     return size
 
 

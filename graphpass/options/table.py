@@ -78,6 +78,10 @@ OPTIONS: tuple[Option, ...] = (
            "the planner, the memory plot and --saved, and verify's inputs (default there: "
            "the batch of the step's other inputs)", metavar="N", integer=True,
            commands=_STEP_READERS),
+    Option("--loop-trips", "remat", "the trip count of loops (TF While) whose count the "
+           "graph does not fix, for the memory estimate (default: such a loop's "
+           "accumulators count as zero, and the summary says so)", metavar="N", integer=True,
+           commands=(REWRITE, INSPECT)),
     Option("--recompute-hints", "remat", "mark by the Grappler-compatible _recompute_hint "
            "node attribute (ONNX: a NodeProto metadata_props entry)", bool),
     Option("--dependency", "remat", "how copies are ordered (default: control for --target "

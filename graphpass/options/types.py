@@ -42,6 +42,7 @@ class RematOptions:
     memory_budget_bytes: int | None = None  # the planner's target in bytes
     memory_budget_fraction: float | None = None  # ... or relative to the estimated peak
     batch_size: int | None = None  # the planner's size of unknown batch dimensions
+    loop_trips: int | None = None  # the estimate's trip count where the graph has none
     dependency: str | None = None  # None: the context's default
     tupleize_grads: bool = False
 

@@ -39,7 +39,7 @@ from graphpass.ir.graph import Graph
 from graphpass.options import RematOptions
 from graphpass.passes.base import Pass
 from graphpass.passes.context import PassContext
-from graphpass.passes.remat.auto import Estimator, auto_plan
+from graphpass.passes.remat.auto import Estimator, auto_plan, with_trips
 from graphpass.passes.remat.defer import defer_updates
 from graphpass.passes.remat.marks import marked_segments, unique
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
@@ -107,7 +107,8 @@ class RematPass(Pass):
                     backward=set(regions.nodes("backward")),
                     fetches=regions.fetches, dependency=dependency,
                     gradients=unique(t for s in regions.steps for t in s.gradients),
-                    optimizer=set(regions.nodes("optimizer")))
+                    optimizer=set(regions.nodes("optimizer")),
+                    loop_trips=self.options.loop_trips)
 
 
 def estimator(ctx: PassContext) -> Estimator:
@@ -119,11 +120,11 @@ def estimator(ctx: PassContext) -> Estimator:
 def _peak_before(graph: Graph, ctx: PassContext, step: Step, batch: int | None,
                  profile: Estimator = memory_profile) -> int:
     """The estimate of the original step (shared with other passes without a batch)."""
-    if profile is not memory_profile:
-        return profile(graph, step.fetches, batch).peak_bytes
+    if profile is not memory_profile or step.loop_trips is not None:
+        return with_trips(profile, step.loop_trips)(graph, step.fetches, batch).peak_bytes
     if batch is None:
         return ctx.analyses.peak_bytes(graph, step.fetches)
-    return estimated_peak_bytes(graph, step.fetches, batch)
+    return estimated_peak_bytes(graph, step.fetches, batch, step.loop_trips)
 
 
 def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
@@ -136,7 +137,7 @@ def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
         return peak_before
     if auto is not None:
         return auto.estimate
-    return profile(graph, step.fetches, batch).peak_bytes
+    return with_trips(profile, step.loop_trips)(graph, step.fetches, batch).peak_bytes
 
 
 def _report(entries: list[dict], skipped: list[str], dependency: str,

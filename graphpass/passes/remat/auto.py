@@ -11,7 +11,12 @@ from collections.abc import Callable
 from graphpass.analysis.cost import Sizes
 from graphpass.analysis.forward import ForwardChain, computed_forward, forward_chain
 from graphpass.analysis.measured import Profiler
-from graphpass.analysis.memory import MemoryProfile, check_batch_size, memory_profile
+from graphpass.analysis.memory import (
+    MemoryProfile,
+    check_batch_size,
+    format_bytes,
+    memory_profile,
+)
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor, gc_paused
 from graphpass.options import BUDGET, CHEAP, RematOptions
@@ -29,11 +34,18 @@ from graphpass.passes.remat.profiled import profiled_plan
 from graphpass.passes.remat.refine import refine_min_peak
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
 from graphpass.passes.remat.verdict import AutoPlan, over_budget_message
-from graphpass.units import format_bytes
 
 #: The estimate a plan is judged by: ``memory_profile`` (the runtime's executor),
 #: or a target's own (``analysis.arena.arena_profile`` for TFLite's arena).
 Estimator = Callable[[Graph, list[str], "int | None"], MemoryProfile]
+
+
+def with_trips(profile: Estimator, loop_trips: int | None) -> Estimator:
+    """``profile``, given the user's ``--loop-trips`` where it is the executor's
+    estimate (the one that models loops)."""
+    if profile is not memory_profile or loop_trips is None:
+        return profile
+    return lambda graph, fetches, batch: memory_profile(graph, fetches, batch, loop_trips)
 
 
 def auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
@@ -90,6 +102,7 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
     the original's measured peak, which a relative budget (``0.6x``) is then of."""
     start = time.perf_counter()
     policy = policy or options.policy
+    run = with_trips(profile, options.loop_trips)
     check_batch_size(graph, step.fetches, options.batch_size)
     sizes = Sizes(graph, options.batch_size)
     chain = forward_chain(graph, computed_forward(graph, step.forward), step.backward,
@@ -101,7 +114,7 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
                     before, before, max(0, before - model_peak(chain.units, ())),
                     # a static arena (TFLite's) is what it is planned to be: no allocator
                     headroom=graph.dialect.allocator_headroom if profile is memory_profile
-                    else 0.0)
+                    else 0.0, loops=_loop_notes(graph, step, options))
     if policy != BUDGET:
         target = None
     elif target is None:
@@ -115,7 +128,7 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
         """The peak of the step as the pass writes it: the updates deferred where
         that is lower (``defer``)."""
         copy = rewritten(segments)[0]
-        peak = profile(copy, step.fetches, options.batch_size).peak_bytes
+        peak = run(copy, step.fetches, options.batch_size).peak_bytes
         deferred = defer_updates(copy, step, options.batch_size, peak)
         return peak if deferred is None else deferred[1].peak_bytes
 
@@ -125,7 +138,7 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
         in the backward pass, which deferring moves nothing of)."""
         copy, entries = rewritten(_chain_segments(chain, ChainPlan(runs, 0, 0)))
         return (copy, [e["copies"] for e in entries],
-                profile(copy, step.fetches, options.batch_size))
+                run(copy, step.fetches, options.batch_size))
 
     if any(n.startswith(SCOPE) for n in graph):
         plan.solver = "none (already rematerialized by graphpass)"
@@ -137,6 +150,26 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
                                can_defer(graph, step))
     plan.seconds = time.perf_counter() - start
     return plan, segments
+
+def _loop_notes(graph: Graph, step: Step, options: RematOptions) -> list[str]:
+    """The forward loops, in graph order: the planner segments the step around a
+    loop, never inside its body (what the body stacks per iteration stays), and the
+    user should know that, and whether the estimate knew the trip count."""
+    notes = []
+    for name in graph:
+        facts = graph.dialect.loop_facts(graph, name, options.batch_size, options.loop_trips) \
+            if name in step.forward else None
+        if facts is None:
+            continue
+        if facts.trips is None:
+            notes.append(f"{name} (trip count unknown: what it stacks per iteration counts "
+                         "as zero in the estimate; give --loop-trips N)")
+        else:
+            source = "from the graph" if facts.trips_from == "graph" else "from --loop-trips"
+            notes.append(f"{name} ({facts.trips} trips {source}, stacks "
+                         f"{format_bytes(facts.stacked_bytes())} per iteration)")
+    return notes
+
 
 def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
                 options: RematOptions, estimate, trial, deferrable: bool) -> list[Segment]:

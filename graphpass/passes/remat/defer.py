@@ -48,14 +48,14 @@ def defer_updates(graph: Graph, step: Step, batch_size: int | None = None,
     if not gradients:
         return None
     if peak_bytes is None:
-        peak_bytes = estimated_peak_bytes(graph, step.fetches, batch_size)
+        peak_bytes = estimated_peak_bytes(graph, step.fetches, batch_size, step.loop_trips)
     position = {name: i for i, name in enumerate(graph.dialect.schedule(graph))}
     computed = sorted(gradients, key=lambda t: position[t.node])
     best, chosen = None, None
     for order in (computed, computed[::-1]):
         trial = graph.copy()
         _gate(trial, order, step.optimizer)
-        profile = memory_profile(trial, step.fetches, batch_size)
+        profile = memory_profile(trial, step.fetches, batch_size, step.loop_trips)
         bar = best.peak_bytes if best else peak_bytes - int(MIN_GAIN_FRACTION * peak_bytes)
         if profile.peak_bytes < bar:
             best, chosen = profile, order

@@ -35,6 +35,8 @@ class Step:
     #: The gradients the parameter updates read, and the optimizer's nodes.
     gradients: list[Tensor]
     optimizer: set[str]
+    #: The memory estimate's trip count of loops whose count the graph does not fix.
+    loop_trips: int | None = None
 
 
 @dataclass

@@ -44,6 +44,8 @@ class AutoPlan:
     #: how many steps ``--profile`` ran (the original's included)
     profile_runs: int = 0
     notes: list[str] = field(default_factory=list)
+    #: forward loops whose bodies the planner does not plan into, one note each
+    loops: list[str] = field(default_factory=list)
 
     @property
     def target_bytes(self) -> int | None:
@@ -89,11 +91,12 @@ class AutoPlan:
                 "estimated_peak_bytes": self.estimate, "model_offset_bytes": self.model_offset,
                 **measured, "notes": self.notes,
                 "segments": self.segments, "rounds": self.rounds,
-                "planning_seconds": round(self.seconds, 3)}
+                "planning_seconds": round(self.seconds, 3),
+                "loops_not_planned_into": self.loops}
 
     def summary(self) -> list[str]:
-        """One line for the plan, one for the budget's verdict, the notes, then one
-        per recomputed segment."""
+        """One line for the plan, one for the budget's verdict, the notes, one per
+        recomputed segment, then one per loop not planned into."""
         gap = "n/a" if self.gap is None else f"{self.gap:.1%}"
         measured = "" if self.measured is None else \
             f"; measured {format_bytes(self.measured_before.peak_bytes)} -> " \
@@ -107,6 +110,7 @@ class AutoPlan:
         lines += [f"  note: {note}" for note in self.notes]
         lines += [f"  {s['label']}: saves ~{format_bytes(s['estimated_bytes_saved'])}, "
                   f"recomputes {s['recompute_flops'] / 1e6:.1f} MFLOP" for s in self.segments]
+        lines += [f"  loop body not planned into: {note}" for note in self.loops]
         return lines
 
     def verdict(self) -> str:
