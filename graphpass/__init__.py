@@ -35,19 +35,23 @@ def __getattr__(name: str):
 
 
 def run_passes(graph: Graph, options: Mapping | PipelineOptions,
-               instruments: Sequence = (), *, estimates: bool = True) -> list:
+               instruments: Sequence = (), *, estimates: bool = True,
+               profiler=None) -> list:
     """Run the passes ``options`` ask for on ``graph`` in place; returns one
     ``PassResult`` per pass. ``options`` is a :class:`PipelineOptions` or a mapping
     keyed like the CLI's long options, with underscores (validated the same way).
     Region overrides (``loss``, ``train_op``, ``global_step``) are checked against
     the graph even when no requested pass reads regions. ``estimates=False``:
-    passes skip the memory estimates that only their reports show."""
+    passes skip the memory estimates that only their reports show. ``profiler``
+    (``--profile``, ``graphpass.inspect.profile``): runs the step to measure what
+    the planner estimates; None (the default) runs nothing."""
     from graphpass.options import PipelineOptions, pipeline_options
     from graphpass.passes import PassContext, Pipeline, build_passes
 
     if not isinstance(options, PipelineOptions):
         options = pipeline_options(options)
-    ctx = PassContext.from_options(options, instruments, estimates=estimates)
+    ctx = PassContext.from_options(options, instruments, estimates=estimates,
+                                   profiler=profiler)
     if options.regions:
         ctx.analyses.regions(graph)
     return Pipeline(build_passes(options)).run(graph, ctx)

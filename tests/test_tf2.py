@@ -478,3 +478,22 @@ def test_update_without_a_gradient_is_named(tmp_path, capsys):
     (step,) = graphpass.analyze(graph, loss="mul", train_ops=["graphpass/ret/identity"]).steps
     # SGD with momentum: w += m for each of the 4 trainable variables, not the assign.
     assert [graph.node(a).op for a in step.applies] == ["AssignAddVariableOp"] * 4
+
+
+def test_dtype_of_an_attr_left_at_its_default():
+    """A SavedModel's function bodies leave out attrs at their OpDef default (a Keras
+    3 ResNet50's ``MaxPool`` has no ``T``): the dtype comes from the default, so the
+    estimate counts the output and the planner can order a read of it."""
+    import tensorflow as tf
+
+    from graphpass.formats.tf_io import graph_from_graph_def
+    from graphpass.ir.graph import Tensor
+
+    with tf.Graph().as_default() as graph:
+        x = tf.compat.v1.placeholder(tf.float32, [1, 4, 4, 1], name="x")
+        tf.nn.max_pool2d(x, 2, 2, "VALID", name="pool")
+    graph_def = graph.as_graph_def()
+    pool = next(n for n in graph_def.node if n.name == "pool")
+    del pool.attr["T"]
+    ir = graph_from_graph_def(graph_def)
+    assert ir.dialect.dtype(ir, Tensor("pool", 0)) == "float32"

@@ -69,6 +69,7 @@ class Rewrite(Command):
         options = rewrite_options(settings(args))
         source, target = Path(options.input), Path(options.output)
         outputs = {"-o": (target, GRAPH)}
+        args.feed = list(options.feed)  # a config file's feeds are read as inputs too
         if options.report:
             outputs["--report"] = (Path(options.report), FILE)
         if options.dump_dir:
@@ -88,7 +89,7 @@ class Rewrite(Command):
                                           quiet=options.quiet,
                                           regions=options.pipeline.regions)
         results = graphpass.run_passes(graph, options.pipeline, instruments,
-                                       estimates=estimates)
+                                       estimates=estimates, profiler=_profiler(options))
         report = {
             "schema": REPORT_SCHEMA,
             "graphpass_version": graphpass.__version__,
@@ -126,6 +127,12 @@ class Inspect(Command):
             raise GraphpassError("--rewritten goes with --memory-plot FILE.svg")
         if args.batch_size and not (args.memory_plot or args.saved):
             raise GraphpassError("--batch-size goes with --memory-plot FILE.svg or --saved")
+        if (args.profile or args.feed) and not args.memory_plot:
+            raise GraphpassError("--profile (and --feed) go with --memory-plot FILE.svg: "
+                                 "the measured peak is drawn beside the estimate")
+        if args.feed and not args.profile:
+            raise GraphpassError("--feed gives the inputs --profile runs the step with; add "
+                                 "--profile (or drop --feed)")
         if args.loop_trips and not args.memory_plot:
             raise GraphpassError("--loop-trips goes with --memory-plot FILE.svg")
         batch_size = positive_batch_size(args.batch_size)
@@ -141,10 +148,11 @@ class Inspect(Command):
         print(json.dumps(info, indent=2, sort_keys=True) if args.json
               else describe_text(info, None if args.all else LIST_LIMIT))
         if args.memory_plot:
-            graphs = [("original" if args.rewritten else Path(args.input).name, graph, None)]
+            graphs = [("original" if args.rewritten else Path(args.input).name, graph)]
             if args.rewritten:
-                graphs.append(("rewritten", load(args.rewritten, tag=args.tag), None))
-            _memory_plot(graphs, args, batch_size, args.input)
+                graphs.append(("rewritten", load(args.rewritten, tag=args.tag)))
+            _memory_plot([(label, g, _measured_peak(g, args, batch_size))
+                          for label, g in graphs], args, batch_size, args.input)
         return 1 if info.get("xla_unsupported") else 0
 
 
@@ -253,6 +261,30 @@ def _inputs(args: argparse.Namespace, **paths) -> dict[str, Path]:
         if path:
             inputs[f"--feed {name}"] = Path(path)
     return inputs
+
+
+def _profiler(options):
+    """``--profile``'s runner of the step (``inspect.profile``), or None: nothing runs."""
+    if not options.profile:
+        return None
+    from graphpass.inspect.profile import TFProfiler
+
+    remat = options.pipeline.remat
+    return TFProfiler(read_feeds(list(options.feed)),
+                      batch_size=remat.batch_size if remat else None)
+
+
+def _measured_peak(graph, args: argparse.Namespace, batch_size: int | None) -> int | None:
+    """``inspect --memory-plot --profile``: the step's measured kernel peak (the plot
+    adds the fed values, as for ``verify``'s figures); None without ``--profile``."""
+    if not args.profile:
+        return None
+    from graphpass.analysis.regions import analyze
+    from graphpass.inspect.profile import TFProfiler
+
+    fetches = analyze(graph, loss=args.loss, train_ops=args.train_op or None).fetches
+    profiler = TFProfiler(read_feeds(args.feed or []), batch_size=batch_size)
+    return profiler(graph, fetches).records_peak_bytes
 
 
 def _memory_plot(graphs: list, args: argparse.Namespace, batch_size: int | None,

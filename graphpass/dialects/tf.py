@@ -311,11 +311,11 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
             return None
         dtypes: list[str] = []
         for arg in args:
-            count = node.attrs[arg.number_attr].i if arg.number_attr else 1
+            count = _attr(node, arg.number_attr).i if arg.number_attr else 1
             if arg.type_list_attr:
-                dtypes.extend(dtype_name(t) for t in node.attrs[arg.type_list_attr].list.type)
+                dtypes.extend(dtype_name(t) for t in _attr(node, arg.type_list_attr).list.type)
             elif arg.type_attr:
-                dtypes.extend([dtype_name(node.attrs[arg.type_attr].type)] * count)
+                dtypes.extend([dtype_name(_attr(node, arg.type_attr).type)] * count)
             else:
                 dtypes.extend([dtype_name(arg.type)] * count)
         return dtypes
@@ -395,3 +395,15 @@ def _first_result(graph: Graph) -> str | None:
     results = [n for n in graph.nodes() if n.op == RESULT_OP]
     return min(results, key=lambda n: n.attrs["index"].i).name if results else None
 
+
+def _attr(node, name: str):
+    """The node's attr ``name``, else its OpDef's default: a SavedModel's function
+    bodies leave out attrs at their default (a Keras 3 ``MaxPool`` has no ``T``).
+    KeyError where neither has it."""
+    if name in node.attrs:
+        return node.attrs[name]
+    definition = op_def(node.op)
+    for attr in definition.attr if definition else ():
+        if attr.name == name and attr.HasField("default_value"):
+            return attr.default_value
+    raise KeyError(name)

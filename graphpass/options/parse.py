@@ -38,7 +38,7 @@ MAX_PORT = 2**31 - 1
 _PORTED = re.compile(r"(.*):(\d+)")
 
 _FILE_KEYS = ("input", "output", "in_place", "output_format", "tag", "signature", "report",
-              "quiet")
+              "quiet", "profile", "feed")
 
 
 def rewrite_options(values: Mapping) -> RewriteOptions:
@@ -46,7 +46,19 @@ def rewrite_options(values: Mapping) -> RewriteOptions:
     files = {k: values[k] for k in _FILE_KEYS if values.get(k) is not None}
     rest = {k: v for k, v in values.items() if k not in _FILE_KEYS}
     dumps = {k: rest.pop(k) for k in ("dump_dir", "dump_full") if k in rest}
-    return RewriteOptions(pipeline=pipeline_options(rest), **files, **dumps)
+    if "feed" in files:
+        files["feed"] = tuple(files["feed"])
+    options = RewriteOptions(pipeline=pipeline_options(rest), **files, **dumps)
+    if options.feed and not options.profile:
+        raise GraphpassError("--feed gives the inputs --profile runs the step with; add "
+                             "--profile (or drop --feed)")
+    if options.profile and options.pipeline.remat is None:
+        raise GraphpassError("--profile measures the remat pass's rewrite; add --recompute "
+                             "(e.g. --recompute auto), or drop --profile")
+    if options.profile and options.pipeline.target == "litert":
+        raise GraphpassError("--profile runs the step in TensorFlow; --target litert plans "
+                             "TFLite's arena, which it does not run: drop --profile")
+    return options
 
 
 def pipeline_options(values: Mapping) -> PipelineOptions:

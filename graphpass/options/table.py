@@ -72,7 +72,8 @@ OPTIONS: tuple[Option, ...] = (
            "keeps the step's estimated peak at most N bytes (or e.g. 300MiB)", metavar="N",
            integer=True),
     Option("--memory-budget", "remat", "the same budget relative to the estimated peak of "
-           "the original step (e.g. 0.6x), or in bytes", metavar="F"),
+           "the original step (with --profile: its measured peak) (e.g. 0.6x), or in bytes",
+           metavar="F"),
     Option("--batch-size", "remat", "the size of unknown (dynamic) batch dimensions: for "
            "the planner, the memory plot and --saved, and verify's inputs (default there: "
            "the batch of the step's other inputs)", metavar="N", integer=True,
@@ -125,6 +126,11 @@ REWRITE_OPTIONS: tuple[Option, ...] = (
     Option("--report", "rewrite", "write a JSON report of what each pass did"),
     Option("--quiet", "rewrite", "print nothing on success (without --report, the memory "
            "estimates only the summary shows are skipped)", bool),
+    Option("--profile", "rewrite", "run the step once on the CPU (TF; inputs as verify "
+           "makes them: --feed, else seeded random) and measure its peak; with --recompute "
+           "the rewrite is run and measured too, and a budget is judged on the measured "
+           "peak (with --memory-plot: the measured peak is drawn). Without it nothing runs",
+           bool, commands=(REWRITE, INSPECT)),
 )
 
 #: The other commands' options (and ``--config``, which a config file cannot name).
@@ -149,8 +155,8 @@ COMMAND_OPTIONS: tuple[Option, ...] = (
     Option("--xla", "verify", "run both with XLA JIT (global_jit_level ON_1)", bool,
            commands=(VERIFY,)),
     Option("--feed", "verify", "input values (repeatable); default: seeded random values "
-           "of each placeholder's static shape", list, metavar="NAME=FILE.npy", default=[],
-           commands=(VERIFY,)),
+           "of each placeholder's static shape (rewrite, inspect: with --profile)", list,
+           metavar="NAME=FILE.npy", default=[], commands=(VERIFY, REWRITE, INSPECT)),
     Option("--seed", "verify", "seed of the random inputs", int, default=0,
            commands=(VERIFY,)),
     Option("--rtol", "verify", "relative tolerance (default 0: exact)", float, default=0.0,

@@ -91,3 +91,6 @@ class RewriteOptions:
     quiet: bool = False
     dump_dir: str | None = None
     dump_full: bool = False
+    #: ``--profile``: run the step to measure it; ``--feed`` its inputs (NAME=FILE.npy)
+    profile: bool = False
+    feed: tuple[str, ...] = ()

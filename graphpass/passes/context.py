@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from graphpass.analysis.manager import AnalysisManager
+from graphpass.analysis.measured import Profiler
 from graphpass.options import PipelineOptions
 from graphpass.passes.instrument import Instrument
 
@@ -27,7 +28,9 @@ class PassContext:
     ``estimates``: whether passes estimate the step's memory for their reports.
     The CLI turns it off when no report is shown (``--quiet`` without ``--report``),
     as nobody would see the estimates and they cost real time on big graphs. A pass
-    that plans by the estimate (``--recompute auto``) estimates regardless."""
+    that plans by the estimate (``--recompute auto``) estimates regardless.
+    ``profiler``: ``--profile``'s runner of the step (``analysis.measured``), or None:
+    then nothing runs."""
 
     target: str = "tf"
     device: str | None = None
@@ -35,11 +38,14 @@ class PassContext:
     instruments: tuple[Instrument, ...] = ()
     analyses: AnalysisManager = field(default_factory=AnalysisManager)
     estimates: bool = True
+    profiler: Profiler | None = None
 
     @classmethod
     def from_options(cls, options: PipelineOptions, instruments: Sequence[Instrument] = (),
-                     estimates: bool = True) -> PassContext:
+                     estimates: bool = True, profiler: Profiler | None = None
+                     ) -> PassContext:
         return cls(target=options.target, device=options.device,
                    dependency="data" if options.target in ("xla", "litert") else None,
                    instruments=tuple(instruments),
-                   analyses=AnalysisManager(options.regions), estimates=estimates)
+                   analyses=AnalysisManager(options.regions), estimates=estimates,
+                   profiler=profiler)

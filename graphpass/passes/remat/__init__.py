@@ -32,17 +32,18 @@ does (see ``order``).
 from __future__ import annotations
 
 from graphpass.analysis.arena import arena_profile
+from graphpass.analysis.measured import StepMeasurement
 from graphpass.analysis.memory import MemoryProfile, estimated_peak_bytes, memory_profile
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
 from graphpass.options import RematOptions
 from graphpass.passes.base import Pass
 from graphpass.passes.context import PassContext
-from graphpass.passes.remat.auto import Profiler, auto_plan, with_trips
+from graphpass.passes.remat.auto import Estimator, auto_plan, with_trips
 from graphpass.passes.remat.defer import defer_updates
 from graphpass.passes.remat.marks import marked_segments, unique
-from graphpass.passes.remat.plan import AutoPlan
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
+from graphpass.passes.remat.verdict import AutoPlan
 
 __all__ = ["RematPass"]
 
@@ -58,15 +59,18 @@ class RematPass(Pass):
         step = self._analyze(graph, ctx)
         batch = self.options.batch_size
         estimate = self.estimates_memory(ctx)
-        profile = profiler(ctx)
+        profile = estimator(ctx)
         peak_before = _peak_before(graph, ctx, step, batch, profile) if estimate else None
-        auto = None
+        auto = measured = None
         if self.options.auto:
-            auto, segments = auto_plan(graph, step, self.options, peak_before, profile)
+            auto, segments = auto_plan(graph, step, self.options, peak_before, profile,
+                                       ctx.profiler)
             skipped = []
         else:
             segments, skipped = marked_segments(graph, self.options, step.forward,
                                                 step.backward)
+            if ctx.profiler is not None:  # --profile: the marks' rewrite measured too
+                measured = [ctx.profiler(graph, step.fetches)]
         entries = rewrite_segments(graph, segments, step,
                                    self.options.tupleize_grads, released_bytes=estimate)
         changed = any(e["copied"] for e in entries)
@@ -76,8 +80,12 @@ class RematPass(Pass):
         # Deferring is part of the rewrite, so it is decided (estimated) when the
         # figures are not shown too: the output never depends on --quiet.
         deferred = defer_updates(graph, step, batch, None if auto else peak_after)
+        if measured is not None:
+            measured.append(ctx.profiler(graph, step.fetches))
+        elif auto is not None and auto.measured is not None:
+            measured = [auto.measured_before, auto.measured]
         self.report = _report(entries, skipped, step.dependency, peak_before, peak_after,
-                              auto, deferred)
+                              auto, deferred, measured)
         return changed or deferred is not None
 
     def estimates_memory(self, ctx: PassContext) -> bool:
@@ -103,14 +111,14 @@ class RematPass(Pass):
                     loop_trips=self.options.loop_trips)
 
 
-def profiler(ctx: PassContext) -> Profiler:
+def estimator(ctx: PassContext) -> Estimator:
     """The estimate the target's memory is planned and reported by: TFLite's static
     arena for litert (``analysis.arena``), else the runtime's executor."""
     return arena_profile if ctx.target == "litert" else memory_profile
 
 
 def _peak_before(graph: Graph, ctx: PassContext, step: Step, batch: int | None,
-                 profile: Profiler = memory_profile) -> int:
+                 profile: Estimator = memory_profile) -> int:
     """The estimate of the original step (shared with other passes without a batch)."""
     if profile is not memory_profile or step.loop_trips is not None:
         return with_trips(profile, step.loop_trips)(graph, step.fetches, batch).peak_bytes
@@ -121,7 +129,7 @@ def _peak_before(graph: Graph, ctx: PassContext, step: Step, batch: int | None,
 
 def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
                 peak_before: int, auto: AutoPlan | None,
-                profile: Profiler = memory_profile) -> int:
+                profile: Estimator = memory_profile) -> int:
     """The estimate after the rewrite. The planner estimated this very rewrite
     (the same segments, rewritten the same way on a copy), so its figure is
     reused: a second estimate of a large graph would cost as much as the first."""
@@ -135,10 +143,12 @@ def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
 def _report(entries: list[dict], skipped: list[str], dependency: str,
             peak_before: int | None, peak_after: int | None,
             auto: AutoPlan | None = None,
-            deferred: tuple[int, MemoryProfile] | None = None) -> dict:
+            deferred: tuple[int, MemoryProfile] | None = None,
+            measured: list[StepMeasurement] | None = None) -> dict:
     """The pass's report; the peaks are None when not estimated
     (``PassContext.estimates``); ``deferred``: the estimates without and with the
-    updates deferred (``defer``), None if they were not."""
+    updates deferred (``defer``), None if they were not; ``measured``: the step
+    before and after, run (``--profile``), None if it was not."""
     summary = auto.summary() if auto else []
     for e in entries:
         line = f"segment {e['segment']}: "
@@ -180,6 +190,13 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
         summary.append(f"estimated peak {peak_before / 2**20:.1f} MiB -> "
                        f"{peak_after / 2**20:.1f} MiB ({peak_after / peak_before:.2f}x)")
     extra = {"auto": auto.to_json()} if auto else {}
+    if measured is not None:
+        first, last = measured
+        summary.append(f"measured peak {first.peak_bytes / 2**20:.1f} MiB -> "
+                       f"{last.peak_bytes / 2**20:.1f} MiB "
+                       f"({last.peak_bytes / max(first.peak_bytes, 1):.2f}x, {last.source})")
+        extra.update(measured_peak_bytes_before=first.peak_bytes,
+                     measured_peak_bytes_after=last.peak_bytes, measured_source=last.source)
     return {
         **extra,
         "dependency": dependency,

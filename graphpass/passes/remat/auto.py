@@ -1,5 +1,6 @@
 """``--recompute auto``: the planner (``plan``) run on this graph's forward chain,
-its segments rewritten on a copy of the graph and estimated, never per candidate.
+its segments rewritten on a copy of the graph and estimated, never per candidate;
+with ``--profile`` (a profiler in the context) measured as well (``profiled``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from collections.abc import Callable
 
 from graphpass.analysis.cost import Sizes
 from graphpass.analysis.forward import ForwardChain, computed_forward, forward_chain
+from graphpass.analysis.measured import Profiler
 from graphpass.analysis.memory import (
     MemoryProfile,
     check_batch_size,
@@ -17,28 +19,28 @@ from graphpass.analysis.memory import (
 )
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor, gc_paused
-from graphpass.options import CHEAP, RematOptions
+from graphpass.options import BUDGET, CHEAP, RematOptions
 from graphpass.passes.remat.cheap import SHARED_COPY_ALLOWANCE, cheap_groups, cheap_keep
 from graphpass.passes.remat.defer import can_defer, defer_updates
 from graphpass.passes.remat.marks import SCOPE, Segment, is_generated, unique
 from graphpass.passes.remat.plan import (
     ROUNDS,
-    AutoPlan,
     ChainPlan,
     describe_runs,
     model_peak,
-    over_budget_message,
     solve_budget,
 )
+from graphpass.passes.remat.profiled import profiled_plan
 from graphpass.passes.remat.refine import refine_min_peak
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
+from graphpass.passes.remat.verdict import AutoPlan, over_budget_message
 
 #: The estimate a plan is judged by: ``memory_profile`` (the runtime's executor),
 #: or a target's own (``analysis.arena.arena_profile`` for TFLite's arena).
-Profiler = Callable[[Graph, list[str], "int | None"], MemoryProfile]
+Estimator = Callable[[Graph, list[str], "int | None"], MemoryProfile]
 
 
-def with_trips(profile: Profiler, loop_trips: int | None) -> Profiler:
+def with_trips(profile: Estimator, loop_trips: int | None) -> Estimator:
     """``profile``, given the user's ``--loop-trips`` where it is the executor's
     estimate (the one that models loops)."""
     if profile is not memory_profile or loop_trips is None:
@@ -47,19 +49,59 @@ def with_trips(profile: Profiler, loop_trips: int | None) -> Profiler:
 
 
 def auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
-              profile: Profiler = memory_profile) -> tuple[AutoPlan, list[Segment]]:
+              profile: Estimator = memory_profile, profiler: Profiler | None = None
+              ) -> tuple[AutoPlan, list[Segment]]:
     """The planner (``plan``) on the forward chain; a plan is rewritten on a copy
-    of the graph and estimated once, never per candidate. The cyclic collector
+    of the graph and estimated once (by ``profile``), never per candidate. With a ``profiler``
+    (``--profile``) the original step and the plans are measured too, and the
+    budget judged on the measured figure (``profiled``). The cyclic collector
     is paused meanwhile: the trial copies and their estimates are millions of
     containers and no cycles (a trial is freed when its last reference goes),
     so the collector's scans of them would be pure cost."""
     with gc_paused():
-        return _auto_plan(graph, step, options, before, profile)
+        if profiler is not None:
+            measured = profiler(graph, step.fetches)
+            return profiled_plan(
+                lambda target, policy: _auto_plan(graph, step, options, before, profile,
+                                                  target, policy, measured.peak_bytes),
+                lambda segments: profiler(written(graph, step, options, segments),
+                                          step.fetches),
+                measured, budget_option(options))
+        plan, segments = _auto_plan(graph, step, options, before, profile)
+        if plan.met is False:  # the lowest chain plan misses the budget: the cheap one?
+            cheap, cheap_segments = _auto_plan(graph, step, options, before, profile,
+                                                  policy=CHEAP)
+            if cheap.met:
+                cheap.policy = BUDGET
+                cheap.notes.append(f"no chain plan meets the budget (lowest estimate "
+                                   f"{format_bytes(plan.estimate)}); the cheap policy's does")
+                return cheap, cheap_segments
+            best = min((plan, cheap), key=lambda p: p.estimate)
+            raise GraphpassError(over_budget_message(
+                budget_option(options), best, best.estimate,
+                [s["label"] for s in best.segments]))
+        return plan, segments
 
 
-def _auto_plan(graph: Graph, step: Step, options: RematOptions,
-               before: int, profile: Profiler) -> tuple[AutoPlan, list[Segment]]:
+def written(graph: Graph, step: Step, options: RematOptions,
+            segments: list[Segment]) -> Graph:
+    """A copy of ``graph`` rewritten as the pass writes ``segments`` (updates
+    deferred where the estimate says so)."""
+    copy = graph.copy()
+    rewrite_segments(copy, segments, step, options.tupleize_grads)
+    defer_updates(copy, step, options.batch_size)
+    return copy
+
+
+def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
+               profile: Estimator, target: int | None = None, policy: str | None = None,
+               measured_before: int | None = None) -> tuple[AutoPlan, list[Segment]]:
+    """The plan of ``policy`` (default: the options'); ``target``: what the estimate
+    must meet in place of the budget less the allocator's headroom (``--profile``
+    maps the budget onto the estimate by what it measured); ``measured_before``:
+    the original's measured peak, which a relative budget (``0.6x``) is then of."""
     start = time.perf_counter()
+    policy = policy or options.policy
     run = with_trips(profile, options.loop_trips)
     check_batch_size(graph, step.fetches, options.batch_size)
     sizes = Sizes(graph, options.batch_size)
@@ -67,12 +109,16 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions,
                           sizes, ignore_reader=is_generated)
     budget = options.memory_budget_bytes
     if options.memory_budget_fraction is not None:
-        budget = int(options.memory_budget_fraction * before)
-    plan = AutoPlan(options.policy, budget, len(chain.units), chain.width, "none", 0.0,
+        budget = int(options.memory_budget_fraction * (measured_before or before))
+    plan = AutoPlan(policy, budget, len(chain.units), chain.width, "none", 0.0,
                     before, before, max(0, before - model_peak(chain.units, ())),
                     # a static arena (TFLite's) is what it is planned to be: no allocator
                     headroom=graph.dialect.allocator_headroom if profile is memory_profile
                     else 0.0, loops=_loop_notes(graph, step, options))
+    if policy != BUDGET:
+        target = None
+    elif target is None:
+        target = plan.target_bytes
 
     def rewritten(segments: list[Segment]) -> tuple[Graph, list[dict]]:
         trial = graph.copy()
@@ -97,10 +143,10 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions,
     if any(n.startswith(SCOPE) for n in graph):
         plan.solver = "none (already rematerialized by graphpass)"
         segments = []
-    elif options.policy == CHEAP:
+    elif policy == CHEAP:
         segments = _plan_cheap(graph, chain, sizes, plan, estimate)
     else:
-        segments = _plan_chain(chain, plan, options, estimate, trial,
+        segments = _plan_chain(chain, plan, target, options, estimate, trial,
                                can_defer(graph, step))
     plan.seconds = time.perf_counter() - start
     return plan, segments
@@ -125,27 +171,25 @@ def _loop_notes(graph: Graph, step: Step, options: RematOptions) -> list[str]:
     return notes
 
 
-def _plan_chain(chain: ForwardChain, plan: AutoPlan, options: RematOptions,
-                estimate, trial, deferrable: bool) -> list[Segment]:
+def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
+                options: RematOptions, estimate, trial, deferrable: bool) -> list[Segment]:
     """``min-peak`` or ``budget``: solve the chain for the lowest peak, checked
     against the estimate (``refine``: rounds where the model was wrong). A
     budget plan is searched by bisection over the model's budget, between the
     lowest plan (known to fit) and the budget less the model's offset, keeping
-    the cheapest plan whose estimate fits; ``ROUNDS`` estimates at most. The
-    budget is the user's less the dialect's allocator headroom (``target_bytes``):
-    the estimate counts requests, the allocator's peak is what must meet it."""
+    the cheapest plan whose estimate fits; ``ROUNDS`` estimates at most.
+    ``budget`` is what the estimate must meet (the user's less the dialect's
+    allocator headroom: the estimate counts requests, the allocator's peak is
+    what must meet the budget); where the lowest plan misses it, that plan is
+    the answer, and the caller judges it (``verdict``)."""
     units = chain.units
-    budget = plan.target_bytes  # the budget less the allocator's headroom
     chosen, estimated, plan.rounds = refine_min_peak(units, plan.model_offset, trial,
                                                      options.batch_size, budget)
     if estimated >= plan.estimate_before:  # the model was wrong: recompute nothing
         chosen, estimated = ChainPlan((), 0, 0), plan.estimate_before
     elif deferrable:  # the plan as written: its updates deferred where that is lower
         estimated = estimate(_chain_segments(chain, chosen))
-    if budget is not None and estimated > budget:
-        raise GraphpassError(over_budget_message(
-            _budget_option(options), plan, estimated, [chain.label(*r) for r in chosen.runs]))
-    if budget is not None:
+    if budget is not None and estimated <= budget:
         low, high = chosen.peak, budget - plan.model_offset
         target = high
         for plan.rounds in range(1, ROUNDS + 1):
@@ -198,7 +242,7 @@ def _plan_cheap(graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,
 
 # -- rewrite -------------------------------------------------------------
 
-def _budget_option(options: RematOptions) -> str:
+def budget_option(options: RematOptions) -> str:
     return "--memory-budget" if options.memory_budget_fraction is not None \
         else "--memory-budget-bytes"
 

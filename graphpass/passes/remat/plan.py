@@ -43,10 +43,9 @@ Policies (``--recompute-policy``):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from graphpass.analysis.forward import ForwardChain, Unit
-from graphpass.units import format_bytes
 
 #: How often a budget plan is re-solved after its rewrite missed the budget.
 ROUNDS = 4
@@ -64,74 +63,6 @@ class ChainPlan:
     peak: int
     #: proven optimality gap of ``cost`` on the model (0.0: optimal; None: not proven)
     gap: float | None = 0.0
-
-
-@dataclass
-class AutoPlan:
-    """What the planner decided, for the report."""
-
-    policy: str
-    budget_bytes: int | None
-    units: int
-    cut_width: int
-    solver: str
-    gap: float | None
-    estimate_before: int
-    estimate: int
-    model_offset: int
-    segments: list[dict] = field(default_factory=list)
-    rounds: int = 1
-    seconds: float = 0.0
-    #: the dialect's ``allocator_headroom``: a budget is planned to ``target_bytes``
-    headroom: float = 0.0
-    #: forward loops whose bodies the planner does not plan into, one note each
-    loops: list[str] = field(default_factory=list)
-
-    @property
-    def target_bytes(self) -> int | None:
-        """What the estimate must meet for the allocator's peak to meet the budget."""
-        return None if self.budget_bytes is None else \
-            int(self.budget_bytes / (1 + self.headroom))
-
-    @property
-    def met(self) -> bool | None:
-        target = self.target_bytes
-        return None if target is None else self.estimate <= target
-
-    def to_json(self) -> dict:
-        return {"policy": self.policy, "budget_bytes": self.budget_bytes,
-                "budget_met": self.met, "allocator_headroom": self.headroom,
-                "planned_budget_bytes": self.target_bytes,
-                "units": self.units, "cut_width": self.cut_width,
-                "solver": self.solver, "gap": self.gap,
-                "estimated_peak_bytes_before": self.estimate_before,
-                "estimated_peak_bytes": self.estimate, "model_offset_bytes": self.model_offset,
-                "segments": self.segments, "rounds": self.rounds,
-                "planning_seconds": round(self.seconds, 3),
-                "loops_not_planned_into": self.loops}
-
-    def summary(self) -> list[str]:
-        """One line for the plan, then one per recomputed segment."""
-        budget = "" if self.budget_bytes is None else \
-            f" (budget {format_bytes(self.budget_bytes)}{self.allowance()}, " \
-            f"{'met' if self.met else 'NOT met'})"
-        gap = "n/a" if self.gap is None else f"{self.gap:.1%}"
-        lines = [f"auto ({self.policy}): {len(self.segments)} segments recomputed of "
-                 f"{self.units} units (cut width {self.cut_width}); estimate "
-                 f"{format_bytes(self.estimate_before)} -> {format_bytes(self.estimate)}"
-                 f"{budget}; solver {self.solver}, gap {gap}; {self.seconds:.1f} s"]
-        lines += [f"  {s['label']}: saves ~{format_bytes(s['estimated_bytes_saved'])}, "
-                  f"recomputes {s['recompute_flops'] / 1e6:.1f} MFLOP" for s in self.segments]
-        lines += [f"  loop body not planned into: {note}" for note in self.loops]
-        return lines
-
-    def allowance(self) -> str:
-        """``, planned to <fraction>x of it (<bytes>) for the allocator's
-        fragmentation``, or nothing where the dialect declares no headroom."""
-        if not self.headroom or self.budget_bytes is None:
-            return ""
-        return (f", planned to {1 / (1 + self.headroom):.2f}x of it "
-                f"({format_bytes(self.target_bytes)}) for the allocator's fragmentation")
 
 
 # -- the chain model ---------------------------------------------------------
@@ -423,14 +354,3 @@ def describe_runs(chain: ForwardChain, runs: tuple[tuple[int, int], ...]) -> lis
              "estimated_bytes_saved": max(0, sums.saved[last + 1] - sums.saved[first]
                                           - sums.kept(first, last)),
              "recompute_flops": sums.cost(first, last)} for first, last in runs]
-
-
-def over_budget_message(option: str, plan: AutoPlan, best: int, labels: list[str]) -> str:
-    """The exit-2 line: the budget (and what it was planned to), the best estimate
-    any plan reaches, and that plan."""
-    shown = ", ".join(labels[:4]) + (f" and {len(labels) - 4} more" if len(labels) > 4 else "")
-    budget = plan.budget_bytes
-    return (f"{option} {budget} ({format_bytes(budget)}{plan.allowance()}) cannot be met: "
-            f"the best estimated peak reached is {best} bytes ({format_bytes(best)}, from "
-            f"{format_bytes(plan.estimate_before)}), recomputing {len(labels)} segments "
-            f"({shown or 'none'}); raise the budget")

@@ -1,0 +1,224 @@
+"""Estimate against measurement on third-party models, built from config, as a new
+user brings them: what graphpass printed against what the step really held.
+
+Models (``--size test``: small and quick; ``--size bench``: the sizes of issue 25):
+
+* ``inception_v3``: tf_keras ``InceptionV3(weights=None)``, TF1 MetaGraph, Adam
+  (``tools.fixtures.third_party``);
+* ``lstm``: tf_keras ``Embedding + LSTM`` (a control flow v2 ``While``), Adam
+  (``tools.fixtures.loop_models``; bench: seq 64, batch 32, 256 units);
+* ``resnet50``, ``mobilenet_v2``: Keras 3 applications, SGD momentum, TF2 ``train``
+  signature (``third_party``);
+* ``encoder``: a Keras 3 ``MultiHeadAttention`` encoder, the same kind of step.
+
+Variants, each rewritten by the CLI and measured in a process of its own:
+``original``; ``auto`` (``--recompute auto``); ``cheap`` (``--recompute-policy
+cheap``); ``budget`` (``--memory-budget 0.6x --profile``: 0.6x of the measured
+original, judged on the profile). Every process runs with oneDNN on
+(``TF_ENABLE_ONEDNN_OPTS=1``) and one inter-op thread; it warms the step up, then
+reads the CPU allocator's peak over one step (``peak`` minus ``current`` before;
+the figure of issue 25) and, over one traced step, the peak of the kernels'
+allocation records. The allocator's peak varies from process to process, so each
+variant is measured ``--repeats`` times and the table shows the median and the
+spread; ratios are of medians measured in this run.
+
+Columns: graphpass's estimate and the ratio it printed (after over before); the
+allocator's peak (median ±spread) and the records' peak (plus the fed arrays of
+a MetaGraph's placeholders); *measured*: the larger of the two (oneDNN's
+allocator leaves buffers under 256 KiB out of its statistics, so at small sizes
+the records are the larger: the figure ``--profile`` judges by) as a ratio to
+the original's; the estimate over the measured figure; for the budget its
+verdict (met/refused, the figure it was judged on) and measured over budget.
+
+    python -m tools.bench.third_party [--size test|bench] [--models lstm,encoder]
+                                      [--variants auto,cheap,budget] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ("inception_v3", "lstm", "resnet50", "mobilenet_v2", "encoder")
+VARIANTS = {
+    "auto": ["--recompute", "auto"],
+    "cheap": ["--recompute", "auto", "--recompute-policy", "cheap"],
+    "budget": ["--recompute", "auto", "--memory-budget", "0.6x", "--profile"],
+}
+#: ``loop_models.lstm`` arguments per size (issue 25: seq 64, batch 32, LSTM(256)).
+LSTM_SIZES = {"test": {"seq": 16, "batch": 8, "units": 64},
+              "bench": {"seq": 64, "batch": 32, "units": 256}}
+ENV = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1", TF_CPP_MIN_LOG_LEVEL="3")
+
+
+def build(name: str, work: Path, size: str) -> tuple[Path, list[str]]:
+    """The model's graph file (MetaGraphDef or SavedModel) and its fetches."""
+    if name == "lstm":
+        from tools.fixtures import loop_models
+
+        model = loop_models.lstm(**LSTM_SIZES[size])
+        path = work / f"lstm_{size}.meta"
+        path.write_bytes(model.meta_graph.SerializeToString(deterministic=True))
+        return path, [model.loss, model.train_op]
+    from tools.fixtures import third_party
+
+    return third_party.build(name, work, size)
+
+
+def rewrite(source: Path, target: Path, args: list[str]) -> dict:
+    """The CLI's rewrite in its own process: its report's remat entry, or
+    ``{"refused": <the exit-2 line>}``."""
+    report = target.with_name(target.name + ".json")
+    out = subprocess.run([sys.executable, "-m", "graphpass.cli", "rewrite", str(source), "-o",
+                          str(target), "--quiet", "--report", str(report), *args],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=3600)
+    if out.returncode == 2:
+        return {"refused": out.stderr.strip().splitlines()[-1]}
+    if out.returncode != 0:  # a crash is a row too: the table says what failed
+        return {"failed": out.stderr.strip().splitlines()[-1]}
+    return json.loads(report.read_text())["passes"][0]["report"]
+
+
+def measured(path: Path, fetches: list[str], repeats: int, model: str, size: str) -> dict:
+    """The allocator's and the records' peaks over ``repeats`` processes."""
+    runs = []
+    spec = {"path": str(path), "fetches": fetches, "model": model, "size": size}
+    for _ in range(repeats):
+        out = subprocess.run([sys.executable, "-m", "tools.bench.third_party", "--worker",
+                              json.dumps(spec)],
+                             cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=3600)
+        if out.returncode != 0:
+            raise RuntimeError(f"measuring {path} failed:\n{out.stderr[-3000:]}")
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    allocator = [r["allocator"] for r in runs]
+    records = statistics.median(r["records"] for r in runs)
+    return {"allocator": statistics.median(allocator), "spread": max(allocator) - min(allocator),
+            "records": records, "measured": max(statistics.median(allocator), records),
+            "loss": runs[0]["loss"]}
+
+
+def worker(spec: dict) -> dict:
+    """In the measuring process: warm-up, the allocator's peak over one step, the
+    records' peak over one traced step. A SavedModel's ``train`` signature is called
+    eagerly for the allocator's figure (as a user calls it) and in a TF1 session for
+    the records."""
+    import tensorflow as tf
+
+    from tools.fixtures import measure
+
+    path = Path(spec["path"])
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    if path.is_dir():
+        return _signature_worker(tf, path, spec["model"], spec["size"])
+    tf.compat.v1.disable_eager_execution()
+    result = measure.run_worker({"graph": str(path), "fetches": spec["fetches"],
+                                 "init": "init", "batch_size": None, "steps": 1,
+                                 "grappler": True, "trace_path": None})
+    graph = measure._load_graph(tf, path)
+    fed = sum(v.nbytes for v in measure._feeds(graph, spec["fetches"], None).values())
+    return {"allocator": result.allocator_peak_bytes or 0, "records": result.peak_bytes + fed,
+            "loss": result.losses[0]}
+
+
+def _signature_worker(tf, path: Path, name: str, size: str) -> dict:
+    from tools.fixtures import third_party
+    from tools.fixtures.measure import peak_from_step_stats
+
+    values = third_party.inputs(name, size)
+    function = tf.saved_model.load(str(path)).signatures["train"]
+    feed = {k: tf.constant(v) for k, v in values.items()}
+    function(**feed)
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    loss = float(function(**feed)["loss"].numpy())
+    allocator = tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+    tf1 = tf.compat.v1
+    with tf.Graph().as_default() as graph:
+        traced = tf.saved_model.load(str(path)).signatures["train"]
+        fetch = traced(**{k: tf.constant(v) for k, v in values.items()})["loss"]
+        config = tf1.ConfigProto(inter_op_parallelism_threads=1)
+        with tf1.Session(graph=graph, config=config) as session:
+            session.run(tf1.global_variables_initializer())
+            session.run(fetch)
+            metadata = tf1.RunMetadata()
+            session.run(fetch, run_metadata=metadata,
+                        options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE))
+    return {"allocator": allocator, "records": peak_from_step_stats(metadata.step_stats)[0],
+            "loss": loss}
+
+
+def bench(name: str, size: str, variants: list[str], repeats: int, work: Path) -> list[dict]:
+    """Build, rewrite and measure every variant of one model: one row each."""
+    source, fetches = build(name, work, size)
+    base = measured(source, fetches, repeats, name, size)
+    rows = [{"model": name, "variant": "original", **base}]
+    for variant in variants:
+        target = work / f"{name}_{size}_{variant}{source.suffix}"
+        report = rewrite(source, target, VARIANTS[variant])
+        row = {"model": name, "variant": variant, "report": report}
+        if "refused" not in report and "failed" not in report:
+            row.update(measured(target, fetches, repeats, name, size))
+        rows.append(row)
+    estimates = [r["report"].get("estimated_peak_bytes_before") for r in rows[1:]]
+    rows[0]["report"] = {"estimated_peak_bytes_after": next(filter(None, estimates), None)}
+    return rows
+
+
+def _mib(value) -> str:
+    return "-" if value is None else f"{value / 2**20:.1f}"
+
+
+def line(row: dict, base: dict) -> str:
+    """One printed row (module docstring's columns)."""
+    report = row["report"]
+    for outcome in ("refused", "failed"):
+        if outcome in report:
+            return f"| {row['model']} | {row['variant']} | {outcome}: {report[outcome]} |"
+    estimate = report.get("estimated_peak_bytes_after")
+    before = report.get("estimated_peak_bytes_before") or estimate
+    printed = f"{estimate / before:.2f}x" if estimate and before else "-"
+    fit = f"{estimate / row['measured']:.2f}" if estimate else "-"
+    verdict = "-"
+    auto = report.get("auto") or {}
+    if auto.get("budget_bytes"):
+        verdict = (f"{'met' if auto['budget_met'] else 'NOT met'} ({auto['budget_judged_on']}), "
+                   f"measured {row['measured'] / auto['budget_bytes']:.2f}x of it")
+    return (f"| {row['model']} | {row['variant']} | {_mib(estimate)} | {printed} | "
+            f"{_mib(row['allocator'])} ±{_mib(row['spread'])} | {_mib(row['records'])} | "
+            f"{row['measured'] / base['measured']:.2f}x | "
+            f"{fit} | {verdict} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=("test", "bench"), default="test")
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return 0
+    print(f"third-party models, size {args.size}, oneDNN on, CPU, {args.repeats} processes "
+          "per variant (allocator peak: median ±spread)")
+    print("| model | variant | estimate MiB | printed | allocator MiB | records MiB | "
+          "measured | estimate/measured | budget |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="graphpass-third-party-") as work:
+        for name in args.models.split(","):
+            rows = bench(name, args.size, args.variants.split(","), args.repeats, Path(work))
+            for row in rows:
+                print(line(row, rows[0]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
