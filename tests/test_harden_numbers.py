@@ -95,6 +95,24 @@ def test_required_type_attr_missing_before_a_while_is_refused(tmp_path, capsys):
                  "node 'while/Identity': attr 'T' is missing, and the op has no default")
 
 
+@pytest.mark.parametrize("dims", [[0], [-1], [2**40]])
+def test_loop_bound_constant_of_an_impossible_shape_is_refused(
+        tmp_path, capsys, dims):
+    """ValueError in numpy's pad where the loop estimate read a v1 loop's bound: a
+    scalar ``int_val`` under a shape of no, negative or absurd size (the fuzzer's
+    'extreme shape while/Less/y.value'). The loop estimate reads no trips from it;
+    TF's shape inference cannot import the graph either, so the planner has no
+    sizes and says which input it needs."""
+    meta = _load("control_flow.meta")
+    node = next(n for n in meta.graph_def.node if n.name == "while/Less/y")
+    shape = node.attr["value"].tensor.tensor_shape
+    for size in dims:
+        shape.dim.add().size = size
+    path = _write(tmp_path, meta)
+    _refused(capsys, ["rewrite", str(path), "-o", str(tmp_path / "o.meta"), "--recompute",
+                      "auto", "--batch-size", "2"], tmp_path, "input x has shape")
+
+
 @pytest.mark.parametrize("kind", ["i", "s", "absent"])
 def test_dtype_attr_of_the_wrong_kind_in_a_function_body_is_refused(tmp_path, capsys, kind):
     """TypeError in dtype_name: a body's ``T`` holding an int, a string or nothing."""

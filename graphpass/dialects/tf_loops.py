@@ -226,7 +226,10 @@ def _const_int(graph: Graph, tensor: Tensor) -> int | None:
         return None
     from tensorflow.python.framework import tensor_util
 
-    value = tensor_util.MakeNdarray(node.attrs["value"].tensor)
+    proto = node.attrs["value"].tensor
+    if any(dim.size != 1 for dim in proto.tensor_shape.dim):
+        return None  # not a scalar, or a shape TF itself would refuse (a negative dim)
+    value = tensor_util.MakeNdarray(proto)
     return int(value) if value.size == 1 and value.dtype.kind in "iu" else None
 
 
