@@ -60,3 +60,26 @@ def test_tf_only_pass_is_refused_for_onnx_before_anything_runs(tmp_path, capsys)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "stale pass needs ConditionalBuilder" in err
     assert not target.exists()
+
+
+def test_rewrite_reports_the_estimate_of_what_tf_runs(tmp_path, capsys):
+    """The summary and the report give the step's peak on the graph Grappler hands TF
+    (``analysis.runtime_memory``), before and after, beside the planner's own
+    figure, and name the graph it was made on."""
+    import json
+
+    from graphpass.analysis.runtime_memory import runtime_memory_profile
+    from graphpass.cli import main
+    from graphpass.dialects.tf_grappler import GRAPPLER
+
+    source = graphpass.load(MLP.with_name("mlp_adam.meta"))
+    step = AnalysisManager().regions(source)
+    expected = runtime_memory_profile(source, step.fetches).peak_bytes
+    report_path = tmp_path / "r.json"
+    assert main(["rewrite", str(MLP.with_name("mlp_adam.meta")), "-o", str(tmp_path / "o.meta"),
+                 "--recompute", "block[1-2]/", "--report", str(report_path)]) == 0
+    assert f"estimated peak on {GRAPPLER}: " in capsys.readouterr().out
+    remat = json.loads(report_path.read_text())["passes"][0]["report"]
+    figures = remat["runtime_estimate"]
+    assert figures["model"] == GRAPPLER and figures["peak_bytes_before"] == expected
+    assert 0 < figures["peak_bytes_after"] < figures["peak_bytes_before"]

@@ -12,8 +12,8 @@ from graphpass.analysis.memory import MemoryProfile, memory_profile
 from graphpass.ir.graph import Graph
 
 
-def runtime_memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = None
-                           ) -> MemoryProfile:
+def runtime_memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = None,
+                           loop_trips: int | None = None) -> MemoryProfile:
     """:func:`memory_profile` of the graph the runtime really runs, where the runtime
     can be asked for it (TF: Grappler's output, ``dialects/tf_grappler``); else of
     ``graph`` under the hand model. ``model`` on the result says which, and why.
@@ -22,10 +22,10 @@ def runtime_memory_profile(graph: Graph, fetches: list[str], batch_size: int | N
     a user reads (original and final graph), not for every candidate a planner
     weighs."""
     if graph.dialect.name != "tf":
-        return memory_profile(graph, fetches, batch_size)
+        return memory_profile(graph, fetches, batch_size, loop_trips)
     from graphpass.dialects.tf_grappler import runtime_graph
 
     view = runtime_graph(graph, fetches)
-    profile = memory_profile(view.graph, fetches, batch_size)
+    profile = memory_profile(view.graph, fetches, batch_size, loop_trips)
     profile.model = f"{view.model} ({view.reason})" if view.reason else view.model
     return profile

@@ -68,9 +68,14 @@ def optimize(graph_def, fetch_nodes: list[str]):
     """Grappler's output for ``graph_def`` with ``fetch_nodes`` fetched, as a
     ``Session`` with a default ``ConfigProto`` runs it: the same optimizers, and
     oneDNN's remapper fusions when this process has oneDNN on."""
+    import tensorflow as tf
     from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
     from tensorflow.python.grappler import tf_optimizer
 
+    # TF's importer first: it refuses with an exception what Grappler's C++ would
+    # abort the process on (a constant whose value does not fit its shape).
+    with tf.Graph().as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
     meta = meta_graph_pb2.MetaGraphDef()
     meta.graph_def.CopyFrom(graph_def)
     meta.collection_def["train_op"].node_list.value.extend(fetch_nodes)

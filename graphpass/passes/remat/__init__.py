@@ -34,6 +34,7 @@ from __future__ import annotations
 from graphpass.analysis.arena import arena_profile
 from graphpass.analysis.measured import StepMeasurement
 from graphpass.analysis.memory import MemoryProfile, estimated_peak_bytes, memory_profile
+from graphpass.analysis.runtime_memory import runtime_memory_profile
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
 from graphpass.options import RematOptions
@@ -61,6 +62,8 @@ class RematPass(Pass):
         estimate = self.estimates_memory(ctx)
         profile = estimator(ctx)
         peak_before = _peak_before(graph, ctx, step, batch, profile) if estimate else None
+        runtime = [_runtime_peak(graph, step, batch)] \
+            if ctx.estimates and profile is memory_profile else None
         auto = measured = None
         if self.options.auto:
             auto, segments = auto_plan(graph, step, self.options, peak_before, profile,
@@ -80,12 +83,15 @@ class RematPass(Pass):
         # Deferring is part of the rewrite, so it is decided (estimated) when the
         # figures are not shown too: the output never depends on --quiet.
         deferred = defer_updates(graph, step, batch, None if auto else peak_after)
+        if runtime is not None:
+            runtime.append(_runtime_peak(graph, step, batch) if changed or deferred
+                           else runtime[0])
         if measured is not None:
             measured.append(ctx.profiler(graph, step.fetches))
         elif auto is not None and auto.measured is not None:
             measured = [auto.measured_before, auto.measured]
         self.report = _report(entries, skipped, step.dependency, peak_before, peak_after,
-                              auto, deferred, measured)
+                              auto, deferred, measured, runtime)
         return changed or deferred is not None
 
     def estimates_memory(self, ctx: PassContext) -> bool:
@@ -140,15 +146,26 @@ def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
     return with_trips(profile, step.loop_trips)(graph, step.fetches, batch).peak_bytes
 
 
+def _runtime_peak(graph: Graph, step: Step, batch: int | None) -> MemoryProfile:
+    """The estimate of the graph the runtime really runs (``analysis.runtime_memory``:
+    TF's Grappler output), for the figures the user reads. The planner weighs its
+    candidates under the fast hand model instead: asking TF costs a Grappler run of
+    the whole step each time."""
+    return runtime_memory_profile(graph, step.fetches, batch, step.loop_trips)
+
+
 def _report(entries: list[dict], skipped: list[str], dependency: str,
             peak_before: int | None, peak_after: int | None,
             auto: AutoPlan | None = None,
             deferred: tuple[int, MemoryProfile] | None = None,
-            measured: list[StepMeasurement] | None = None) -> dict:
+            measured: list[StepMeasurement] | None = None,
+            runtime: list[MemoryProfile] | None = None) -> dict:
     """The pass's report; the peaks are None when not estimated
     (``PassContext.estimates``); ``deferred``: the estimates without and with the
     updates deferred (``defer``), None if they were not; ``measured``: the step
-    before and after, run (``--profile``), None if it was not."""
+    before and after, run (``--profile``), None if it was not; ``runtime``: the
+    estimates before and after of the graph the runtime runs, None where not made
+    (not shown, or a target with a model of its own)."""
     summary = auto.summary() if auto else []
     for e in entries:
         line = f"segment {e['segment']}: "
@@ -190,6 +207,14 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
         summary.append(f"estimated peak {peak_before / 2**20:.1f} MiB -> "
                        f"{peak_after / 2**20:.1f} MiB ({peak_after / peak_before:.2f}x)")
     extra = {"auto": auto.to_json()} if auto else {}
+    if runtime is not None and runtime[0].model:
+        first, last = runtime
+        summary.append(f"estimated peak on {first.model}: "
+                       f"{first.peak_bytes / 2**20:.1f} MiB -> {last.peak_bytes / 2**20:.1f} "
+                       f"MiB ({last.peak_bytes / max(first.peak_bytes, 1):.2f}x)")
+        extra["runtime_estimate"] = {"model": first.model,
+                                     "peak_bytes_before": first.peak_bytes,
+                                     "peak_bytes_after": last.peak_bytes}
     if measured is not None:
         first, last = measured
         summary.append(f"measured peak {first.peak_bytes / 2**20:.1f} MiB -> "
