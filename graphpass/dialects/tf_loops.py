@@ -276,15 +276,25 @@ def _evaluated(graph: Graph, tensor: Tensor, batch_size: int | None) -> int | No
             dims = copy.attr["shape"].shape.dim if copy.op.startswith("Placeholder") else []
             if dims and dims[0].size < 0 and batch_size is not None:
                 dims[0].size = batch_size
-    with tf.Graph().as_default() as imported:
-        tf.graph_util.import_graph_def(kept, name="")
-        result = imported.get_tensor_by_name(f"{tensor.node}:{tensor.port}")
-        value = tf.get_static_value(result)
-        if value is None and not any(graph.dialect.is_stateful(graph, n) or
-                                     graph.node(n).op.startswith("Placeholder")
-                                     for n in upstream):
-            with tf.compat.v1.Session(graph=imported) as session:  # constants only
-                value = session.run(result)
+    computes = not any(graph.dialect.is_stateful(graph, n) or
+                       graph.node(n).op.startswith("Placeholder") for n in upstream)
+    try:
+        value = _evaluate(tf, kept, tensor, computes)
+    except (tf.errors.OpError, ValueError):
+        return None  # TF cannot evaluate it alone (a value inside a lowered loop's frame)
     if value is None or np.size(value) != 1 or np.asarray(value).dtype.kind not in "iu":
         return None
     return int(value)
+
+
+def _evaluate(tf, graph_def, tensor: Tensor, computes: bool):
+    """``tensor``'s static value in ``graph_def``, else, where ``computes`` (every
+    ancestor a stateless op of no input data), the value a session computes."""
+    with tf.Graph().as_default() as imported:
+        tf.graph_util.import_graph_def(graph_def, name="")
+        result = imported.get_tensor_by_name(f"{tensor.node}:{tensor.port}")
+        value = tf.get_static_value(result)
+        if value is None and computes:
+            with tf.compat.v1.Session(graph=imported) as session:  # constants only
+                value = session.run(result)
+    return value
