@@ -113,6 +113,37 @@ def test_loop_bound_constant_of_an_impossible_shape_is_refused(
                       "auto", "--batch-size", "2"], tmp_path, "input x has shape")
 
 
+def test_loop_counter_step_whose_bytes_do_not_fit_its_dtype_leaves_the_trips_unknown(
+        tmp_path, capsys):
+    """ValueError 'buffer size must be a multiple of element size' where the loop
+    estimate read a v1 counter's step: ``tensor_content`` of 6 bytes for an int32
+    (fuzzer, pbtxt-11-342). The step is unreadable, so the trips are unknown and the
+    summary says how to give them."""
+    meta = _load("control_flow.meta")
+    node = next(n for n in meta.graph_def.node if n.name == "while/add/y")
+    node.attr["value"].tensor.tensor_content = b"\x17\xff\xefY\xcd!"
+    path = _write(tmp_path, meta)
+    assert main(["rewrite", str(path), "-o", str(tmp_path / "o.meta"), "--recompute",
+                 "auto", "--batch-size", "2"]) == 0
+    assert "trip count unknown" in capsys.readouterr().out
+
+
+def test_constant_of_no_tf_dtype_keeps_grappler_out(tmp_path, capsys):
+    """SIGABRT in Grappler (``tensor.cc`` 'Unexpected type: 99') when the summary's
+    estimate asked it for the graph TF runs: TF's importer accepts a constant whose
+    value has dtype 99 (fuzzer, graphdef-12-7). Grappler is not asked; the figure is
+    the hand model's, and the line says why."""
+    meta = _load("mlp_sgd.meta")
+    node = next(n for n in meta.graph_def.node if n.op == "Const" and
+                n.attr["value"].tensor.dtype == 1)
+    node.attr["value"].tensor.dtype = 99
+    path = _write(tmp_path, meta)
+    assert main(["rewrite", str(path), "-o", str(tmp_path / "o.meta"), "--recompute",
+                 "block[1-2]/"]) == 0
+    assert f"Grappler refused the graph: node '{node.name}': attr 'value' has no dtype TF " \
+        "knows (99)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("kind", ["i", "s", "absent"])
 def test_dtype_attr_of_the_wrong_kind_in_a_function_body_is_refused(tmp_path, capsys, kind):
     """TypeError in dtype_name: a body's ``T`` holding an int, a string or nothing."""

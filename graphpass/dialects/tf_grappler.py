@@ -16,12 +16,17 @@ It reads the graph and never edits it; node names Grappler keeps are the IR's
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
 from graphpass.ir.graph import Graph
 from graphpass.runtimes import TENSORFLOW, installed
 
+#: The most elements a tensor attr may have for Grappler to be asked: TF's constant
+#: folding makes none larger than 10 MiB, and reading a larger one (a splat of an
+#: absurd shape) in Python to check it would allocate all of it.
+MAX_CHECKED_ELEMENTS = 2**28
 #: What a figure was computed on (``RuntimeGraph.model``).
 GRAPPLER = "the graph Grappler hands TF's executor"
 HAND_MODEL = "graphpass's model of Grappler"
@@ -72,14 +77,43 @@ def optimize(graph_def, fetch_nodes: list[str]):
     from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
     from tensorflow.python.grappler import tf_optimizer
 
-    # TF's importer first: it refuses with an exception what Grappler's C++ would
-    # abort the process on (a constant whose value does not fit its shape).
+    # Grappler's C++ aborts the process on a tensor it cannot read (a CHECK in
+    # Tensor::FromProto) where TF's Python refuses it with an exception: every
+    # tensor the graph holds is read in Python, then TF's importer checks the rest.
+    _check_tensors(graph_def)
     with tf.Graph().as_default():
         tf.graph_util.import_graph_def(graph_def, name="")
     meta = meta_graph_pb2.MetaGraphDef()
     meta.graph_def.CopyFrom(graph_def)
     meta.collection_def["train_op"].node_list.value.extend(fetch_nodes)
     return tf_optimizer.OptimizeGraph(config_pb2.ConfigProto(), meta)
+
+
+def _check_tensors(graph_def) -> None:
+    """Raise ValueError naming the first tensor attr of ``graph_def`` (its nodes and
+    its functions' nodes) whose dtype is not one of TF's or whose value does not
+    fit its dtype and shape."""
+    from tensorflow.core.framework import types_pb2
+    from tensorflow.python.framework import tensor_util
+
+    node_defs = [*graph_def.node, *(n for f in graph_def.library.function
+                                    for n in f.node_def)]
+    for node_def in node_defs:
+        for key, value in sorted(node_def.attr.items()):
+            for proto in [value.tensor] if value.HasField("tensor") else value.list.tensor:
+                if proto.dtype not in types_pb2.DataType.values() or \
+                        proto.dtype == types_pb2.DT_INVALID:
+                    raise ValueError(f"node {node_def.name!r}: attr {key!r} has no dtype "
+                                     f"TF knows ({proto.dtype})")
+                dims = [d.size for d in proto.tensor_shape.dim]
+                if any(d < 0 for d in dims) or math.prod(dims) > MAX_CHECKED_ELEMENTS:
+                    raise ValueError(f"node {node_def.name!r}: attr {key!r} has shape "
+                                     f"{dims}, which a constant cannot have here")
+                try:
+                    tensor_util.MakeNdarray(proto)
+                except (ValueError, TypeError) as exc:
+                    raise ValueError(f"node {node_def.name!r}: attr {key!r} is not a "
+                                     f"tensor TF can read ({exc})") from None
 
 
 def _fetch_nodes(fetches: list[str]) -> list[str]:

@@ -229,7 +229,10 @@ def _const_int(graph: Graph, tensor: Tensor) -> int | None:
     proto = node.attrs["value"].tensor
     if any(dim.size != 1 for dim in proto.tensor_shape.dim):
         return None  # not a scalar, or a shape TF itself would refuse (a negative dim)
-    value = tensor_util.MakeNdarray(proto)
+    try:
+        value = tensor_util.MakeNdarray(proto)
+    except (ValueError, TypeError):
+        return None  # a value that does not fit its dtype: TF's importer refuses it too
     return int(value) if value.size == 1 and value.dtype.kind in "iu" else None
 
 
