@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from graphpass.dialects.onnx_ops import tensor_type
 from graphpass.formats.ort_artifacts import GRADIENT_SUFFIX, MS_DOMAIN
 
 #: onnxruntime training ops outside ONNX's schemas -> {output port: the input port
@@ -112,7 +113,7 @@ def _symbolic(model) -> tuple[dict, str | None]:
     complete = False
     while inference.run_:
         complete = inference._infer_impl()
-    found = {name: _type_of(info.type) for name, info in inference.known_vi_.items()}
+    found = {name: tensor_type(info.type) for name, info in inference.known_vi_.items()}
     if complete:
         return found, None
     typed = {name for name, (_, shape) in found.items() if shape is not None}
@@ -147,15 +148,3 @@ def _teach(inference, model) -> None:
     for node in model.graph.node:
         if node.domain == MS_DOMAIN and node.op_type not in inference.dispatcher_:
             inference.dispatcher_[node.op_type] = infer
-
-
-def _type_of(type_proto) -> tuple[str | None, tuple | None]:
-    from graphpass.dialects.onnx_ops import dtype_name
-
-    if type_proto.WhichOneof("value") != "tensor_type":
-        return None, None
-    tensor = type_proto.tensor_type
-    dtype = dtype_name(tensor.elem_type) if tensor.elem_type else None
-    if not tensor.HasField("shape"):
-        return dtype, None
-    return dtype, tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)

@@ -83,6 +83,18 @@ def dtype_name(enum: int) -> str | None:
         return None
 
 
+def tensor_type(type_proto) -> tuple[str | None, tuple | None]:
+    """``(dtype name, dims)`` of an ONNX ``TypeProto``; None for what it leaves
+    unknown (a dim without a value is None), ``(None, None)`` for a non-tensor."""
+    if type_proto.WhichOneof("value") != "tensor_type":
+        return None, None
+    tensor = type_proto.tensor_type
+    dtype = dtype_name(tensor.elem_type) if tensor.elem_type else None
+    if not tensor.HasField("shape"):
+        return dtype, None
+    return dtype, tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
+
+
 def dtype_enum(name: str) -> int:
     """The ONNX element type for a numpy-style dtype name ("float32" -> FLOAT)."""
     try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
-from graphpass.dialects.onnx_ops import dtype_name
+from graphpass.dialects.onnx_ops import dtype_name, tensor_type
 from graphpass.errors import GraphpassError
 from graphpass.formats.onnx_io import model_from_graph
 from graphpass.formats.onnx_order import INITIALIZER
@@ -78,7 +78,7 @@ def infer_types(graph: Graph) -> None:
     types = {}
     if model is not None:
         for info in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
-            types[info.name] = _type_of(info.type)
+            types[info.name] = tensor_type(info.type)
     for name, tensor in graph.format_state.initializers.items():
         types[name] = (dtype_name(tensor.data_type), tuple(tensor.dims))
     _SOURCES.pop(graph, None)
@@ -140,7 +140,7 @@ def _reinfer(model, values: list[str], types: dict) -> None:
     except (onnx.shape_inference.InferenceError, ValueError):
         return
     for info in seeded.graph.value_info:
-        found = _type_of(info.type)
+        found = tensor_type(info.type)
         if better(types.get(info.name), found):
             types[info.name] = found
 
@@ -153,14 +153,3 @@ def shape_source(graph: Graph) -> str | None:
 
 #: Per graph: what typed its com.microsoft ops (``shape_source``).
 _SOURCES: WeakKeyDictionary = WeakKeyDictionary()
-
-
-def _type_of(type_proto) -> tuple[str | None, tuple | None]:
-    if type_proto.WhichOneof("value") != "tensor_type":
-        return None, None
-    tensor_type = type_proto.tensor_type
-    dtype = dtype_name(tensor_type.elem_type) if tensor_type.elem_type else None
-    if not tensor_type.HasField("shape"):
-        return dtype, None
-    return dtype, tuple(d.dim_value if d.HasField("dim_value") else None
-                        for d in tensor_type.shape.dim)
