@@ -234,7 +234,8 @@ def test_a_quiet_rewrite_infers_no_segment_shapes(monkeypatch):
 def test_quiet_rewrite_estimates_only_for_a_report(monkeypatch, tmp_path, capsys):
     """``--quiet`` without ``--report`` shows no estimate, so none is computed; with
     ``--report`` the estimates run (before and after, under the planner's model and on
-    the graph Grappler hands TF) and give the figures a shown summary gives."""
+    the graph Grappler hands TF, and with the updates held to the step's end) and give
+    the figures a shown summary gives."""
     from graphpass.analysis import memory
     from graphpass.cli import main
 
@@ -245,7 +246,7 @@ def test_quiet_rewrite_estimates_only_for_a_report(monkeypatch, tmp_path, capsys
     assert main(argv + ["--quiet"]) == 0
     assert estimates[0] == 0
     assert main(argv + ["--quiet", "--report", str(tmp_path / "r.json")]) == 0
-    assert estimates[0] == 4
+    assert estimates[0] == 5
     capsys.readouterr()
     assert main(argv) == 0
     shown = capsys.readouterr().out

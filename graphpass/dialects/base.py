@@ -159,6 +159,11 @@ class Dialect(ABC):
 
     # -- runtime memory (graphpass.analysis.memory) ---------------------------
 
+    #: The executor queues ready kernels newest first (TF's, with its Eigen pool),
+    #: so a kernel that became ready early may wait under all later work
+    #: (``passes/remat/pin``).
+    queues_newest_first: bool = False
+
     def is_constant(self, graph: Graph, name: str) -> bool:
         """``name``'s value is known before the step runs (a constant, or the shape of
         a fully static tensor): the runtime may fold the ops it feeds."""

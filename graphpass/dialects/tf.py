@@ -57,6 +57,7 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
     #: declared instead of a model (``python -m tools.bench.planner`` measures it;
     #: docs/benchmarks.md).
     allocator_headroom = 0.18
+    queues_newest_first = True
 
     # -- structure ---------------------------------------------------------
 

@@ -43,6 +43,7 @@ from graphpass.passes.context import PassContext
 from graphpass.passes.remat.auto import Estimator, auto_plan, with_trips
 from graphpass.passes.remat.defer import defer_updates
 from graphpass.passes.remat.marks import marked_segments, unique
+from graphpass.passes.remat.pin import Pinned, held_updates_peak, pin_updates
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
 from graphpass.passes.remat.verdict import AutoPlan
 
@@ -62,6 +63,8 @@ class RematPass(Pass):
         estimate = self.estimates_memory(ctx)
         profile = estimator(ctx)
         peak_before = _peak_before(graph, ctx, step, batch, profile) if estimate else None
+        held = held_updates_peak(graph, step, batch, with_trips(profile, step.loop_trips)) \
+            if estimate and profile is memory_profile else None
         runtime = [_runtime_peak(graph, step, batch)] \
             if ctx.estimates and profile is memory_profile else None
         auto = measured = None
@@ -83,16 +86,17 @@ class RematPass(Pass):
         # Deferring is part of the rewrite, so it is decided (estimated) when the
         # figures are not shown too: the output never depends on --quiet.
         deferred = defer_updates(graph, step, batch, None if auto else peak_after)
+        pinned = Pinned(pin_updates(graph, step), held, peak_before)
         if runtime is not None:
-            runtime.append(_runtime_peak(graph, step, batch) if changed or deferred
-                           else runtime[0])
+            runtime.append(_runtime_peak(graph, step, batch)
+                           if changed or deferred or pinned.reads else runtime[0])
         if measured is not None:
             measured.append(ctx.profiler(graph, step.fetches))
         elif auto is not None and auto.measured is not None:
             measured = [auto.measured_before, auto.measured]
         self.report = _report(entries, skipped, step.dependency, peak_before, peak_after,
-                              auto, deferred, measured, runtime)
-        return changed or deferred is not None
+                              auto, deferred, measured, runtime, pinned)
+        return changed or deferred is not None or pinned.reads > 0
 
     def estimates_memory(self, ctx: PassContext) -> bool:
         return ctx.estimates or self.options.auto
@@ -159,13 +163,15 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
             auto: AutoPlan | None = None,
             deferred: tuple[int, MemoryProfile] | None = None,
             measured: list[StepMeasurement] | None = None,
-            runtime: list[MemoryProfile] | None = None) -> dict:
+            runtime: list[MemoryProfile] | None = None,
+            pinned: Pinned | None = None) -> dict:
     """The pass's report; the peaks are None when not estimated
     (``PassContext.estimates``); ``deferred``: the estimates without and with the
     updates deferred (``defer``), None if they were not; ``measured``: the step
     before and after, run (``--profile``), None if it was not; ``runtime``: the
     estimates before and after of the graph the runtime runs, None where not made
-    (not shown, or a target with a model of its own)."""
+    (not shown, or a target with a model of its own); ``pinned``: the updates'
+    reads pinned before the backward pass (``pin``)."""
     summary = auto.summary() if auto else []
     for e in entries:
         line = f"segment {e['segment']}: "
@@ -207,6 +213,9 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
         summary.append(f"estimated peak {peak_before / 2**20:.1f} MiB -> "
                        f"{peak_after / 2**20:.1f} MiB ({peak_after / peak_before:.2f}x)")
     extra = {"auto": auto.to_json()} if auto else {}
+    if pinned is not None:
+        summary.extend(pinned.summary())
+        extra.update(pinned.to_json())
     if runtime is not None and runtime[0].model:
         first, last = runtime
         summary.append(f"estimated peak on {first.model}: "

@@ -1,0 +1,151 @@
+"""Pinning the parameter updates next to their gradients, for runtimes whose
+executor queues ready kernels newest first (``Dialect.queues_newest_first``:
+TF's executor with its Eigen pool).
+
+An update (``ResourceApplyAdam``, or Keras' assign ops) reads its gradient and
+the optimizer's state: Adam's ``beta1_power`` read, a learning-rate cast. Those
+reads do not depend on the backward pass, so they become ready during the
+forward pass, where TF's executor queues them (a read is an expensive kernel to
+it) under everything that becomes ready later: the whole backward pass. Whether
+a read is run at once or only when that queue drains depends on the order of the
+graph's nodes and edges, which Grappler hands over in an order of its hash maps,
+seeded per process. So in some processes every update waits for the end of the
+step and every weight gradient is held until then; in others each update runs
+as its gradient appears (a peak several times lower on a CNN whose weights
+outweigh its activations).
+
+The rewrite makes the backward pass start only after those reads have run (one
+``NoOp`` on the reads, a control input of each op that starts the backward
+pass), so each update is ready the moment its gradient is, in every process. It
+moves no value: a read of optimizer state runs before the backward pass, where
+nothing writes that state. The estimate (``analysis.memory``) schedules the
+updates that way, so for the original it is the lower of the two figures;
+:func:`held_updates_peak` is the other one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from graphpass.analysis.memory import MemoryProfile, tensor_bytes
+from graphpass.ir.graph import Graph, Tensor
+from graphpass.passes.remat.marks import unique
+from graphpass.passes.remat.order import gate_by_data
+from graphpass.passes.remat.rewrite import Step
+
+PIN_SCOPE = "graphpass/pinned_updates"
+#: The largest value other than a variable read worth pinning: a hyperparameter's
+#: scalar. A larger one (``momentum * slot``) held through the backward pass would
+#: cost what pinning saves.
+SMALL_BYTES = 64
+#: How far above the estimate the held figure must be to be worth a line.
+SHOWN_ABOVE = 0.01
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """What pinning did: ``reads`` pinned (0: none), and the original's estimate
+    with the updates held to the end of the step (None where not estimated, or
+    where no update could be held)."""
+
+    reads: int
+    held: MemoryProfile | None
+    #: The original's estimate: the held figure is shown only where it is higher.
+    before: int | None = None
+
+    def summary(self) -> list[str]:
+        lines = []
+        if self.held is not None and self.before is not None and \
+                self.held.peak_bytes > (1 + SHOWN_ABOVE) * self.before:
+            lines.append(
+                f"the original's estimate runs each update as its gradient appears; TF's "
+                f"executor does so only in some processes (the order of Grappler's output "
+                f"decides), in the others it holds every gradient to the end of the step: "
+                f"estimated {self.held.peak_bytes / 2**20:.1f} MiB")
+        if self.reads:
+            lines.append(f"updates pinned next to their gradients: the backward pass waits "
+                         f"for the {self.reads} reads of optimizer state they take, in "
+                         f"every process")
+        return lines
+
+    def to_json(self) -> dict:
+        return {"pinned_update_reads": self.reads,
+                "estimated_peak_bytes_updates_held":
+                    None if self.held is None else self.held.peak_bytes}
+
+
+def pin_updates(graph: Graph, step: Step) -> int:
+    """Make the backward pass wait for the updates' reads of optimizer state.
+    Returns how many reads were pinned (0: the graph is left as it is)."""
+    reads = update_reads(graph, step)
+    starts = _backward_starts(graph, step)
+    if not reads or not starts:
+        return 0
+    gate = graph.dialect.noop(graph, graph.unique_name(f"{PIN_SCOPE}/reads_done"), reads)
+    for name in starts:
+        graph.add_control_input(name, gate)
+    return len(reads)
+
+
+def update_reads(graph: Graph, step: Step) -> list[str]:
+    """The ops an update reads besides its gradient that the runtime may queue
+    under the backward pass: variable reads and small values, which depend on no
+    gradient and feed nothing but the optimizer. None where the executor does not
+    queue newest first, where the step orders by data (XLA and TFLite schedule
+    themselves), in a function's body (TF2's function runtime, not measured
+    here), or once pinned (a second run changes nothing)."""
+    dialect = graph.dialect
+    if not dialect.queues_newest_first or step.dependency != "control" or \
+            dialect.in_function_body(graph) or any(n.startswith(PIN_SCOPE) for n in graph):
+        return []
+    after_backward = _after_backward(graph, step)
+    return unique(t.node for update in _updates(graph, step) for t in graph.inputs(update)
+                  if t.node not in after_backward and _pinnable(graph, t, step))
+
+
+def _after_backward(graph: Graph, step: Step) -> set[str]:
+    return graph.descendants(step.backward) | step.backward
+
+
+def _updates(graph: Graph, step: Step) -> list[str]:
+    """The optimizer's ops that read a gradient."""
+    after_backward = _after_backward(graph, step)
+    return [n for n in graph if n in step.optimizer and n in after_backward]
+
+
+def held_updates_peak(graph: Graph, step: Step, batch_size: int | None,
+                      estimate: Callable[[Graph, list[str], int | None], MemoryProfile]
+                      ) -> MemoryProfile | None:
+    """The estimate with every update waiting for the last gradient: the step as
+    TF's executor runs it in the processes that queue the updates' reads to the
+    end. None where no read could be queued (pinned, or no such reads)."""
+    if not update_reads(graph, step):
+        return None
+    held = graph.copy()
+    gate_by_data(held, f"{PIN_SCOPE}/held", list(step.gradients),
+                 lambda reader: reader in step.optimizer)
+    return estimate(held, step.fetches, batch_size)
+
+
+def _pinnable(graph: Graph, tensor: Tensor, step: Step) -> bool:
+    dialect = graph.dialect
+    name = tensor.node
+    if dialect.is_constant(graph, name) or dialect.is_variable(graph, name):
+        return False  # run first anyway: they wait for nothing
+    if any(user not in step.optimizer for user in graph.users(name)):
+        return False
+    if dialect.is_variable_value(graph, name):
+        return True  # a read aliases the variable: holding it costs nothing
+    size = tensor_bytes(graph, tensor)
+    return size is not None and size <= SMALL_BYTES
+
+
+def _backward_starts(graph: Graph, step: Step) -> list[str]:
+    """The backward ops that wait for no other backward op but constants (which
+    the runtime folds or runs first): every gradient's computation starts from
+    one of them."""
+    dialect = graph.dialect
+    computed = {n for n in step.backward if not dialect.is_constant(graph, n)}
+    return [n for n in graph if n in computed
+            and not any(p in computed for p in graph.producers(n))]

@@ -1,0 +1,94 @@
+"""Pinning the updates next to their gradients (``passes/remat/pin``): TF's
+executor queues the updates' reads of optimizer state newest first, so in some
+processes every update waits for the end of the step; the rewrite makes the
+backward pass wait for those reads instead. Fast: structure, estimates and the
+training step run in this process. The third-party InceptionV3 it was found on
+is measured by ``tools/bench/third_party.py``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphpass
+from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
+from graphpass.passes.remat.pin import PIN_SCOPE
+from tools.fixtures import tf_models
+
+
+@pytest.fixture(scope="module")
+def adam():
+    return tf_models.block_mlp(batch=16, width=32, blocks=4, optimizer="adam")
+
+
+def _rewrite(model, **settings):
+    graph = graph_from_graph_def(model.graph_def, {})
+    return graph, graphpass.run_passes(graph, settings)[0].report
+
+
+def _gate(graph) -> str:
+    gates = [n for n in graph if n.startswith(PIN_SCOPE)]
+    assert len(gates) == 1
+    return gates[0]
+
+
+def test_backward_waits_for_the_updates_reads(adam):
+    graph, report = _rewrite(adam, recompute=["auto"])
+    gate = _gate(graph)
+    reads = graph.control_inputs(gate)
+    assert report["pinned_update_reads"] == len(reads) > 0
+    # Adam's beta powers, read by each update: nothing but the optimizer reads them.
+    assert all(graph.node(r).op == "ReadVariableOp" for r in reads)
+    assert all(u.startswith("train/") for r in reads for u in graph.users(r) if u != gate)
+    waiting = graph.control_users(gate)
+    assert "gradients/grad_ys_0" in waiting or "gradients/Fill" in waiting
+    graph.check_acyclic()
+    assert any(line.startswith("updates pinned next to their gradients")
+               for line in report["summary"])
+
+
+def test_held_updates_are_estimated_beside_the_estimate():
+    """Weights that outweigh the activations (batch 2): held to the end, every
+    weight gradient is alive at once, where one at a time is when each update
+    runs as its gradient appears."""
+    model = tf_models.block_mlp(batch=2, width=128, blocks=4, optimizer="adam")
+    _, report = _rewrite(model, recompute=["auto"])
+    held = report["estimated_peak_bytes_updates_held"]
+    before = report["estimated_peak_bytes_before"]
+    weight = 128 * 128 * 4
+    assert held >= before + 2 * weight
+    assert any(f"estimated {held / 2**20:.1f} MiB" in line for line in report["summary"])
+
+
+def test_pinned_step_trains_the_same(adam):
+    graph, _ = _rewrite(adam, recompute=["auto"])
+    losses, variables, _ = tf_models.run_steps(adam.graph_def, adam)
+    new_losses, new_variables, _ = tf_models.run_steps(graph_def_from_graph(graph), adam)
+    np.testing.assert_array_equal(new_losses, losses)
+    for name, value in variables.items():
+        np.testing.assert_array_equal(new_variables[name], value, err_msg=name)
+
+
+def test_pinning_twice_changes_nothing(adam):
+    graph, _ = _rewrite(adam, recompute=["auto"])
+    again = graphpass.run_passes(graph, {"recompute": ["auto"]})[0].report
+    assert again["pinned_update_reads"] == 0
+    _gate(graph)
+
+
+@pytest.mark.parametrize("settings", [{"recompute": ["auto"], "target": "xla"},
+                                      {"recompute": ["block[1-3]/"], "dependency": "data"}])
+def test_data_ordered_steps_are_not_pinned(adam, settings):
+    """XLA schedules a cluster itself; a data-ordered step is for a compiler."""
+    graph, report = _rewrite(adam, **settings)
+    assert report["pinned_update_reads"] == 0
+    assert not any(n.startswith(PIN_SCOPE) for n in graph)
+
+
+def test_updates_without_queued_reads_are_left_alone():
+    """Plain SGD reads a constant learning rate: nothing to pin, nothing held."""
+    model = tf_models.block_mlp(batch=16, width=32, blocks=4, optimizer="sgd")
+    graph, report = _rewrite(model, recompute=["auto"])
+    assert report["pinned_update_reads"] == 0
+    assert report["estimated_peak_bytes_updates_held"] is None
+    assert not any(n.startswith(PIN_SCOPE) for n in graph)
