@@ -169,13 +169,15 @@ class GrapplerView:
             producers = dict.fromkeys(p for p, _ in entries)
             implied = 0
             for producer in producers:
-                implied |= ancestors[producer]
+                # Absent when users and inputs disagree after a bypass (a node
+                # reached before its producer): that input implies nothing more.
+                implied |= ancestors.get(producer, 0)
             mask = implied
             for producer in producers:
                 mask |= 1 << position[producer]
                 readers[producer] -= 1
                 if not readers[producer]:
-                    del ancestors[producer]
+                    ancestors.pop(producer, None)
             if readers[name]:
                 ancestors[name] = mask
             if not any(c for _, c in entries):

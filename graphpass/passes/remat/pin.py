@@ -3,13 +3,15 @@ executor queues ready kernels newest first (``Dialect.queues_newest_first``:
 TF's executor with its Eigen pool).
 
 An update (``ResourceApplyAdam``, or Keras' assign ops) reads its gradient and
-the optimizer's state: Adam's ``beta1_power`` read, a learning-rate cast. Those
-reads do not depend on the backward pass, so they become ready during the
-forward pass, where TF's executor queues them (a read is an expensive kernel to
-it) under everything that becomes ready later: the whole backward pass. Whether
-a read is run at once or only when that queue drains depends on the order of the
-graph's nodes and edges, which Grappler hands over in an order of its hash maps,
-seeded per process. So in some processes every update waits for the end of the
+the optimizer's state: its slots' handles, Adam's ``beta1_power`` read, the
+learning rate. Those inputs do not depend on the backward pass. The handles and
+constants are roots, which the executor hands its thread pool before it starts;
+the reads become ready during the forward pass and are queued there too (a read
+is an expensive kernel to TF). The pool's thread works its own later work first,
+so a queued input may run only when everything queued after it has: after the
+whole backward pass. Whether it does depends on the order of the graph's nodes
+and edges, which Grappler hands over in an order of its hash maps, seeded per
+process. So in some processes every update waits for the end of the
 step and every weight gradient is held until then; in others each update runs
 as its gradient appears (a peak several times lower on a CNN whose weights
 outweigh its activations).
@@ -17,8 +19,8 @@ outweigh its activations).
 The rewrite makes the backward pass start only after those reads have run (one
 ``NoOp`` on the reads, a control input of each op that starts the backward
 pass), so each update is ready the moment its gradient is, in every process. It
-moves no value: a read of optimizer state runs before the backward pass, where
-nothing writes that state. The estimate (``analysis.memory``) schedules the
+moves no value: optimizer state is read before the backward pass, where nothing
+writes it. The estimate (``analysis.memory``) schedules the
 updates that way, so for the original it is the lower of the two figures;
 :func:`held_updates_peak` is the other one.
 """
@@ -65,7 +67,7 @@ class Pinned:
                 f"estimated {self.held.peak_bytes / 2**20:.1f} MiB")
         if self.reads:
             lines.append(f"updates pinned next to their gradients: the backward pass waits "
-                         f"for the {self.reads} reads of optimizer state they take, in "
+                         f"for the {self.reads} inputs of optimizer state they read, in "
                          f"every process")
         return lines
 
@@ -76,8 +78,8 @@ class Pinned:
 
 
 def pin_updates(graph: Graph, step: Step) -> int:
-    """Make the backward pass wait for the updates' reads of optimizer state.
-    Returns how many reads were pinned (0: the graph is left as it is)."""
+    """Make the backward pass wait for the updates' inputs of optimizer state.
+    Returns how many were pinned (0: the graph is left as it is)."""
     reads = update_reads(graph, step)
     starts = _backward_starts(graph, step)
     if not reads or not starts:
@@ -90,8 +92,8 @@ def pin_updates(graph: Graph, step: Step) -> int:
 
 def update_reads(graph: Graph, step: Step) -> list[str]:
     """The ops an update reads besides its gradient that the runtime may queue
-    under the backward pass: variable reads and small values, which depend on no
-    gradient and feed nothing but the optimizer. None where the executor does not
+    under the backward pass: those of :func:`_pinnable`, which depend on no
+    gradient and feed no forward or backward op. None where the executor does not
     queue newest first, where the step orders by data (XLA and TFLite schedule
     themselves), in a function's body (TF2's function runtime, not measured
     here), or once pinned (a second run changes nothing)."""
@@ -129,14 +131,19 @@ def held_updates_peak(graph: Graph, step: Step, batch_size: int | None,
 
 
 def _pinnable(graph: Graph, tensor: Tensor, step: Step) -> bool:
+    """A value no forward or backward op reads (an initializer may) that holding
+    costs nothing: a variable
+    (a slot's handle), a read of one (it aliases the variable), a constant (its
+    kernel holds it), or a hyperparameter's scalar. Variables and constants wait
+    for nothing, yet the executor queues them behind its own work too: they are
+    the roots it hands its pool before it starts."""
     dialect = graph.dialect
     name = tensor.node
-    if dialect.is_constant(graph, name) or dialect.is_variable(graph, name):
-        return False  # run first anyway: they wait for nothing
-    if any(user not in step.optimizer for user in graph.users(name)):
+    if any(user in step.forward or user in step.backward for user in graph.users(name)):
         return False
-    if dialect.is_variable_value(graph, name):
-        return True  # a read aliases the variable: holding it costs nothing
+    if dialect.is_variable(graph, name) or dialect.is_variable_value(graph, name) or \
+            dialect.is_constant(graph, name):
+        return True
     size = tensor_bytes(graph, tensor)
     return size is not None and size <= SMALL_BYTES
 
