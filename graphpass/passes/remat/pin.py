@@ -37,9 +37,9 @@ from graphpass.passes.remat.order import gate_by_data
 from graphpass.passes.remat.rewrite import Step
 
 PIN_SCOPE = "graphpass/pinned_updates"
-#: The largest value other than a variable read worth pinning: a hyperparameter's
-#: scalar. A larger one (``momentum * slot``) held through the backward pass would
-#: cost what pinning saves.
+#: The largest computed value worth pinning: a hyperparameter's scalar. A larger
+#: one (``momentum * slot``) held through the backward pass would cost what
+#: pinning saves.
 SMALL_BYTES = 64
 #: How far above the estimate the held figure must be to be worth a line.
 SHOWN_ABOVE = 0.01
@@ -101,19 +101,10 @@ def update_reads(graph: Graph, step: Step) -> list[str]:
     if not dialect.queues_newest_first or step.dependency != "control" or \
             dialect.in_function_body(graph) or any(n.startswith(PIN_SCOPE) for n in graph):
         return []
-    after_backward = _after_backward(graph, step)
-    return unique(t.node for update in _updates(graph, step) for t in graph.inputs(update)
+    after_backward = graph.descendants(step.backward) | step.backward
+    updates = [n for n in graph if n in step.optimizer and n in after_backward]
+    return unique(t.node for update in updates for t in graph.inputs(update)
                   if t.node not in after_backward and _pinnable(graph, t, step))
-
-
-def _after_backward(graph: Graph, step: Step) -> set[str]:
-    return graph.descendants(step.backward) | step.backward
-
-
-def _updates(graph: Graph, step: Step) -> list[str]:
-    """The optimizer's ops that read a gradient."""
-    after_backward = _after_backward(graph, step)
-    return [n for n in graph if n in step.optimizer and n in after_backward]
 
 
 def held_updates_peak(graph: Graph, step: Step, batch_size: int | None,
@@ -131,12 +122,11 @@ def held_updates_peak(graph: Graph, step: Step, batch_size: int | None,
 
 
 def _pinnable(graph: Graph, tensor: Tensor, step: Step) -> bool:
-    """A value no forward or backward op reads (an initializer may) that holding
-    costs nothing: a variable
-    (a slot's handle), a read of one (it aliases the variable), a constant (its
-    kernel holds it), or a hyperparameter's scalar. Variables and constants wait
-    for nothing, yet the executor queues them behind its own work too: they are
-    the roots it hands its pool before it starts."""
+    """A value no forward or backward op reads (an initializer may) that costs
+    nothing to hold: a variable (a slot's handle), a read of one (it aliases the
+    variable), a constant (its kernel holds it), or a hyperparameter's scalar.
+    Variables and constants wait for nothing, yet the executor queues them behind
+    its own work too: they are the roots it hands its pool before it starts."""
     dialect = graph.dialect
     name = tensor.node
     if any(user in step.forward or user in step.backward for user in graph.users(name)):
