@@ -12,7 +12,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from graphpass.dialects import tf_loops, tf_loops_v1, tf_runtime, tf_shapes, tf_updates, tf_xla
+from graphpass.dialects import (
+    tf_kernels,
+    tf_loops,
+    tf_loops_v1,
+    tf_runtime,
+    tf_shapes,
+    tf_updates,
+    tf_xla,
+)
 from graphpass.dialects.base import Dialect, LoopFacts
 from graphpass.dialects.capabilities import ConditionalBuilder, TargetLowering
 from graphpass.dialects.tf_builders import TFBuilders
@@ -95,8 +103,12 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
     # -- op kinds ----------------------------------------------------------
 
     def is_stateful(self, graph: Graph, name: str) -> bool:
+        """As Grappler's ``IsFreeOfSideEffect`` sees it: a stateful OpDef, or a ref
+        input, which the op may write through (TF1's ``ApplyMomentum`` on a ref
+        variable is not a stateful op to its OpDef, yet it is the update)."""
         definition = op_def(graph.node(name).op)
-        return definition is None or definition.is_stateful
+        return definition is None or definition.is_stateful or \
+            any(arg.is_ref for arg in definition.input_arg)
 
     def is_source(self, graph: Graph, name: str) -> bool:
         node = graph.node(name)
@@ -229,6 +241,12 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
         if op == "Switch":
             return 0
         return 0 if op in ALIAS_OPS and port == 0 else None
+
+    def scratch_shapes(self, graph: Graph, name: str) -> list[tuple[Tensor, tuple]]:
+        """Only where TF was asked which kernels it runs (``tf_kernels``, on
+        Grappler's output): the hand model's graph carries none, so plans made on
+        it do not depend on this machine's kernels."""
+        return graph.node(name).meta.get(tf_kernels.META_KEY, [])
 
     def forwardable_inputs(self, graph: Graph, name: str) -> tuple[int, ...]:
         node = graph.node(name)

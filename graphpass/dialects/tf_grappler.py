@@ -3,11 +3,13 @@ optimizer (``tf_optimizer.OptimizeGraph``) run on the step with a session's defa
 ``RewriterConfig``, its fetches in the ``train_op`` collection so that nothing they
 need is pruned, read back into the IR.
 
-This is the graph a ``Session`` hands its executor, less what runs after Grappler
-(the graph optimization passes: oneDNN's ``MklLayoutRewritePass`` renames kernels,
-and its node creation changes the executor's successor order); only a run shows
-those (``RunMetadata`` partition graphs). Where TF is not installed, or refuses
-the graph, :func:`runtime_graph` says why, and callers keep the hand model
+Its nodes carry the temporaries TF's kernels allocate in this process
+(``dialects/tf_kernels``). This is the graph a ``Session`` hands its executor,
+less what runs after Grappler (the graph optimization passes: oneDNN's
+``MklLayoutRewritePass`` renames kernels, and its node creation changes the
+executor's successor order); only a run shows those (``RunMetadata`` partition
+graphs). Where TF is not installed, or refuses the graph, :func:`runtime_graph`
+says why, and callers keep the hand model
 (``tf_runtime.GrapplerView``).
 
 It reads the graph and never edits it; node names Grappler keeps are the IR's
@@ -19,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from graphpass.dialects.tf_kernels import mark_temporaries
 from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
 from graphpass.ir.graph import Graph
 from graphpass.runtimes import TENSORFLOW, installed
@@ -54,7 +57,11 @@ def runtime_graph(graph: Graph, fetches: list[str]) -> RuntimeGraph:
         return RuntimeGraph(graph, HAND_MODEL, f"Grappler refused the graph: {first}")
     result = graph_from_graph_def(optimized, shapes=True)
     _keep_shapes(graph, result)
-    return RuntimeGraph(result, GRAPPLER)
+    marked = mark_temporaries(result)
+    if not marked:
+        return RuntimeGraph(result, GRAPPLER)
+    return RuntimeGraph(result, f"{GRAPPLER}, with the im2col buffers of its {marked} "
+                        f"convolution gradients (oneDNN off in this process)")
 
 
 def _keep_shapes(graph: Graph, optimized: Graph) -> None:

@@ -15,7 +15,9 @@ Variants, each rewritten by the CLI and measured in a process of its own:
 ``original``; ``auto`` (``--recompute auto``); ``cheap`` (``--recompute-policy
 cheap``); ``budget`` (``--memory-budget 0.6x --profile``: 0.6x of the measured
 original, judged on the profile). Every process runs with oneDNN on
-(``TF_ENABLE_ONEDNN_OPTS=1``) and one inter-op thread; it warms the step up, then
+(``TF_ENABLE_ONEDNN_OPTS=1``, issue 25's setting; ``--onednn 0``: off, where TF's
+own convolution-gradient kernels allocate im2col buffers) and one inter-op
+thread; it warms the step up, then
 reads the CPU allocator's peak over one step (``peak`` minus ``current`` before;
 the figure of issue 25) and, over one traced step, the peak of the kernels'
 allocation records. The allocator's peak varies from process to process, so each
@@ -32,6 +34,7 @@ verdict (met/refused, the figure it was judged on) and measured over budget.
 
     python -m tools.bench.third_party [--size test|bench] [--models lstm,encoder]
                                       [--variants auto,cheap,budget] [--repeats 3]
+                                      [--onednn 1|0]
 """
 
 from __future__ import annotations
@@ -202,12 +205,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--onednn", type=int, choices=(0, 1), default=1)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return 0
-    print(f"third-party models, size {args.size}, oneDNN on, CPU, {args.repeats} processes "
+    # every process this run starts (rewrites estimate, workers measure) inherits it
+    ENV["TF_ENABLE_ONEDNN_OPTS"] = str(args.onednn)
+    print(f"third-party models, size {args.size}, oneDNN {('off', 'on')[args.onednn]}, "
+          f"CPU, {args.repeats} processes "
           "per variant (allocator peak: median ±spread)")
     print("| model | variant | estimate MiB | printed | allocator MiB | records MiB | "
           "measured | estimate/measured | budget |")

@@ -1,0 +1,104 @@
+"""Temporaries TF's own CPU kernels allocate while they run, where the graph TF
+runs (``dialects/tf_grappler``) was asked in this process, so the kernels TF
+picks here are known.
+
+With oneDNN's kernels off (``TF_ENABLE_ONEDNN_OPTS=0``, and the default on CPUs
+without the instructions oneDNN wants), ``Conv2DBackpropFilter`` and
+``Conv2DBackpropInput`` are TF's "custom" kernels: each lowers its convolution
+to one matrix product over an im2col buffer allocated from the step's
+allocator. The buffer holds as many images as fit a fixed working set
+(TF's constant for an L3 cache), not as many as the batch has, so it is as
+large at batch 2 as at batch 64, up to that working set per kernel, and at small
+batch sizes it can be the step's largest tensor. With oneDNN on the kernels are
+oneDNN's, renamed after Grappler, whose scratch this module does not model.
+
+The figures are TF's kernel sources' (``conv_grad_filter_ops.cc``,
+``conv_grad_input_ops.h``); TF offers no API that says what a kernel allocates
+before it runs, so they are written here once, and a test checks them against
+the allocation records of a run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from graphpass.ir.graph import Graph, Tensor
+
+#: The working set the custom kernels size their im2col buffer to, in bytes.
+WORKING_SET_BYTES = 30 << 20
+#: Below this many bytes of work per thread, the input-gradient kernel batches
+#: images into one buffer instead of contracting one image at a time in parallel.
+PER_THREAD_MIN_BYTES = 256 << 10
+FILTER_GRAD = "Conv2DBackpropFilter"
+INPUT_GRAD = "Conv2DBackpropInput"
+#: What ``Node.meta`` holds a kernel's temporaries under (``Dialect.scratch_shapes``).
+META_KEY = "kernel_temporaries"
+
+
+def onednn_enabled() -> bool:
+    """Whether this process's TF runs oneDNN's kernels (``TF_ENABLE_ONEDNN_OPTS``,
+    else TF's default for this CPU), as TF itself decides it."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def intra_op_threads() -> int:
+    """The threads a session's default config gives each kernel: TF's setting where
+    one was made in this process, else the CPUs this process may run on."""
+    import tensorflow as tf
+
+    return tf.config.threading.get_intra_op_parallelism_threads() or \
+        len(os.sched_getaffinity(0))
+
+
+def mark_temporaries(graph: Graph) -> int:
+    """Record on each node of ``graph`` (a graph TF runs in this process) the
+    temporaries its kernel allocates here; the number of nodes marked."""
+    if onednn_enabled():
+        return 0
+    threads = intra_op_threads()
+    marked = 0
+    for node in graph.nodes():
+        if node.op in (FILTER_GRAD, INPUT_GRAD) and \
+                (shapes := col_buffer(graph, node.name, threads)) is not None:
+            node.meta[META_KEY] = [(Tensor(node.name, 0), shapes)]
+            marked += 1
+    return marked
+
+
+def col_buffer(graph: Graph, name: str, threads: int) -> tuple[int, ...] | None:
+    """The shape of the im2col buffer TF's custom kernel for the convolution
+    gradient ``name`` allocates with ``threads`` intra-op threads, or None where
+    a shape it depends on is unknown (or the kernel is not the custom one)."""
+    dialect = graph.dialect
+    if dialect.get_attr(graph, name, "data_format", "NHWC") != "NHWC":
+        return None
+    op = graph.node(name).op
+    inputs = graph.inputs(name)
+    filter_shape = dialect.shape(graph, Tensor(name, 0) if op == FILTER_GRAD else inputs[1])
+    out_backprop = dialect.shape(graph, inputs[2])
+    if not _known(filter_shape, 4) or not _known(out_backprop[1:] if out_backprop else None, 3):
+        return None
+    rows, cols, in_depth, out_depth = filter_shape
+    pixels = out_backprop[1] * out_backprop[2]
+    patch = rows * cols * in_depth
+    work = pixels * patch + pixels * out_depth + patch * out_depth
+    itemsize = _itemsize(dialect.dtype(graph, inputs[2]))
+    if itemsize is None or work == 0:
+        return None
+    images = math.ceil(WORKING_SET_BYTES // itemsize / work)
+    if op == INPUT_GRAD and (out_backprop[0] == 1 or
+                             work // threads >= PER_THREAD_MIN_BYTES // itemsize):
+        images = 1  # one image at a time, the contraction itself parallel
+    return (images, pixels, patch)
+
+
+def _known(shape: tuple | None, rank: int) -> bool:
+    return shape is not None and len(shape) == rank and \
+        all(d is not None and d >= 0 for d in shape)
+
+
+def _itemsize(dtype: str | None) -> int | None:
+    return {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}.get(dtype or "")

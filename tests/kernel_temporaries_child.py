@@ -1,0 +1,34 @@
+"""The estimate of a TF graph as graphpass makes it for the user, in a child
+process so that it sees the oneDNN setting its parent chose (TF reads
+``TF_ENABLE_ONEDNN_OPTS`` once, when it starts): the estimate's model, its peak
+less the fed inputs (what the allocation records of a run count), and the
+temporaries it charged each kernel.
+
+    python tests/kernel_temporaries_child.py GRAPH FETCH...   (one JSON line)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def main(path: str, fetches: list[str]) -> dict:
+    import graphpass
+    from graphpass.analysis.memory import scratch_bytes
+    from graphpass.analysis.runtime_memory import runtime_memory_profile
+    from graphpass.dialects.tf_grappler import runtime_graph
+
+    graph = graphpass.load(path)
+    profile = runtime_memory_profile(graph, fetches)
+    view = runtime_graph(graph, fetches).graph
+    temporaries = {n: b for n in view if (b := scratch_bytes(view, n))}
+    return {"model": profile.model, "estimate": profile.peak_bytes - profile.fed_bytes,
+            "temporaries": temporaries}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1], sys.argv[2:])))

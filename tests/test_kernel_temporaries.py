@@ -1,0 +1,85 @@
+"""The estimate counts what TF's kernels allocate while they run, as the kernels
+TF picks in the estimating process (``dialects/tf_kernels``), checked against the
+allocation records of a real step with oneDNN's kernels off and on, set
+explicitly in each child process.
+
+The model is a small TF1 conv net on ref variables (``ApplyMomentum``, which
+TF's OpDef does not call stateful): its updates must count as run, or the whole
+backward pass drops out of the estimate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from graphpass import load
+from graphpass.analysis.memory import memory_profile
+from tools.fixtures import tf_models
+from tools.fixtures.measure import measure
+
+ROOT = Path(__file__).resolve().parents[1]
+FETCHES = ["train", "loss"]
+
+
+@pytest.fixture(scope="module")
+def conv_net(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("kernels") / "conv.meta"
+    tf_models.conv_bn_dropout().save(path)
+    return path
+
+
+def _estimate(path: Path, onednn: int) -> dict:
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=str(onednn),
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "kernel_temporaries_child.py"),
+                          str(path), *FETCHES], env=env, capture_output=True, text=True,
+                         timeout=600, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _allocations(trace: Path) -> dict[str, list[int]]:
+    """Per executed node, the bytes of each allocation it made."""
+    import tensorflow as tf
+
+    metadata = tf.compat.v1.RunMetadata()
+    metadata.ParseFromString(trace.read_bytes())
+    return {node.node_name: [r.alloc_bytes for m in node.memory
+                             for r in m.allocation_records if r.alloc_bytes > 0]
+            for device in metadata.step_stats.dev_stats for node in device.node_stats}
+
+
+@pytest.mark.parametrize("onednn", [0, 1])
+def test_estimate_matches_allocation_records(conv_net, tmp_path, onednn):
+    estimate = _estimate(conv_net, onednn)
+    trace = tmp_path / "trace.pb"
+    measured = measure(conv_net, ["loss:0", "train"], onednn=bool(onednn), trace_path=trace)
+    allocations = _allocations(trace)
+    temporaries = estimate["temporaries"]
+    if onednn:
+        assert temporaries == {}, "oneDNN's kernels are not TF's custom ones"
+        assert "im2col" not in estimate["model"]
+    else:
+        # both gradients of conv2, the filter gradient of conv1 (its input is fed)
+        assert sorted(n.rsplit("/", 1)[-1] for n in temporaries) == \
+            ["Conv2DBackpropFilter", "Conv2DBackpropFilter", "Conv2DBackpropInput"]
+        for name, size in temporaries.items():
+            assert size in allocations[name], (name, size, allocations[name])
+        assert "im2col buffers of its 3 convolution gradients" in estimate["model"]
+    assert abs(estimate["estimate"] / measured.peak_bytes - 1) < 0.15, \
+        (estimate, measured.peak_bytes)
+
+
+def test_ref_variable_updates_run(conv_net):
+    """Grappler keeps an op with a ref input (it may write through it); so must
+    the estimate, with the gradients the updates read."""
+    graph = load(conv_net)
+    ran = {name for name, _ in memory_profile(graph, FETCHES).timeline}
+    updates = [n for n in graph if graph.node(n).op == "ApplyMomentum"]
+    assert updates and set(updates) <= ran
+    assert any(graph.node(n).op == "Conv2DBackpropFilter" for n in ran)
