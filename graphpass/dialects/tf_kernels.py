@@ -20,9 +20,9 @@ the allocation records of a run.
 
 from __future__ import annotations
 
-import math
 import os
 
+from graphpass.ir.dtypes import np_dtype
 from graphpass.ir.graph import Graph, Tensor
 
 #: The working set the custom kernels size their im2col buffer to, in bytes.
@@ -32,6 +32,8 @@ WORKING_SET_BYTES = 30 << 20
 PER_THREAD_MIN_BYTES = 256 << 10
 FILTER_GRAD = "Conv2DBackpropFilter"
 INPUT_GRAD = "Conv2DBackpropInput"
+#: The dtypes TF registers the custom kernels for.
+KERNEL_DTYPES = ("float32", "float16", "bfloat16", "float64")
 #: What ``Node.meta`` holds a kernel's temporaries under (``Dialect.scratch_shapes``).
 META_KEY = "kernel_temporaries"
 
@@ -85,10 +87,12 @@ def col_buffer(graph: Graph, name: str, threads: int) -> tuple[int, ...] | None:
     pixels = out_backprop[1] * out_backprop[2]
     patch = rows * cols * in_depth
     work = pixels * patch + pixels * out_depth + patch * out_depth
-    itemsize = _itemsize(dialect.dtype(graph, inputs[2]))
-    if itemsize is None or work == 0:
+    dtype = dialect.dtype(graph, inputs[2])
+    if dtype not in KERNEL_DTYPES or work == 0:
         return None
-    images = math.ceil(WORKING_SET_BYTES // itemsize / work)
+    itemsize = np_dtype(dtype).itemsize
+    target = WORKING_SET_BYTES // itemsize
+    images = (target + work - 1) // work
     if op == INPUT_GRAD and (out_backprop[0] == 1 or
                              work // threads >= PER_THREAD_MIN_BYTES // itemsize):
         images = 1  # one image at a time, the contraction itself parallel
@@ -98,7 +102,3 @@ def col_buffer(graph: Graph, name: str, threads: int) -> tuple[int, ...] | None:
 def _known(shape: tuple | None, rank: int) -> bool:
     return shape is not None and len(shape) == rank and \
         all(d is not None and d >= 0 for d in shape)
-
-
-def _itemsize(dtype: str | None) -> int | None:
-    return {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}.get(dtype or "")

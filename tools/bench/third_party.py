@@ -29,7 +29,9 @@ allocator's peak (median ±spread) and the records' peak (plus the fed arrays of
 a MetaGraph's placeholders); *measured*: the larger of the two (oneDNN's
 allocator leaves buffers under 256 KiB out of its statistics, so at small sizes
 the records are the larger: the figure ``--profile`` judges by) as a ratio to
-the original's; the estimate over the measured figure; for the budget its
+the original's; the estimate over the measured figure; the estimate of the graph
+Grappler returns (``runtime_estimate``: the figure the rewrite prints beside the
+planner's) and its ratio to the measured figure; for the budget its
 verdict (met/refused, the figure it was judged on) and measured over budget.
 
     python -m tools.bench.third_party [--size test|bench] [--models lstm,encoder]
@@ -169,8 +171,12 @@ def bench(name: str, size: str, variants: list[str], repeats: int, work: Path) -
         if "refused" not in report and "failed" not in report:
             row.update(measured(target, fetches, repeats, name, size))
         rows.append(row)
-    estimates = [r["report"].get("estimated_peak_bytes_before") for r in rows[1:]]
-    rows[0]["report"] = {"estimated_peak_bytes_after": next(filter(None, estimates), None)}
+    reports = [r["report"] for r in rows[1:]]
+    runtime = next((r["runtime_estimate"] for r in reports if r.get("runtime_estimate")), {})
+    rows[0]["report"] = {
+        "estimated_peak_bytes_after": next(
+            filter(None, (r.get("estimated_peak_bytes_before") for r in reports)), None),
+        "runtime_estimate": {"peak_bytes_after": runtime.get("peak_bytes_before")}}
     return rows
 
 
@@ -188,6 +194,8 @@ def line(row: dict, base: dict) -> str:
     before = report.get("estimated_peak_bytes_before") or estimate
     printed = f"{estimate / before:.2f}x" if estimate and before else "-"
     fit = f"{estimate / row['measured']:.2f}" if estimate else "-"
+    grappler = (report.get("runtime_estimate") or {}).get("peak_bytes_after")
+    grappler_fit = f"{grappler / row['measured']:.2f}" if grappler else "-"
     verdict = "-"
     auto = report.get("auto") or {}
     if auto.get("budget_bytes"):
@@ -196,7 +204,7 @@ def line(row: dict, base: dict) -> str:
     return (f"| {row['model']} | {row['variant']} | {_mib(estimate)} | {printed} | "
             f"{_mib(row['allocator'])} ±{_mib(row['spread'])} | {_mib(row['records'])} | "
             f"{row['measured'] / base['measured']:.2f}x | "
-            f"{fit} | {verdict} |")
+            f"{fit} | {_mib(grappler)} | {grappler_fit} | {verdict} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,8 +225,9 @@ def main(argv: list[str] | None = None) -> int:
           f"CPU, {args.repeats} processes "
           "per variant (allocator peak: median ±spread)")
     print("| model | variant | estimate MiB | printed | allocator MiB | records MiB | "
-          "measured | estimate/measured | budget |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "measured | estimate/measured | Grappler's graph MiB | its estimate/measured | "
+          "budget |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="graphpass-third-party-") as work:
         for name in args.models.split(","):
             rows = bench(name, args.size, args.variants.split(","), args.repeats, Path(work))
