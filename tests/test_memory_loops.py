@@ -82,6 +82,33 @@ def test_v1_loop_stacks_until_its_gradient_pops():
     assert longer.peak_bytes - profile.peak_bytes >= 8 * 2 * 4 * 16 * 4
 
 
+def test_lowered_loops_keep_the_hand_model(lstm):
+    """Grappler lowers the LSTM's ``While`` into frames whose trip count and
+    TensorList accumulators the estimate cannot follow; the figure the user reads
+    stays the hand model's, which counts them, and says why."""
+    from graphpass.analysis.runtime_memory import runtime_memory_profile
+    from graphpass.dialects.tf_grappler import HAND_MODEL, runtime_graph
+
+    graph = _graph(lstm)
+    lowered = memory_profile(runtime_graph(graph, FETCHES).graph, FETCHES)
+    assert lowered.loops and any(f.trips is None for f in lowered.loops)
+    profile = runtime_memory_profile(graph, FETCHES)
+    assert profile.model.startswith(HAND_MODEL) and "loops" in profile.model
+    assert profile.peak_bytes == memory_profile(graph, FETCHES).peak_bytes > lowered.peak_bytes
+
+
+def test_v1_loops_stay_on_grapplers_graph():
+    """A v1 loop is in the exported graph already: Grappler keeps its frames, and
+    the trip count read from them is the graph's."""
+    from graphpass.analysis.runtime_memory import runtime_memory_profile
+    from graphpass.dialects.tf_grappler import GRAPPLER
+
+    graph = _graph(loop_models.rnn_v1(seq=8, batch=4, units=16))
+    profile = runtime_memory_profile(graph, FETCHES)
+    assert profile.model == GRAPPLER
+    assert {(f.trips, f.trips_from) for f in profile.loops} == {(8, "graph")}
+
+
 def _data_bound_loop():
     """A v2 ``tf.while_loop`` whose bound is fed: its trip count is not in the graph."""
     from tools.fixtures.tf_models import export_model, import_tf
