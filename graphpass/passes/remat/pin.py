@@ -81,8 +81,10 @@ def pin_updates(graph: Graph, step: Step) -> int:
     """Make the backward pass wait for the updates' inputs of optimizer state.
     Returns how many were pinned (0: the graph is left as it is)."""
     reads = update_reads(graph, step)
-    starts = _backward_starts(graph, step)
-    if not reads or not starts:
+    if not reads:
+        return 0
+    starts = _backward_starts(graph, step, _outside_loops(graph))
+    if not starts:
         return 0
     gate = graph.dialect.noop(graph, graph.unique_name(f"{PIN_SCOPE}/reads_done"), reads)
     for name in starts:
@@ -96,15 +98,18 @@ def update_reads(graph: Graph, step: Step) -> list[str]:
     gradient and feed no forward or backward op. None where the executor does not
     queue newest first, where the step orders by data (XLA and TFLite schedule
     themselves), in a function's body (TF2's function runtime, not measured
-    here), or once pinned (a second run changes nothing)."""
+    here), or once pinned (a second run changes nothing). Inputs inside a v1
+    ``while_loop`` frame are left alone: the gate runs in the root frame."""
     dialect = graph.dialect
     if not dialect.queues_newest_first or step.dependency != "control" or \
             dialect.in_function_body(graph) or any(n.startswith(PIN_SCOPE) for n in graph):
         return []
     after_backward = graph.descendants(step.backward) | step.backward
     updates = [n for n in graph if n in step.optimizer and n in after_backward]
+    outside = _outside_loops(graph)
     return unique(t.node for update in updates for t in graph.inputs(update)
-                  if t.node not in after_backward and _pinnable(graph, t, step))
+                  if t.node not in after_backward and t.node in outside
+                  and _pinnable(graph, t, step))
 
 
 def held_updates_peak(graph: Graph, step: Step, batch_size: int | None,
@@ -138,11 +143,19 @@ def _pinnable(graph: Graph, tensor: Tensor, step: Step) -> bool:
     return size is not None and size <= SMALL_BYTES
 
 
-def _backward_starts(graph: Graph, step: Step) -> list[str]:
+def _backward_starts(graph: Graph, step: Step, outside: set[str]) -> list[str]:
     """The backward ops that wait for no other backward op but constants (which
     the runtime folds or runs first): every gradient's computation starts from
-    one of them."""
+    one of them. Only those ``outside`` loop frames can wait for the gate: one in
+    a gradient loop runs after its loop's pivot, downstream of the loop's
+    ``Enter`` ops, which can."""
     dialect = graph.dialect
     computed = {n for n in step.backward if not dialect.is_constant(graph, n)}
-    return [n for n in graph if n in computed
+    return [n for n in graph if n in computed and n in outside
             and not any(p in computed for p in graph.producers(n))]
+
+
+def _outside_loops(graph: Graph) -> set[str]:
+    """The ops in the root frame: TF rejects an edge from there into a v1
+    ``while_loop`` frame other than into its ``Enter``."""
+    return {name for name, depth in graph.dialect.frame_depths(graph).items() if depth == 0}
