@@ -98,3 +98,51 @@ def test_plain_sgd_pins_its_learning_rate():
     reads = graph.control_inputs(_gate(graph))
     assert report["pinned_update_reads"] == len(reads) > 0
     assert "Const" in {graph.node(r).op for r in reads} <= {"Const", "VarHandleOp"}
+
+
+def _loop_gradient_model(batch: int = 4, seed: int = 0) -> tf_models.Model:
+    """A v1 ``while_loop`` whose body's gradient starts from a ``Fill`` of
+    constants: a backward op that waits for no other, inside the gradient loop."""
+    tf = tf_models.import_tf()
+    tf1 = tf.compat.v1
+    tf1.disable_control_flow_v2()
+    try:
+        graph = tf.Graph()
+        with graph.as_default():
+            tf1.set_random_seed(seed)
+            x = tf1.placeholder(tf.float32, [batch, 4], name="x")
+            w = tf1.get_variable("W", [4, 4],
+                                 initializer=tf1.random_normal_initializer(seed=seed))
+
+            @tf.custom_gradient
+            def damped_sin(v):
+                return tf.sin(v), lambda dy: dy * tf.fill([batch, 4], 0.5)
+
+            _, h = tf1.while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, damped_sin(v)),
+                                  [tf.constant(0), tf.matmul(x, w)])
+            loss = tf.reduce_mean(h * h, name="loss")
+            step = tf1.train.get_or_create_global_step()
+            train = tf1.train.AdamOptimizer(0.1).minimize(loss, global_step=step,
+                                                          name="train")
+    finally:
+        tf1.enable_control_flow_v2()
+    feeds = {"x:0": np.random.RandomState(seed).standard_normal([batch, 4]).astype(np.float32)}
+    return tf_models.export_model(tf, graph, loss, train, feeds)
+
+
+def test_backward_starts_in_a_loop_frame_are_not_pinned():
+    """TF rejects a control edge from the root frame into a v1 loop's body; the
+    gradient loop's own start runs after the gate through the loop's ``Enter``."""
+    model = _loop_gradient_model()
+    graph, report = _rewrite(model, recompute=["auto"])
+    gate = _gate(graph)
+    depths = graph.dialect.frame_depths(graph)
+    inside = [n for n in graph if n.endswith("_grad/Fill") and depths[n] > 0]
+    assert inside and report["pinned_update_reads"] > 0
+    assert all(depths[n] == 0 for n in graph.control_users(gate) + graph.control_inputs(gate))
+    assert set(inside) <= graph.descendants({gate})
+    losses, variables, _ = tf_models.run_steps(model.graph_def, model)
+    new_losses, new_variables, _ = tf_models.run_steps(graph_def_from_graph(graph), model)
+    np.testing.assert_array_equal(new_losses, losses)
+    for name, value in variables.items():
+        np.testing.assert_array_equal(new_variables[name], value, err_msg=name)

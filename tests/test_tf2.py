@@ -161,6 +161,23 @@ def test_auto_remat_trains_bit_for_bit(saved, tmp_path, model):
     _assert_trains_like(tmp_path / "out", model, saved.reference(source, model))
 
 
+def test_auto_remat_pins_the_updates_in_the_step_function(saved, tmp_path):
+    """The session inlines the step function and runs it on TF's executor: the
+    updates' inputs are pinned ahead of the backward pass, and each weight's
+    gradient waits for the backward op still reading the weight (an update of a
+    weight still read copies it)."""
+    source = saved.get("mlp", "sgd")
+    report = tmp_path / "report.json"
+    _rewrite(source, tmp_path / "out", "--recompute", "auto", "--report", str(report))
+    assert json.loads(report.read_text())["passes"][0]["report"]["pinned_update_reads"] > 0
+    graph = graphpass.load(tmp_path / "out")
+    assert any(n.startswith("graphpass/pinned_updates/") for n in graph)
+    for block in range(2, 9):
+        scope = f"gradient_tape/mlp_1/block{block}_dense_1/MatMul"
+        assert f"{scope}/MatMul" in graph.control_inputs(f"{scope}/MatMul_1"), scope
+    _assert_trains_like(tmp_path / "out", "mlp", saved.reference(source, "mlp"))
+
+
 @pytest.mark.slow
 def test_auto_plan_is_solved_again_where_the_estimate_disagrees(saved, monkeypatch):
     """On the Keras 3 transformer the chain model's own plan leaves recomputed

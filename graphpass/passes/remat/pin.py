@@ -23,6 +23,12 @@ moves no value: optimizer state is read before the backward pass, where nothing
 writes it. The estimate (``analysis.memory``) schedules the
 updates that way, so for the original it is the lower of the two figures;
 :func:`held_updates_peak` is the other one.
+
+A TF2 step function runs on the same executor (the session inlines it). There an
+update may also run while the backward pass still holds a read of the weight it
+writes, and TF then copies the variable, in the processes whose order has it so;
+so in a function body each weight's gradient also waits for those reads
+(:func:`_gradients_after_weight_readers`).
 """
 
 from __future__ import annotations
@@ -41,6 +47,10 @@ PIN_SCOPE = "graphpass/pinned_updates"
 #: one (``momentum * slot``) held through the backward pass would cost what
 #: pinning saves.
 SMALL_BYTES = 64
+#: The smallest weight whose gradient waits for the weight's backward readers. A
+#: smaller copy costs little, and the edge stops Grappler's arithmetic rewrites of
+#: the gradient (a batch norm's scale), which round differently.
+ORDERED_WEIGHT_BYTES = 64 * 1024
 #: How far above the estimate the held figure must be to be worth a line.
 SHOWN_ABOVE = 0.01
 
@@ -81,13 +91,72 @@ def pin_updates(graph: Graph, step: Step) -> int:
     """Make the backward pass wait for the updates' inputs of optimizer state.
     Returns how many were pinned (0: the graph is left as it is)."""
     reads = update_reads(graph, step)
-    starts = _backward_starts(graph, step)
-    if not reads or not starts:
+    if not reads:
+        return 0
+    starts = _backward_starts(graph, step, _outside_loops(graph))
+    if not starts:
         return 0
     gate = graph.dialect.noop(graph, graph.unique_name(f"{PIN_SCOPE}/reads_done"), reads)
     for name in starts:
         graph.add_control_input(name, gate)
+    if graph.dialect.in_function_body(graph):  # where the copies were traced
+        _gradients_after_weight_readers(graph, step, _outside_loops(graph))
     return len(reads)
+
+
+def _gradients_after_weight_readers(graph: Graph, step: Step, outside: set[str]) -> int:
+    """Make each weight's gradient (of at least ``ORDERED_WEIGHT_BYTES``) wait for
+    the backward ops that still read the weight. An update that finds its
+    variable's buffer shared with a live read copies the variable (TF's
+    copy-on-write): a weight-sized buffer, or none, as the executor's order
+    falls. The edge goes to the gradient, not the update: Grappler's dependency
+    optimizer drops it from an update that every gradient reaches through one op
+    (Keras' ``IdentityN``), which it then bypasses. Returns the edges added."""
+    dialect = graph.dialect
+    added = 0
+    for update, gradients in dialect.optimizer_applies(graph).items():
+        inputs = graph.inputs(update)
+        if update not in step.optimizer or not inputs or len(gradients) != 1 or \
+                not dialect.is_variable(graph, inputs[0].node):
+            continue
+        size = tensor_bytes(graph, gradients[0])
+        if size is None or size < ORDERED_WEIGHT_BYTES:
+            continue
+        producer = _computed_by(graph, gradients[0]).node
+        if producer not in outside:
+            continue
+        later = graph.descendants({producer}) | {producer}
+        for reader in _weight_readers(graph, inputs[0].node, step):
+            if reader in outside and reader not in later:
+                graph.add_control_input(producer, reader)
+                added += 1
+    return added
+
+
+def _computed_by(graph: Graph, tensor: Tensor) -> Tensor:
+    """The tensor ``tensor`` aliases, through ops that pass an input on."""
+    while (port := graph.dialect.output_alias(graph, tensor.node, tensor.port)) is not None \
+            and port < len(graph.inputs(tensor.node)):
+        tensor = graph.inputs(tensor.node)[port]
+    return tensor
+
+
+def _weight_readers(graph: Graph, variable: str, step: Step) -> list[str]:
+    """The backward ops holding a read of ``variable``: its reads, the ops that
+    pass a read on, and their readers."""
+    dialect = graph.dialect
+    holding = [r for r in graph.users(variable) if dialect.is_variable_value(graph, r)]
+    seen = set(holding)
+    while holding:
+        name = holding.pop()
+        for user in graph.data_users(name):
+            if user in seen:
+                continue
+            seen.add(user)
+            if any(dialect.output_alias(graph, user, port) is not None
+                   for port in graph.used_ports(user)):
+                holding.append(user)
+    return [n for n in graph if n in seen and n in step.backward]
 
 
 def update_reads(graph: Graph, step: Step) -> list[str]:
@@ -95,16 +164,18 @@ def update_reads(graph: Graph, step: Step) -> list[str]:
     under the backward pass: those of :func:`_pinnable`, which depend on no
     gradient and feed no forward or backward op. None where the executor does not
     queue newest first, where the step orders by data (XLA and TFLite schedule
-    themselves), in a function's body (TF2's function runtime, not measured
-    here), or once pinned (a second run changes nothing)."""
+    themselves), or once pinned (a second run changes nothing). Inputs inside a
+    v1 ``while_loop`` frame are left alone: the gate runs in the root frame."""
     dialect = graph.dialect
     if not dialect.queues_newest_first or step.dependency != "control" or \
-            dialect.in_function_body(graph) or any(n.startswith(PIN_SCOPE) for n in graph):
+            any(n.startswith(PIN_SCOPE) for n in graph):
         return []
     after_backward = graph.descendants(step.backward) | step.backward
     updates = [n for n in graph if n in step.optimizer and n in after_backward]
+    outside = _outside_loops(graph)
     return unique(t.node for update in updates for t in graph.inputs(update)
-                  if t.node not in after_backward and _pinnable(graph, t, step))
+                  if t.node not in after_backward and t.node in outside
+                  and _pinnable(graph, t, step))
 
 
 def held_updates_peak(graph: Graph, step: Step, batch_size: int | None,
@@ -138,11 +209,19 @@ def _pinnable(graph: Graph, tensor: Tensor, step: Step) -> bool:
     return size is not None and size <= SMALL_BYTES
 
 
-def _backward_starts(graph: Graph, step: Step) -> list[str]:
+def _backward_starts(graph: Graph, step: Step, outside: set[str]) -> list[str]:
     """The backward ops that wait for no other backward op but constants (which
     the runtime folds or runs first): every gradient's computation starts from
-    one of them."""
+    one of them. Only those ``outside`` loop frames can wait for the gate: one in
+    a gradient loop runs after its loop's pivot, downstream of the loop's
+    ``Enter`` ops, which can."""
     dialect = graph.dialect
     computed = {n for n in step.backward if not dialect.is_constant(graph, n)}
-    return [n for n in graph if n in computed
+    return [n for n in graph if n in computed and n in outside
             and not any(p in computed for p in graph.producers(n))]
+
+
+def _outside_loops(graph: Graph) -> set[str]:
+    """The ops in the root frame: TF rejects an edge from there into a v1
+    ``while_loop`` frame other than into its ``Enter``."""
+    return {name for name, depth in graph.dialect.frame_depths(graph).items() if depth == 0}

@@ -102,7 +102,11 @@ def _apply_unit(graph: Graph, step: TrainStep, global_step: str) -> set[str]:
     # A function's result is produced whether or not the step is applied.
     updates = {n for n in between if dialect.ends_train_step(graph, n)
                and not dialect.is_fetch(graph, n)}
-    unit = between & (updates | graph.ancestors(updates))
+    # What the gradients wait for runs before the check whatever it decides (the
+    # optimizer state the remat pass pins ahead of the backward pass).
+    gradients = {t.node for t in step.gradients}
+    feeds_gradients = graph.ancestors(gradients) | gradients
+    unit = (between & (updates | graph.ancestors(updates))) - feeds_gradients
     # A value of the unit that nothing reads on (Keras 3's sparse Adagrad leaves an
     # output of its cond unread) goes with it: nothing outside waits for it.
     unread = {u for n in unit for u in graph.data_users(n)
