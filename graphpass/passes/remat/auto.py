@@ -23,6 +23,7 @@ from graphpass.options import BUDGET, CHEAP, RematOptions
 from graphpass.passes.remat.cheap import SHARED_COPY_ALLOWANCE, cheap_groups, cheap_keep
 from graphpass.passes.remat.defer import can_defer, defer_updates
 from graphpass.passes.remat.marks import SCOPE, Segment, is_generated, unique
+from graphpass.passes.remat.pin import pin_updates
 from graphpass.passes.remat.plan import (
     ROUNDS,
     ChainPlan,
@@ -86,10 +87,13 @@ def auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
 def written(graph: Graph, step: Step, options: RematOptions,
             segments: list[Segment]) -> Graph:
     """A copy of ``graph`` rewritten as the pass writes ``segments`` (updates
-    deferred where the estimate says so)."""
+    deferred where the estimate says so, pinned next to their gradients): what
+    ``--profile`` measures must be the graph written, not one whose updates may
+    wait to the end of the step."""
     copy = graph.copy()
     rewrite_segments(copy, segments, step, options.tupleize_grads)
     defer_updates(copy, step, options.batch_size)
+    pin_updates(copy, step)
     return copy
 
 
