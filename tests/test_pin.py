@@ -14,6 +14,7 @@ import graphpass
 from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
 from graphpass.passes.remat.pin import PIN_SCOPE
 from tools.fixtures import tf_models
+from tools.fixtures.loop_models import v1_control_flow_graph
 
 
 @pytest.fixture(scope="module")
@@ -103,29 +104,22 @@ def test_plain_sgd_pins_its_learning_rate():
 def _loop_gradient_model(batch: int = 4, seed: int = 0) -> tf_models.Model:
     """A v1 ``while_loop`` whose body's gradient starts from a ``Fill`` of
     constants: a backward op that waits for no other, inside the gradient loop."""
-    tf = tf_models.import_tf()
-    tf1 = tf.compat.v1
-    tf1.disable_control_flow_v2()
-    try:
-        graph = tf.Graph()
-        with graph.as_default():
-            tf1.set_random_seed(seed)
-            x = tf1.placeholder(tf.float32, [batch, 4], name="x")
-            w = tf1.get_variable("W", [4, 4],
-                                 initializer=tf1.random_normal_initializer(seed=seed))
+    with v1_control_flow_graph(seed) as (tf, graph):
+        tf1 = tf.compat.v1
+        x = tf1.placeholder(tf.float32, [batch, 4], name="x")
+        w = tf1.get_variable("W", [4, 4],
+                             initializer=tf1.random_normal_initializer(seed=seed))
 
-            @tf.custom_gradient
-            def damped_sin(v):
-                return tf.sin(v), lambda dy: dy * tf.fill([batch, 4], 0.5)
+        @tf.custom_gradient
+        def damped_sin(v):
+            return tf.sin(v), lambda dy: dy * tf.fill([batch, 4], 0.5)
 
-            _, h = tf1.while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, damped_sin(v)),
-                                  [tf.constant(0), tf.matmul(x, w)])
-            loss = tf.reduce_mean(h * h, name="loss")
-            step = tf1.train.get_or_create_global_step()
-            train = tf1.train.AdamOptimizer(0.1).minimize(loss, global_step=step,
-                                                          name="train")
-    finally:
-        tf1.enable_control_flow_v2()
+        _, h = tf1.while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, damped_sin(v)),
+                              [tf.constant(0), tf.matmul(x, w)])
+        loss = tf.reduce_mean(h * h, name="loss")
+        step = tf1.train.get_or_create_global_step()
+        train = tf1.train.AdamOptimizer(0.1).minimize(loss, global_step=step,
+                                                      name="train")
     feeds = {"x:0": np.random.RandomState(seed).standard_normal([batch, 4]).astype(np.float32)}
     return tf_models.export_model(tf, graph, loss, train, feeds)
 
