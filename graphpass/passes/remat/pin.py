@@ -93,14 +93,16 @@ def pin_updates(graph: Graph, step: Step) -> int:
     reads = update_reads(graph, step)
     if not reads:
         return 0
-    starts = _backward_starts(graph, step, _outside_loops(graph))
+    outside = _outside_loops(graph)
+    starts = _backward_starts(graph, step, outside)
     if not starts:
         return 0
     gate = graph.dialect.noop(graph, graph.unique_name(f"{PIN_SCOPE}/reads_done"), reads)
     for name in starts:
         graph.add_control_input(name, gate)
     if graph.dialect.in_function_body(graph):  # where the copies were traced
-        _gradients_after_weight_readers(graph, step, _outside_loops(graph))
+        # the gate's edges enter no frame, so ``outside`` still holds
+        _gradients_after_weight_readers(graph, step, outside | {gate})
     return len(reads)
 
 
