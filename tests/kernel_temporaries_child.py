@@ -18,7 +18,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 def main(path: str, fetches: list[str]) -> dict:
     import graphpass
-    from graphpass.analysis.memory import scratch_bytes
+    from graphpass.analysis.buffers import scratch_bytes
     from graphpass.analysis.runtime_memory import runtime_memory_profile
     from graphpass.dialects.tf_grappler import runtime_graph
 

@@ -236,11 +236,11 @@ def test_quiet_rewrite_estimates_only_for_a_report(monkeypatch, tmp_path, capsys
     ``--report`` the estimates run (before and after, under the planner's model and on
     the graph Grappler hands TF, and with the updates held to the step's end) and give
     the figures a shown summary gives."""
-    from graphpass.analysis import memory
+    from graphpass.analysis import buffers
     from graphpass.cli import main
 
     # Every estimate, whichever module named it, is one simulated step.
-    estimates = count_calls(monkeypatch, memory._Simulation, "run")
+    estimates = count_calls(monkeypatch, buffers.Simulation, "run")
     source = str(DATA / "mlp_adam.meta")
     argv = ["rewrite", source, "-o", str(tmp_path / "out.meta"), "--recompute", "block[1-2]/"]
     assert main(argv + ["--quiet"]) == 0

@@ -42,8 +42,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
+from graphpass.analysis.buffers import scratch_bytes
 from graphpass.analysis.cost import Sizes
-from graphpass.analysis.memory import scratch_bytes
 from graphpass.ir.graph import Graph, Tensor
 
 #: Fewest cuts wanted before the cut width is raised (a plan needs choices).

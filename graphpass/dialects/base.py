@@ -189,6 +189,14 @@ class Dialect(ABC):
         outputs, each as ``(tensor whose dtype it has, shape)``; freed when it returns."""
         return []
 
+    def copied_on_update(self, graph: Graph, name: str) -> list[list[Tensor]]:
+        """For each variable ``name`` updates in place: the values that read the
+        variable's buffer without copying it. Where one of them is still to be read
+        when ``name`` runs, the runtime first copies the variable (TF's resource
+        variables, which never write a buffer another tensor still holds), and the
+        old buffer lives on until that value's last reader has run."""
+        return []
+
     def forwardable_inputs(self, graph: Graph, name: str) -> tuple[int, ...]:
         """Input slots whose buffer ``name`` may reuse for its output 0 when it is
         their last reader (elementwise kernels writing in place)."""

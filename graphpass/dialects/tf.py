@@ -248,6 +248,9 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
         it do not depend on this machine's kernels."""
         return graph.node(name).meta.get(tf_kernels.META_KEY, [])
 
+    def copied_on_update(self, graph: Graph, name: str) -> list[list[Tensor]]:
+        return tf_runtime.copied_on_update(graph, name)
+
     def forwardable_inputs(self, graph: Graph, name: str) -> tuple[int, ...]:
         node = graph.node(name)
         if node.op == "AddN":

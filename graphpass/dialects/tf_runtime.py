@@ -8,11 +8,13 @@ It reads the graph and never edits it; op kinds come from ``tf_ops``.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable
 
 from graphpass.dialects.tf_ops import VARIABLE_OPS
-from graphpass.ir.graph import Graph
+from graphpass.dialects.tf_updates import resource_variable
+from graphpass.ir.graph import Graph, Tensor
 
 # Kernels whose IsExpensive() is false: the executor runs them inline, on the thread
 # that made them ready, before it takes up the next expensive node.
@@ -46,6 +48,22 @@ _BINARY_FORWARD = (
 )
 FORWARD_SLOTS = {op: (0,) for op in _UNARY_FORWARD} | {op: (0, 1) for op in _BINARY_FORWARD} \
     | {"Select": (1, 2), "SelectV2": (1, 2)}
+# Kernels that read a resource variable, change it and write it back in place
+# (``PrepareToUpdateVariable``): they copy it first where another tensor still
+# holds its buffer. Sparse updates and ``AssignVariableOp`` take other paths.
+_READ_MODIFY_WRITE = re.compile(r"^(ResourceApply[A-Z]\w*|Assign(Add|Sub)VariableOp)$")
+
+
+def copied_on_update(graph: Graph, name: str) -> list[list[Tensor]]:
+    """``Dialect.copied_on_update`` for TF: every resource variable a read-modify-write
+    kernel updates, with the ``ReadVariableOp`` values of it (which share the
+    variable's buffer, where TF1's ref variables are written in place regardless)."""
+    if not _READ_MODIFY_WRITE.match(graph.node(name).op):
+        return []
+    variables = (resource_variable(graph, handle) for handle in graph.inputs(name))
+    return [sorted(Tensor(user, 0) for user in graph.data_users(variable)
+                   if graph.node(user).op == "ReadVariableOp")
+            for variable in variables if variable is not None]
 
 def schedule(graph: Graph, nodes: set[str], known: frozenset[str], fetched: frozenset[str],
              is_back_edge: Callable[[str, str], bool],
@@ -76,9 +94,11 @@ _NOT_BYPASSED_AFTER = VARIABLE_OPS | {"ReadVariableOp", "_Recv", "_HostRecv", "S
 class GrapplerView:
     """The dependencies of ``nodes`` after Grappler's rewrites that move work in time:
 
-    * ``known`` nodes (stored and folded values) wait for nothing: constant folding
-      makes them constants, which run first, so the dependency optimizer prunes
-      control edges into and out of them;
+    * ``known`` nodes (stored and folded values) wait for nothing but a control
+      input that runs in the step (a constant made in a ``control_dependencies``
+      context, which carries the context's edges): constant folding makes them
+      constants, which run first, so the dependency optimizer prunes control
+      edges out of them and between them;
     * a control input that another input already implies is dropped (transitive
       reduction);
     * a stateless node whose outputs no one reads becomes a NoOp (its data inputs
@@ -108,7 +128,9 @@ class GrapplerView:
         self.noop: set[str] = set()
         self.bypassed: set[str] = set()
         for name in self.members:
-            data, control = ([], []) if name in known else graph.input_nodes(name)
+            data, control = graph.input_nodes(name)
+            if name in known:  # waits only on a control input that runs in the step
+                data, control = [], [c for c in control if c not in known]
             entries = [(p, False) for p in data] + [(c, True) for c in control]
             self.inputs[name] = [(p, c) for p, c in entries if p in nodes and not
                                  is_back_edge(p, name) and not (c and p in known)]

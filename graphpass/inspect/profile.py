@@ -31,6 +31,7 @@ import numpy as np
 
 from graphpass.analysis.measured import ALLOCATOR, RECORDS, StepMeasurement
 from graphpass.errors import GraphpassError
+from graphpass.inspect.step_stats import executed_order, records_peak
 from graphpass.inspect.verify.compare import InputMaker
 from graphpass.inspect.verify.report import VerifyOptions
 from graphpass.inspect.verify.tf_runner import (
@@ -145,27 +146,3 @@ def _allocator_peak(tf, session, fetches: list, feeds: dict) -> int | None:
         return None
     session.run(fetches, feeds)
     return tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
-
-
-def records_peak(step_stats) -> int:
-    """The high-water mark of the step's allocation records: every node's records
-    merged by time, a node's own in their order (a stable sort), so records of one
-    microsecond are not reordered to free first (``tools.fixtures.measure``'s figure)."""
-    records = [(record.alloc_micros, record.alloc_bytes)
-               for device in step_stats.dev_stats
-               for node in device.node_stats
-               for memory in node.memory
-               for record in memory.allocation_records]
-    live = peak = 0
-    for _, size in sorted(records, key=lambda r: r[0]):
-        live += size
-        peak = max(peak, live)
-    return peak
-
-
-def executed_order(step_stats) -> tuple[str, ...]:
-    """The nodes in the order the executor started them."""
-    starts = [(node.all_start_micros, i, node.node_name)
-              for device in step_stats.dev_stats
-              for i, node in enumerate(device.node_stats)]
-    return tuple(name for _, _, name in sorted(starts) if not name.startswith("_SOURCE"))

@@ -27,6 +27,7 @@ import numpy as np
 from graphpass.dialects.tf_ops import VARIABLE_OPS
 from graphpass.errors import GraphpassError
 from graphpass.inspect.progress import Progress
+from graphpass.inspect.step_stats import records_peak
 from graphpass.inspect.verify.compare import InputMaker, compare_step, first_difference
 from graphpass.inspect.verify.report import VerifyOptions, VerifyReport
 from graphpass.ir.graph import Graph
@@ -152,7 +153,7 @@ class _TFRunner:
                 self._assigns = {n: _assign(tf, op) for n, op in self._ops.items()}
         self.variables = list(self._ops)
         self.session = tf.compat.v1.Session(graph=self.tf_graph, config=config)
-        # Allocation records in each step's RunMetadata: the peak on any CPU (step_peak_bytes).
+        # Allocation records in each step's RunMetadata (``step_stats.records_peak``).
         self._trace = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.SOFTWARE_TRACE)
 
     def initialise(self, init: str | None) -> None:
@@ -199,7 +200,7 @@ class _TFRunner:
         except tf.errors.OpError as exc:
             raise GraphpassError(f"the {self.label} graph failed at step {step}: "
                                  f"{exc.message.splitlines()[0]}") from None
-        return [np.asarray(v) for v in out[: len(self.losses)]], step_peak_bytes(metadata)
+        return [np.asarray(v) for v in out[: len(self.losses)]], records_peak(metadata.step_stats)
 
     def close(self) -> None:
         self.session.close()
@@ -259,22 +260,6 @@ def _collection_initializers(graph: Graph) -> list[str]:
                 break
             names.append(variable.initializer_name.split(":")[0])
     return [n for n in names if n]
-
-
-def step_peak_bytes(run_metadata) -> int:
-    """The high-water mark of the bytes a step's ops allocated, from the allocation
-    records of its ``RunMetadata`` (a run with ``trace_level`` SOFTWARE_TRACE or more):
-    allocations (+) and frees (-) summed in time order, frees first within a microsecond."""
-    records = sorted((record.alloc_micros, record.alloc_bytes)
-                     for device in run_metadata.step_stats.dev_stats
-                     for node in device.node_stats
-                     for memory in node.memory
-                     for record in memory.allocation_records)
-    live = peak = 0
-    for _, size in records:
-        live += size
-        peak = max(peak, live)
-    return peak
 
 
 def _tf_placeholder_specs(graph: Graph, fetched: list[str]) -> dict[str, tuple[str, tuple | None]]:
