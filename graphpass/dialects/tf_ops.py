@@ -27,6 +27,10 @@ INTEGER_DTYPES = frozenset({"int32", "int64"})
 #: Grappler keeps nodes with this attr (true) as they are (its "preserve set").
 DO_NOT_REWRITE_ATTR = "_grappler_do_not_remove"
 APPLY_OP = re.compile(r"^(Resource)?(Sparse)?Apply[A-Z]")
+#: Kernels that read a resource variable, change it and write it back in place
+#: (``PrepareToUpdateVariable``): they copy it first where another tensor still holds
+#: its buffer. Sparse updates and ``AssignVariableOp`` take other paths.
+READ_MODIFY_WRITE_OP = re.compile(r"^(ResourceApply[A-Z]\w*|Assign(Add|Sub)VariableOp)$")
 # The cost model's op classes (Dialect.op_class). Gradients of matmuls are matmuls.
 MATMUL_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
                         "_FusedMatMul"})

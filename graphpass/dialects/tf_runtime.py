@@ -8,11 +8,10 @@ It reads the graph and never edits it; op kinds come from ``tf_ops``.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable
 
-from graphpass.dialects.tf_ops import VARIABLE_OPS
+from graphpass.dialects.tf_ops import READ_MODIFY_WRITE_OP, VARIABLE_OPS
 from graphpass.dialects.tf_updates import resource_variable
 from graphpass.ir.graph import Graph, Tensor
 
@@ -48,17 +47,13 @@ _BINARY_FORWARD = (
 )
 FORWARD_SLOTS = {op: (0,) for op in _UNARY_FORWARD} | {op: (0, 1) for op in _BINARY_FORWARD} \
     | {"Select": (1, 2), "SelectV2": (1, 2)}
-# Kernels that read a resource variable, change it and write it back in place
-# (``PrepareToUpdateVariable``): they copy it first where another tensor still
-# holds its buffer. Sparse updates and ``AssignVariableOp`` take other paths.
-_READ_MODIFY_WRITE = re.compile(r"^(ResourceApply[A-Z]\w*|Assign(Add|Sub)VariableOp)$")
 
 
 def copied_on_update(graph: Graph, name: str) -> list[list[Tensor]]:
     """``Dialect.copied_on_update`` for TF: every resource variable a read-modify-write
     kernel updates, with the ``ReadVariableOp`` values of it (which share the
     variable's buffer, where TF1's ref variables are written in place regardless)."""
-    if not _READ_MODIFY_WRITE.match(graph.node(name).op):
+    if not READ_MODIFY_WRITE_OP.match(graph.node(name).op):
         return []
     variables = (resource_variable(graph, handle) for handle in graph.inputs(name))
     return [sorted(Tensor(user, 0) for user in graph.data_users(variable)

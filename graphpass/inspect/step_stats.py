@@ -26,12 +26,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-#: Updates that copy a variable whose buffer is shared before writing it in place.
-READ_MODIFY_WRITE = re.compile(r"^(ResourceApply[A-Z]\w*|Assign(Add|Sub)VariableOp)$")
+from graphpass.dialects.tf_ops import READ_MODIFY_WRITE_OP
+from graphpass.dialects.tf_runtime import ALIAS_OPS
+
 ASSIGN = "AssignVariableOp"
-#: Kernels whose output is their input's buffer: a read held through them is held.
-_ALIASING = frozenset({"Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims",
-                       "StopGradient", "Snapshot"})
 _LABEL = re.compile(r"^(?:\[[^\]]*\] )?(?P<name>\S+) = (?P<op>[\w>]+)\((?P<inputs>.*)\)$")
 
 
@@ -87,7 +85,7 @@ def unrecorded_frees(step_stats) -> list[tuple[int, int]]:
             reads.setdefault(node.inputs[0], []).append(node)
     frees = []
     for update in nodes:
-        if READ_MODIFY_WRITE.match(update.op):
+        if READ_MODIFY_WRITE_OP.match(update.op):
             copies = list(update.allocated)
             for handle in update.inputs:
                 held, size = _held_until(reads.get(handle, ()), update, readers)
@@ -112,7 +110,7 @@ def _held_until(reads, update: _Node, readers: dict[str, list[_Node]]) -> tuple[
     while stack:
         for reader in readers.get(stack.pop().name, ()):
             end = max(end, reader.end)
-            if reader.op in _ALIASING:
+            if reader.op in ALIAS_OPS:  # a read held through them is held
                 stack.append(reader)
     size = max((sum(read.output_bytes[:1]) for read in before), default=0)
     return end, size
