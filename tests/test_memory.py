@@ -25,6 +25,7 @@ from graphpass.analysis.memory import (
 )
 from graphpass.errors import GraphpassError
 from graphpass.formats.tf_io import graph_from_graph_def
+from graphpass.ir.graph import Tensor
 from tools.fixtures import keras_models, memory_models
 from tools.fixtures.measure import measure
 
@@ -217,9 +218,12 @@ def test_schedule_follows_the_graph_grappler_hands_the_executor():
     assert ("a", False) in view.inputs["add"] and ("b", True) in view.inputs["add"]
     assert successors["b"][0] == "assign"  # data edges first, then control edges
     assert view.inputs["f"] == [] and view.inputs["shape"] == []
-    order = graph.dialect.schedule(graph, needed, known, frozenset({"total"}))
-    assert sorted(order) == sorted(needed)  # bypassed nodes stay in the walk
-    position = {n: i for i, n in enumerate(order)}
-    for name in order:  # after the producers of their inputs, bypassed ones too
-        assert all(position[p] < position[name] for p in graph.producers(name)
-                   if p in position and p not in known and name not in known)
+    execution = graph.dialect.execution(graph, needed, known, frozenset({"total"}))
+    assert sorted(execution.order) == sorted(needed - bypassed)  # bypassed: run nowhere
+    assert execution.read(Tensor("pair/control_dependency", 0)) == Tensor("a", 0)
+    assert execution.read(Tensor("pair/control_dependency_1", 0)) == Tensor("b", 0)
+    position = {n: i for i, n in enumerate(execution.order)}
+    for name in execution.order:  # after the producers of what they really read
+        assert all(position[execution.read(t).node] < position[name]
+                   for t in graph.inputs(name) if name not in known
+                   and execution.read(t).node not in known)

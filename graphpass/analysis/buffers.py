@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from functools import cache
 
-from graphpass.dialects.base import LoopFacts
+from graphpass.dialects.base import Execution, LoopFacts
 from graphpass.ir.dtypes import np_dtype
 from graphpass.ir.graph import Graph, Tensor
 
@@ -83,19 +83,23 @@ class Simulation:
     """Walks the schedule once, allocating and freeing buffers as the runtime does
     (the model: ``graphpass.analysis.memory``'s module docstring)."""
 
-    def __init__(self, graph: Graph, order: list[str], targets: list[str],
+    def __init__(self, graph: Graph, execution: Execution, targets: list[str],
                  constant: frozenset[str], kept: set[Tensor], batch_size: int | None) -> None:
-        self.graph, self.dialect, self.order = graph, graph.dialect, order
+        self.graph, self.dialect, self.order = graph, graph.dialect, execution.order
         self.kept, self.batch_size = kept, batch_size
         self.kept_of: dict[str, list[Tensor]] = {}
         for tensor in sorted(kept):
             self.kept_of.setdefault(tensor.node, []).append(tensor)
+        # What each node really reads, by slot (past the nodes the runtime bypasses).
+        self.slots = {name: {slot: execution.read(t)
+                             for slot, t in graph.input_slots(name).items()}
+                      for name in self.order}
         self.idle = self._control_only(targets)
         self.constant = constant
         self.readers: dict[Tensor, int] = {}  # reads by the nodes that really run
-        for name in order:
+        for name in self.order:
             if name not in self.idle and name not in self.constant:
-                for tensor in graph.inputs(name):
+                for tensor in self.slots[name].values():
                     self.readers[tensor] = self.readers.get(tensor, 0) + 1
         self.buffers: dict[Tensor, _Buffer] = {}
         self.live = 0
@@ -114,12 +118,15 @@ class Simulation:
         """Stateless nodes whose values nothing that runs reads (they only order
         others through control edges, as the gradient of a constant factor does):
         Grappler's dependency optimizer turns them into NoOps, so they read nothing."""
-        graph, dialect = self.graph, self.dialect
-        needed, idle, fetched = set(self.order), set(), set(targets)
+        readers: dict[str, set[str]] = {}
+        for name, slots in self.slots.items():
+            for tensor in slots.values():
+                readers.setdefault(tensor.node, set()).add(name)
+        idle, fetched = set(), set(targets)
         for name in reversed(self.order):
-            if name in fetched or dialect.is_stateful(graph, name):
+            if name in fetched or self.dialect.is_stateful(self.graph, name):
                 continue
-            if all(user in idle or user not in needed for user in graph.data_users(name)):
+            if readers.get(name, set()) <= idle:
                 idle.add(name)
         return idle
 
@@ -163,7 +170,7 @@ class Simulation:
         for name in self.order:
             if name in self.constant or name in self.idle:
                 continue
-            inputs = self.graph.input_slots(name)
+            inputs = self.slots[name]
             for port in self.graph.used_ports(name):
                 self._output(name, Tensor(name, port), inputs)
             for tensor in self.kept_of.get(name, ()):
@@ -213,7 +220,7 @@ class Simulation:
             for user in self.graph.data_users(tensor.node):
                 if user not in self.ran:
                     continue
-                slots = self.graph.input_slots(user)
+                slots = self.slots[user]
                 for port in self.graph.used_ports(user):
                     slot = self.dialect.output_alias(self.graph, user, port)
                     if slot is not None and slots.get(slot) == tensor:

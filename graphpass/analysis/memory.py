@@ -110,9 +110,9 @@ def memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = No
     targets = _fetch_nodes(graph, fetches)
     needed = graph.ancestors(targets) | set(targets)
     known = _known_before(graph, needed, batch_size)
-    order = graph.dialect.schedule(graph, needed, known, frozenset(targets))
-    simulation = Simulation(graph, order, targets, known, _kept(graph, fetches), batch_size)
-    simulation.add_loops(_loops(graph, order, batch_size, loop_trips))
+    execution = graph.dialect.execution(graph, needed, known, frozenset(targets))
+    simulation = Simulation(graph, execution, targets, known, _kept(graph, fetches), batch_size)
+    simulation.add_loops(_loops(graph, execution.order, batch_size, loop_trips))
     return simulation.run()
 
 

@@ -54,6 +54,22 @@ class LoopFacts:
         return self.per_trip[port] * (self.trips or 0)
 
 
+@dataclass(frozen=True)
+class Execution:
+    """What the runtime runs of a step: ``order``, its nodes in the order the runtime
+    runs them; ``forwarded``: reads the runtime rewires past a node it removes
+    before running (TF's dependency optimizer bypassing an ``Identity``: its users
+    read its input), each value to the value really read. Removed nodes are not
+    in ``order``: they run nowhere and hold nothing."""
+
+    order: list[str]
+    forwarded: dict[Tensor, Tensor] = field(default_factory=dict)
+
+    def read(self, tensor: Tensor) -> Tensor:
+        """The value the runtime really reads for ``tensor``."""
+        return self.forwarded.get(tensor, tensor)
+
+
 class Dialect(ABC):
     """Format-specific knowledge, behind one interface."""
 
@@ -93,6 +109,12 @@ class Dialect(ABC):
         the graph before running it (TF's Grappler) needs them, others ignore them."""
         order = graph.topological_order(ignore_edge=lambda s, d: self.is_back_edge(graph, s, d))
         return order if nodes is None else [n for n in order if n in nodes]
+
+    def execution(self, graph: Graph, nodes: set[str], known: frozenset[str],
+                  fetched: frozenset[str]) -> Execution:
+        """What the runtime runs of ``nodes`` (``schedule``'s arguments), for the memory
+        estimate: here the schedule itself, nothing rewired."""
+        return Execution(self.schedule(graph, nodes, known, fetched))
 
     def loop_facts(self, graph: Graph, name: str, batch_size: int | None = None,
                    loop_trips: int | None = None) -> LoopFacts | None:

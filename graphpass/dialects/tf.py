@@ -21,7 +21,7 @@ from graphpass.dialects import (
     tf_updates,
     tf_xla,
 )
-from graphpass.dialects.base import Dialect, LoopFacts
+from graphpass.dialects.base import Dialect, Execution, LoopFacts
 from graphpass.dialects.capabilities import ConditionalBuilder, TargetLowering
 from graphpass.dialects.tf_builders import TFBuilders
 from graphpass.dialects.tf_ops import (
@@ -215,11 +215,15 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
                  known: frozenset[str] = frozenset(), fetched: frozenset[str] = frozenset()
                  ) -> list[str]:
         """The executor's order with one inter-op thread on the graph Grappler hands
-        it (``tf_runtime.schedule``)."""
+        it (``tf_runtime.execution``): the nodes Grappler bypasses are not in it."""
         nodes = set(graph) if nodes is None else nodes
-        return tf_runtime.schedule(graph, nodes, known, fetched,
-                                   lambda s, d: self.is_back_edge(graph, s, d),
-                                   lambda n: self.is_stateful(graph, n))
+        return self.execution(graph, nodes, known, fetched).order
+
+    def execution(self, graph: Graph, nodes: set[str], known: frozenset[str],
+                  fetched: frozenset[str]) -> Execution:
+        return tf_runtime.execution(graph, nodes, known, fetched,
+                                    lambda s, d: self.is_back_edge(graph, s, d),
+                                    lambda n: self.is_stateful(graph, n))
 
     def is_constant(self, graph: Graph, name: str) -> bool:
         node = graph.node(name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
+from graphpass.dialects.base import Execution
 from graphpass.dialects.tf_ops import READ_MODIFY_WRITE_OP, VARIABLE_OPS
 from graphpass.dialects.tf_updates import resource_variable
 from graphpass.ir.graph import Graph, Tensor
@@ -60,11 +61,12 @@ def copied_on_update(graph: Graph, name: str) -> list[list[Tensor]]:
                    if graph.node(user).op == "ReadVariableOp")
             for variable in variables if variable is not None]
 
-def schedule(graph: Graph, nodes: set[str], known: frozenset[str], fetched: frozenset[str],
-             is_back_edge: Callable[[str, str], bool],
-             is_stateful: Callable[[str], bool]) -> list[str]:
+def execution(graph: Graph, nodes: set[str], known: frozenset[str], fetched: frozenset[str],
+              is_back_edge: Callable[[str, str], bool],
+              is_stateful: Callable[[str], bool]) -> Execution:
     """The executor's order with one inter-op thread (``executor.cc``) on the graph
-    Grappler hands it (``GrapplerView``): a node's newly ready successors,
+    Grappler hands it (``GrapplerView``), and the reads Grappler rewires past the
+    nodes it bypasses: a node's newly ready successors,
     data edges before control edges, go to its thread's inline queue if their
     kernel is inexpensive; of the expensive ones the last continues on this
     thread (when nothing inline waits) and the others are queued on the pool,
@@ -76,14 +78,17 @@ def schedule(graph: Graph, nodes: set[str], known: frozenset[str], fetched: froz
     view.optimize()
     order = executor_order(graph, nodes - view.bypassed, view.successors(),
                            lambda n: n in view.noop or graph.node(n).op in INLINE_OPS)
-    return with_bypassed(graph, order, view.bypassed)
+    return Execution(order, view.forwarded())
 
 
-#: Ops Grappler's dependency optimizer bypasses (``IsIdentity``, ``IsNoOp``).
-BYPASSED_OPS = frozenset({"Identity", "RefIdentity", "NoOp"})
+#: Ops Grappler's dependency optimizer bypasses (``IsIdentity``, ``IsIdentityN``,
+#: ``IsNoOp``).
+BYPASSED_OPS = frozenset({"Identity", "RefIdentity", "IdentityN", "NoOp"})
 #: Inputs an Identity is never bypassed after (``SafeToRemoveIdentity``: variable reads).
 _NOT_BYPASSED_AFTER = VARIABLE_OPS | {"ReadVariableOp", "_Recv", "_HostRecv", "Switch",
                                       "RefSwitch"}
+#: Users a multi-input ``IdentityN`` is never bypassed into (``SafeToRemoveIdentity``).
+_NOT_BYPASSED_INTO = frozenset({"_Retval", "Merge", "RefMerge"})
 
 
 class GrapplerView:
@@ -98,10 +103,14 @@ class GrapplerView:
       reduction);
     * a stateless node whose outputs no one reads becomes a NoOp (its data inputs
       control inputs), as the dependency optimizer's ``SafeToConvertToNoOp`` does;
-    * NoOp and Identity nodes are bypassed when fan-in x fan-out <= fan-in +
-      fan-out (``BypassingNodeIsBeneficial``; never a fetched node or an Identity
-      after a variable read): their users read their input directly and wait on
-      their control inputs (``bypassed``: out of the executor's graph).
+    * NoOp, Identity and IdentityN nodes are bypassed where that adds no edges
+      (``BypassingNodeIsBeneficial``: fan-in x fan-out <= fan-in + fan-out; for an
+      ``IdentityN`` of several values, its edges counted one by one, since each
+      output goes to its own readers; never a fetched node or one after a variable
+      read): their users read their inputs directly and wait on their control
+      inputs (``bypassed``: out of the executor's graph; ``forwarded``: the reads
+      rewired). Keras 3's optimizers pass every gradient through one ``IdentityN``:
+      bypassed, each gradient is applied as soon as it exists, not after the last.
 
     Conversion and bypass repeat until nothing changes, as the optimizer's work
     list does.
@@ -118,20 +127,24 @@ class GrapplerView:
         self.stateless = {n for n in self.members if n not in fetched and
                           self.ops[n] not in BYPASSED_OPS and not is_stateful(n)}
         self.position = {n: i for i, n in enumerate(self.members)}
+        # A node's inputs: its data inputs (``reads``, in slot order) first, then its
+        # control inputs, as (producer, is_control).
         self.inputs: dict[str, list[tuple[str, bool]]] = {}
+        self.reads: dict[str, list[Tensor]] = {}
         self.users: dict[str, set[str]] = {n: set() for n in self.members}
         self.noop: set[str] = set()
         self.bypassed: set[str] = set()
+        self.sources: dict[str, list[Tensor]] = {}  # a bypassed node: what it read
         for name in self.members:
-            data, control = graph.input_nodes(name)
-            if name in known:  # waits only on a control input that runs in the step
-                data, control = [], [c for c in control if c not in known]
-            entries = [(p, False) for p in data] + [(c, True) for c in control]
-            self.inputs[name] = [(p, c) for p, c in entries if p in nodes and not
-                                 is_back_edge(p, name) and not (c and p in known)]
+            runs = {p for p in graph.producers(name)
+                    if p in nodes and not is_back_edge(p, name)}
+            # A known node waits only on a control input that runs in the step.
+            reads = [] if name in known else [t for t in graph.inputs(name) if t.node in runs]
+            control = [c for c in graph.control_inputs(name) if c in runs and c not in known]
+            self.reads[name] = reads
+            self.inputs[name] = [(t.node, False) for t in reads] + [(c, True) for c in control]
             for producer, _ in self.inputs[name]:
                 self.users[producer].add(name)
-
     def successors(self) -> dict[str, list[str]]:
         """Each node's successors after the rewrites: data successors before control
         successors (the executor propagates data edges first), each in graph order."""
@@ -161,6 +174,7 @@ class GrapplerView:
                         self.noop.add(name)
                         self.inputs[name] = [(p, True) for p in dict.fromkeys(
                             p for p, _ in self.inputs[name]) if p not in self.known]
+                        self.reads[name] = []
                         changed = True
                     if self._bypassable(name):
                         self._bypass(name)
@@ -232,59 +246,56 @@ class GrapplerView:
         op, entries, users = self._op(name), self.inputs[name], self.users[name]
         if op not in BYPASSED_OPS or name in self.fetched or not users:
             return False
-        if op != "NoOp" and (not entries or entries[0][1] or
-                             self.ops[entries[0][0]] in _NOT_BYPASSED_AFTER):
+        reads = self.reads[name]
+        if op != "NoOp" and (not reads or self.ops[reads[0].node] in _NOT_BYPASSED_AFTER):
             return False
+        if len(reads) > 1:  # an IdentityN of several values
+            if any(self.ops[u] in _NOT_BYPASSED_INTO for u in users):
+                return False
+            controls = len(entries) - len(reads)
+            edges = len(reads) + controls * len(users) + sum(
+                len(entries) if is_control else 1
+                for u in users for p, is_control in self.inputs[u] if p == name)
+            return edges <= len(entries) + len(users)
         return len(entries) * len(users) <= len(entries) + len(users)
 
     def _bypass(self, name: str) -> None:
-        """Rewire ``name``'s users to its inputs (``DependencyOptimizer::OptimizeNode``)."""
-        entries = self.inputs[name]
-        forwarded = None if self._op(name) == "NoOp" else entries[0][0]
+        """Rewire ``name``'s users to its inputs (``DependencyOptimizer::OptimizeNode``):
+        a read of its output ``k`` reads its input ``k``, a control edge from it
+        becomes one from its first input's producer, and its control inputs become
+        each user's."""
+        sources = self.reads[name]
+        carried = [p for p, is_control in self.inputs[name] if is_control]
         for user in sorted(self.users[name], key=self.position.__getitem__):
-            rewired = []
+            reads = [sources[t.port] if t.node == name else t for t in self.reads[user]]
+            rewired = [(t.node, False) for t in reads]
             for producer, is_control in self.inputs[user]:
-                if producer != name:
-                    rewired.append((producer, is_control))
-                elif forwarded is not None:
-                    rewired.append((forwarded, is_control))
-            present = {p for p, _ in rewired}
-            for producer, _ in entries:
-                if producer not in present:
+                if is_control and producer != name:
                     rewired.append((producer, True))
-                    present.add(producer)
+                elif is_control and sources:
+                    rewired.append((sources[0].node, True))
+            present = {p for p, _ in rewired}
+            rewired += [(p, True) for p in carried if p not in present]
+            self.reads[user], self.inputs[user] = reads, rewired
+            for producer, _ in rewired:
                 self.users[producer].add(user)
-            self.inputs[user] = rewired
-        for producer, _ in entries:
+        for producer, _ in self.inputs[name]:
             self.users[producer].discard(name)
-        self.inputs[name], self.users[name] = [], set()
+        if sources:
+            self.sources[name] = sources
+        self.inputs[name], self.reads[name], self.users[name] = [], [], set()
         self.bypassed.add(name)
 
-
-def with_bypassed(graph: Graph, order: list[str], bypassed: set[str]) -> list[str]:
-    """``order`` with each bypassed node (``GrapplerView``) right after the last of its
-    inputs: out of the executor's graph, it stands for its input's value (an Identity
-    aliases it) as soon as that exists."""
-    index = {n: i for i, n in enumerate(order)}
-    place: dict[str, tuple[int, int]] = {}  # bypassed node -> (position after, depth)
-
-    def placed(name: str) -> tuple[int, int]:
-        if name not in place:
-            spots = [(index[p], 0) if p in index else placed(p)
-                     for p in graph.producers(name) if p in index or p in bypassed]
-            after, depth = max(spots, default=(-1, 0))
-            place[name] = (after, depth + 1)
-        return place[name]
-
-    position = {n: i for i, n in enumerate(graph) if n in bypassed}
-    extra: dict[int, list[str]] = {}
-    for name in sorted(bypassed, key=lambda n: (placed(n)[1], position[n])):
-        extra.setdefault(place[name][0], []).append(name)
-    merged = extra.get(-1, [])
-    for i, name in enumerate(order):
-        merged.append(name)
-        merged.extend(extra.get(i, ()))
-    return merged
+    def forwarded(self) -> dict[Tensor, Tensor]:
+        """Each output of a bypassed node to the value its readers read instead (an
+        output of a node that runs)."""
+        found = {}
+        for name, sources in self.sources.items():
+            for port, tensor in enumerate(sources):
+                while tensor.node in self.sources:
+                    tensor = self.sources[tensor.node][tensor.port]
+                found[Tensor(name, port)] = tensor
+        return found
 
 
 def executor_order(graph: Graph, nodes: set[str], successors: dict[str, list[str]],
