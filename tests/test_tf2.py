@@ -165,16 +165,23 @@ def test_auto_remat_pins_the_updates_in_the_step_function(saved, tmp_path):
     """The session inlines the step function and runs it on TF's executor: the
     updates' inputs are pinned ahead of the backward pass, and each weight's
     gradient waits for the backward op still reading the weight (an update of a
-    weight still read copies it)."""
+    weight still read copies it). SGD's ``momentum * velocity`` of each weight
+    waits for that weight's gradient instead of being held from the step's start."""
     source = saved.get("mlp", "sgd")
     report = tmp_path / "report.json"
     _rewrite(source, tmp_path / "out", "--recompute", "auto", "--report", str(report))
-    assert json.loads(report.read_text())["passes"][0]["report"]["pinned_update_reads"] > 0
+    remat = json.loads(report.read_text())["passes"][0]["report"]
+    assert remat["pinned_update_reads"] > 0
     graph = graphpass.load(tmp_path / "out")
     assert any(n.startswith("graphpass/pinned_updates/") for n in graph)
     for block in range(2, 9):
         scope = f"gradient_tape/mlp_1/block{block}_dense_1/MatMul"
         assert f"{scope}/MatMul" in graph.control_inputs(f"{scope}/MatMul_1"), scope
+    waiting = [n for n in graph if graph.node(n).op == "Mul" and not n.startswith("gradient")
+               and any(c.startswith("gradient_tape/") for c in graph.control_inputs(n))]
+    assert len(waiting) == remat["state_values_waiting"] >= 8  # a kernel per block
+    for name in waiting:  # reads the velocity, not the gradient
+        assert not any(t.node.startswith("gradient_tape/") for t in graph.inputs(name))
     _assert_trains_like(tmp_path / "out", "mlp", saved.reference(source, "mlp"))
 
 

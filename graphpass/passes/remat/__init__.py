@@ -43,7 +43,12 @@ from graphpass.passes.context import PassContext
 from graphpass.passes.remat.auto import Estimator, auto_plan, with_trips
 from graphpass.passes.remat.defer import defer_updates
 from graphpass.passes.remat.marks import marked_segments, unique
-from graphpass.passes.remat.pin import Pinned, held_updates_peak, pin_updates
+from graphpass.passes.remat.pin import (
+    Pinned,
+    held_updates_peak,
+    pin_updates,
+    state_math_after_gradients,
+)
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
 from graphpass.passes.remat.verdict import AutoPlan
 
@@ -80,23 +85,24 @@ class RematPass(Pass):
         entries = rewrite_segments(graph, segments, step,
                                    self.options.tupleize_grads, released_bytes=estimate)
         changed = any(e["copied"] for e in entries)
-        peak_after = _peak_after(graph, step, batch, changed, peak_before, auto, profile) \
-            if estimate else None
+        waiting = state_math_after_gradients(graph, step)  # as every plan was weighed
+        peak_after = _peak_after(graph, step, batch, changed or waiting > 0, peak_before,
+                                 auto, profile) if estimate else None
         # auto's estimate already has the updates deferred where that is lower.
         # Deferring is part of the rewrite, so it is decided (estimated) when the
         # figures are not shown too: the output never depends on --quiet.
         deferred = defer_updates(graph, step, batch, None if auto else peak_after)
-        pinned = Pinned(pin_updates(graph, step), held, peak_before)
+        pinned = Pinned(pin_updates(graph, step), held, peak_before, waiting)
         if runtime is not None:
             runtime.append(_runtime_peak(graph, step, batch)
-                           if changed or deferred or pinned.reads else runtime[0])
+                           if changed or deferred or pinned.changed else runtime[0])
         if measured is not None:
             measured.append(ctx.profiler(graph, step.fetches))
         elif auto is not None and auto.measured is not None:
             measured = [auto.measured_before, auto.measured]
         self.report = _report(entries, skipped, step.dependency, peak_before, peak_after,
                               auto, deferred, measured, runtime, pinned)
-        return changed or deferred is not None or pinned.reads > 0
+        return changed or deferred is not None or pinned.changed
 
     def estimates_memory(self, ctx: PassContext) -> bool:
         return ctx.estimates or self.options.auto

@@ -23,7 +23,7 @@ from graphpass.options import BUDGET, CHEAP, RematOptions
 from graphpass.passes.remat.cheap import SHARED_COPY_ALLOWANCE, cheap_groups, cheap_keep
 from graphpass.passes.remat.defer import can_defer, defer_updates
 from graphpass.passes.remat.marks import SCOPE, Segment, is_generated, unique
-from graphpass.passes.remat.pin import pin_updates
+from graphpass.passes.remat.pin import pin_updates, state_math_after_gradients
 from graphpass.passes.remat.plan import (
     ROUNDS,
     ChainPlan,
@@ -92,6 +92,7 @@ def written(graph: Graph, step: Step, options: RematOptions,
     wait to the end of the step."""
     copy = graph.copy()
     rewrite_segments(copy, segments, step, options.tupleize_grads)
+    state_math_after_gradients(copy, step)
     defer_updates(copy, step, options.batch_size)
     pin_updates(copy, step)
     return copy
@@ -125,8 +126,12 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
         target = plan.target_bytes
 
     def rewritten(segments: list[Segment]) -> tuple[Graph, list[dict]]:
+        """A copy rewritten as the pass writes ``segments``, optimizer values that
+        wait for their gradients included (``pin``)."""
         trial = graph.copy()
-        return trial, rewrite_segments(trial, segments, step, options.tupleize_grads)
+        entries = rewrite_segments(trial, segments, step, options.tupleize_grads)
+        state_math_after_gradients(trial, step)
+        return trial, entries
 
     def estimate(segments: list[Segment]) -> int:
         """The peak of the step as the pass writes it: the updates deferred where

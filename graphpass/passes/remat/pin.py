@@ -29,6 +29,13 @@ update may also run while the backward pass still holds a read of the weight it
 writes, and TF then copies the variable, in the processes whose order has it so;
 so in a function body each weight's gradient also waits for those reads
 (:func:`_gradients_after_weight_readers`).
+
+The other way round, optimizer math that reads state alone (Keras' SGD computes
+``momentum * velocity`` apart from ``lr * gradient``) is ready when the step
+starts, and the executor runs it then: a weight-sized value per weight, held
+through the whole backward pass until its update. Each such value waits for its
+gradient instead (:func:`_state_math_after_gradients`); its inputs are the same
+state, which only its own update writes, so it computes the same value.
 """
 
 from __future__ import annotations
@@ -47,9 +54,10 @@ PIN_SCOPE = "graphpass/pinned_updates"
 #: one (``momentum * slot``) held through the backward pass would cost what
 #: pinning saves.
 SMALL_BYTES = 64
-#: The smallest weight whose gradient waits for the weight's backward readers. A
-#: smaller copy costs little, and the edge stops Grappler's arithmetic rewrites of
-#: the gradient (a batch norm's scale), which round differently.
+#: The smallest weight whose gradient waits for the weight's backward readers, and
+#: the smallest optimizer value computed from state alone that waits for its
+#: gradient. A smaller one costs little, and the edge stops Grappler's arithmetic
+#: rewrites of the gradient (a batch norm's scale), which round differently.
 ORDERED_WEIGHT_BYTES = 64 * 1024
 #: How far above the estimate the held figure must be to be worth a line.
 SHOWN_ABOVE = 0.01
@@ -65,6 +73,12 @@ class Pinned:
     held: MemoryProfile | None
     #: The original's estimate: the held figure is shown only where it is higher.
     before: int | None = None
+    #: Optimizer values computed from state alone made to wait for their gradients.
+    waiting: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.reads or self.waiting)
 
     def summary(self) -> list[str]:
         lines = []
@@ -79,10 +93,14 @@ class Pinned:
             lines.append(f"updates pinned next to their gradients: the backward pass waits "
                          f"for the {self.reads} inputs of optimizer state they read, in "
                          f"every process")
+        if self.waiting:
+            lines.append(f"{self.waiting} optimizer values computed from state alone (such as "
+                         f"momentum x velocity) wait for their gradients instead of being "
+                         f"held through the backward pass")
         return lines
 
     def to_json(self) -> dict:
-        return {"pinned_update_reads": self.reads,
+        return {"pinned_update_reads": self.reads, "state_values_waiting": self.waiting,
                 "estimated_peak_bytes_updates_held":
                     None if self.held is None else self.held.peak_bytes}
 
@@ -104,6 +122,58 @@ def pin_updates(graph: Graph, step: Step) -> int:
         # the gate's edges enter no frame, so ``outside`` still holds
         _gradients_after_weight_readers(graph, step, outside | {gate})
     return len(reads)
+
+
+def state_math_after_gradients(graph: Graph, step: Step) -> int:
+    """Make each optimizer value computed from state alone, of at least
+    ``ORDERED_WEIGHT_BYTES``, wait for the gradient whose update reads it (a
+    control edge from the op that computes the gradient, past ops that pass it on
+    such as Keras' ``IdentityN``, which Grappler then still bypasses). Where and
+    when :func:`pin_updates` pins, but before a plan is made: every candidate is
+    weighed with it. Returns how many values wait."""
+    if not update_reads(graph, step):
+        return 0
+    dialect, outside = graph.dialect, _outside_loops(graph)
+    after_backward = graph.descendants(step.backward) | step.backward
+    waits: dict[str, set[str]] = {}
+    for gradients in dialect.optimizer_applies(graph).values():
+        for gradient in gradients:
+            producer = _computed_by(graph, gradient).node
+            if producer not in outside or producer not in step.backward:
+                continue
+            for value in _state_values(graph, step, gradient, after_backward):
+                if value in outside:
+                    waits.setdefault(value, set()).add(producer)
+    for value in sorted(waits):
+        for producer in sorted(waits[value]):
+            graph.add_control_input(value, producer)
+    return len(waits)
+
+
+def _state_values(graph: Graph, step: Step, gradient: Tensor,
+                  after_backward: set[str]) -> set[str]:
+    """The optimizer ops that compute from state alone a value that an optimizer op
+    combining it with ``gradient`` reads: of at least ``ORDERED_WEIGHT_BYTES``,
+    read by the optimizer only, not a variable, a read of one or a constant."""
+    dialect = graph.dialect
+    combining, stack = set(), [user for user, _ in graph.consumers(gradient)]
+    while stack:
+        name = stack.pop()
+        if name in combining or name not in step.optimizer:
+            continue
+        combining.add(name)
+        stack.extend(graph.data_users(name))
+    found = set()
+    for name in combining:
+        for producer in graph.producers(name):
+            if producer in step.optimizer and producer not in after_backward and \
+                    not dialect.is_variable(graph, producer) and \
+                    not dialect.is_variable_value(graph, producer) and \
+                    not dialect.is_constant(graph, producer) and \
+                    all(u in step.optimizer for u in graph.data_users(producer)) and \
+                    (tensor_bytes(graph, Tensor(producer, 0)) or 0) >= ORDERED_WEIGHT_BYTES:
+                found.add(producer)
+    return found
 
 
 def _gradients_after_weight_readers(graph: Graph, step: Step, outside: set[str]) -> int:
