@@ -1,9 +1,10 @@
 """Static tensor sizes and a simulation of the runtime's memory over one step.
 
 The estimate replays the step as the runtime runs it: in the dialect's schedule
-(``Dialect.schedule``: for TF the executor's own order with one inter-op
+(``Dialect.execution``: for TF the executor's own order with one inter-op
 thread, on the graph Grappler hands it, where the values known before the step
-run first; for ONNX onnxruntime's order), over only the nodes the fetches need,
+run first and a node Grappler bypasses is not run, its readers reading what it
+passed on; for ONNX onnxruntime's order), over only the nodes the fetches need,
 and counts what the runtime really allocates:
 
 * fed values the runtime copies into buffers of its own (``Dialect.runtime_fed``:
