@@ -23,7 +23,11 @@ from graphpass.options import BUDGET, CHEAP, RematOptions
 from graphpass.passes.remat.cheap import SHARED_COPY_ALLOWANCE, cheap_groups, cheap_keep
 from graphpass.passes.remat.defer import can_defer, defer_updates
 from graphpass.passes.remat.marks import SCOPE, Segment, is_generated, unique
-from graphpass.passes.remat.pin import pin_updates, state_math_after_gradients
+from graphpass.passes.remat.pin import (
+    pin_updates,
+    state_math_after_gradients,
+    state_math_waits,
+)
 from graphpass.passes.remat.plan import (
     ROUNDS,
     ChainPlan,
@@ -115,15 +119,6 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
     budget = options.memory_budget_bytes
     if options.memory_budget_fraction is not None:
         budget = int(options.memory_budget_fraction * (measured_before or before))
-    plan = AutoPlan(policy, budget, len(chain.units), chain.width, "none", 0.0,
-                    before, before, max(0, before - model_peak(chain.units, ())),
-                    # a static arena (TFLite's) is what it is planned to be: no allocator
-                    headroom=graph.dialect.allocator_headroom if profile is memory_profile
-                    else 0.0, loops=_loop_notes(graph, step, options))
-    if policy != BUDGET:
-        target = None
-    elif target is None:
-        target = plan.target_bytes
 
     def rewritten(segments: list[Segment]) -> tuple[Graph, list[dict]]:
         """A copy rewritten as the pass writes ``segments``, optimizer values that
@@ -149,6 +144,18 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
         return (copy, [e["copies"] for e in entries],
                 run(copy, step.fetches, options.batch_size))
 
+    # The step as written without a segment: the chain model is calibrated on it.
+    written = before if not state_math_waits(graph, step) else estimate([])
+    plan = AutoPlan(policy, budget, len(chain.units), chain.width, "none", 0.0,
+                    before, written, max(0, written - model_peak(chain.units, ())),
+                    # a static arena (TFLite's) is what it is planned to be: no allocator
+                    headroom=graph.dialect.allocator_headroom if profile is memory_profile
+                    else 0.0, loops=_loop_notes(graph, step, options))
+    if policy != BUDGET:
+        target = None
+    elif target is None:
+        target = plan.target_bytes
+
     if any(n.startswith(SCOPE) for n in graph):
         plan.solver = "none (already rematerialized by graphpass)"
         segments = []
@@ -159,6 +166,7 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
                                can_defer(graph, step))
     plan.seconds = time.perf_counter() - start
     return plan, segments
+
 
 def _loop_notes(graph: Graph, step: Step, options: RematOptions) -> list[str]:
     """The forward loops, in graph order: the planner segments the step around a
@@ -191,11 +199,11 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
     allocator headroom: the estimate counts requests, the allocator's peak is
     what must meet the budget); where the lowest plan misses it, that plan is
     the answer, and the caller judges it (``verdict``)."""
-    units = chain.units
+    units, unplanned = chain.units, plan.estimate  # the step as written, no segment
     chosen, estimated, plan.rounds = refine_min_peak(units, plan.model_offset, trial,
                                                      options.batch_size, budget)
-    if estimated >= plan.estimate_before:  # the model was wrong: recompute nothing
-        chosen, estimated = ChainPlan((), 0, 0), plan.estimate_before
+    if estimated >= unplanned:  # the model was wrong: recompute nothing
+        chosen, estimated = ChainPlan((), 0, 0), unplanned
     elif deferrable:  # the plan as written: its updates deferred where that is lower
         estimated = estimate(_chain_segments(chain, chosen))
     if budget is not None and estimated <= budget:
@@ -218,6 +226,7 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
     plan.segments = describe_runs(chain, chosen.runs)
     return _chain_segments(chain, chosen)
 
+
 def _plan_cheap(graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,
                 estimate) -> list[Segment]:
     """``cheap``: keep what one min cut says; recompute the rest per unit, each value
@@ -233,14 +242,15 @@ def _plan_cheap(graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,
         return [Segment(label, [], released, keep) for label, released in groups]
 
     groups, shared = grouped(False), grouped(True)
+    unplanned = plan.estimate  # the step as written, no segment
     plan.estimate = estimate(segments_of(groups))
     if shared != groups:
         shared_estimate = estimate(segments_of(shared))
         if shared_estimate <= plan.estimate + SHARED_COPY_ALLOWANCE * plan.estimate_before:
             groups, plan.estimate = shared, shared_estimate
     plan.solver, plan.gap = "min cut (networkx max-flow)", 0.0
-    if plan.estimate >= plan.estimate_before:  # saves nothing: recompute nothing
-        plan.estimate = plan.estimate_before
+    if plan.estimate >= unplanned:  # saves nothing: recompute nothing
+        plan.estimate = unplanned
         return []
     plan.segments = [{
         "label": label, "nodes": len(unique(t.node for t in released)),

@@ -131,8 +131,18 @@ def state_math_after_gradients(graph: Graph, step: Step) -> int:
     such as Keras' ``IdentityN``, which Grappler then still bypasses). Where and
     when :func:`pin_updates` pins, but before a plan is made: every candidate is
     weighed with it. Returns how many values wait."""
+    waits = state_math_waits(graph, step)
+    for value in sorted(waits):
+        for producer in sorted(waits[value]):
+            graph.add_control_input(value, producer)
+    return len(waits)
+
+
+def state_math_waits(graph: Graph, step: Step) -> dict[str, set[str]]:
+    """What :func:`state_math_after_gradients` would add: each value to the ops
+    computing the gradients it is to wait for (empty: it changes nothing)."""
     if not update_reads(graph, step):
-        return 0
+        return {}
     dialect, outside = graph.dialect, _outside_loops(graph)
     after_backward = graph.descendants(step.backward) | step.backward
     waits: dict[str, set[str]] = {}
@@ -144,10 +154,7 @@ def state_math_after_gradients(graph: Graph, step: Step) -> int:
             for value in _state_values(graph, step, gradient, after_backward):
                 if value in outside:
                     waits.setdefault(value, set()).add(producer)
-    for value in sorted(waits):
-        for producer in sorted(waits[value]):
-            graph.add_control_input(value, producer)
-    return len(waits)
+    return waits
 
 
 def _state_values(graph: Graph, step: Step, gradient: Tensor,

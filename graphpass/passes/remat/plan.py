@@ -208,6 +208,8 @@ def _chain_dp(units: list[Unit], budget: int, quantum: int,
     import numpy as np
 
     count, cap = len(units), budget // quantum if up else -(-budget // quantum)
+    if cap < 0:  # a budget under nothing: no plan meets it
+        return None
     figures = _RunFigures(units, quantum, up)
     infinite = np.iinfo(np.int64).max // 4
     cost = np.full((count + 1, cap + 1), infinite, dtype=np.int64)

@@ -19,6 +19,8 @@ profile calibrates it and checks its answer:
 
 A plan without a budget (``min-peak``, ``cheap``) is measured once; where it
 measures no lower than the original, nothing is recomputed and a note says so.
+A plan that recomputes nothing is run too: the step as written is not the
+original (its updates pinned, optimizer values waiting for their gradients).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def profiled_plan(plan_at: PlanAt, measure: Measure, before: StepMeasurement,
             break
         other, other_segments = plan_at(None, policy)
         if all(_labels(other) != _labels(p) for _, p, _ in tried):
-            tried.append((_measured(measure, other_segments, before), other, other_segments))
+            tried.append((measure(other_segments), other, other_segments))
     runs = len(tried) + 1
     met = [t for t in tried if t[0].peak_bytes <= budget]
     if not met:
@@ -86,7 +88,7 @@ def _budget_rounds(plan_at: PlanAt, measure: Measure, before: StepMeasurement,
         plan, segments = plan_at(target, BUDGET)
         if any(_labels(plan) == _labels(p) for _, p, _ in tried):
             break
-        measured = _measured(measure, segments, before)
+        measured = measure(segments)
         tried.append((measured, plan, segments))
         if measured.peak_bytes <= budget or plan.estimate > target or not segments:
             break
@@ -97,8 +99,8 @@ def _budget_rounds(plan_at: PlanAt, measure: Measure, before: StepMeasurement,
 def _checked(plan: AutoPlan, segments: list[Segment], measure: Measure,
              before: StepMeasurement) -> tuple[AutoPlan, list[Segment]]:
     """A plan without a budget, measured; nothing recomputed where it saves nothing."""
-    measured = _measured(measure, segments, before)
-    runs = 2 if segments else 1
+    measured = measure(segments)
+    runs = 2
     if segments and measured.peak_bytes >= before.peak_bytes:
         plan.notes.append(f"the plan measured {format_bytes(measured.peak_bytes)}, no lower "
                           f"than the original's {format_bytes(before.peak_bytes)}: nothing "
@@ -106,12 +108,6 @@ def _checked(plan: AutoPlan, segments: list[Segment], measure: Measure,
         plan.segments, plan.estimate, segments, measured = [], plan.estimate_before, [], before
     _record(plan, before, measured, runs)
     return plan, segments
-
-
-def _measured(measure: Measure, segments: list[Segment],
-              before: StepMeasurement) -> StepMeasurement:
-    """The step rewritten with ``segments``, run; the original's figure for none."""
-    return measure(segments) if segments else before
 
 
 def _record(plan: AutoPlan, before: StepMeasurement, measured: StepMeasurement,
