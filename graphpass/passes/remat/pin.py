@@ -34,7 +34,7 @@ The other way round, optimizer math that reads state alone (Keras' SGD computes
 ``momentum * velocity`` apart from ``lr * gradient``) is ready when the step
 starts, and the executor runs it then: a weight-sized value per weight, held
 through the whole backward pass until its update. Each such value waits for its
-gradient instead (:func:`_state_math_after_gradients`); its inputs are the same
+gradient instead (:func:`state_math_after_gradients`); its inputs are the same
 state, which only its own update writes, so it computes the same value.
 """
 
@@ -171,15 +171,14 @@ def _state_values(graph: Graph, step: Step, gradient: Tensor,
         combining.add(name)
         stack.extend(graph.data_users(name))
     found = set()
-    for name in combining:
-        for producer in graph.producers(name):
-            if producer in step.optimizer and producer not in after_backward and \
-                    not dialect.is_variable(graph, producer) and \
-                    not dialect.is_variable_value(graph, producer) and \
-                    not dialect.is_constant(graph, producer) and \
-                    all(u in step.optimizer for u in graph.data_users(producer)) and \
-                    (tensor_bytes(graph, Tensor(producer, 0)) or 0) >= ORDERED_WEIGHT_BYTES:
-                found.add(producer)
+    for producer in {t.node for name in combining for t in graph.inputs(name)}:
+        if producer in step.optimizer and producer not in after_backward and \
+                not dialect.is_variable(graph, producer) and \
+                not dialect.is_variable_value(graph, producer) and \
+                not dialect.is_constant(graph, producer) and \
+                all(u in step.optimizer for u in graph.data_users(producer)) and \
+                (tensor_bytes(graph, Tensor(producer, 0)) or 0) >= ORDERED_WEIGHT_BYTES:
+            found.add(producer)
     return found
 
 
