@@ -24,6 +24,7 @@ from graphpass.passes.remat.cheap import SHARED_COPY_ALLOWANCE, cheap_groups, ch
 from graphpass.passes.remat.defer import can_defer, defer_updates
 from graphpass.passes.remat.marks import SCOPE, Segment, is_generated, unique
 from graphpass.passes.remat.pin import (
+    add_waits,
     pin_updates,
     state_math_after_gradients,
     state_math_waits,
@@ -119,13 +120,14 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
     budget = options.memory_budget_bytes
     if options.memory_budget_fraction is not None:
         budget = int(options.memory_budget_fraction * (measured_before or before))
+    waits = state_math_waits(graph, step)
 
     def rewritten(segments: list[Segment]) -> tuple[Graph, list[dict]]:
         """A copy rewritten as the pass writes ``segments``, optimizer values that
         wait for their gradients included (``pin``)."""
         trial = graph.copy()
         entries = rewrite_segments(trial, segments, step, options.tupleize_grads)
-        state_math_after_gradients(trial, step)
+        add_waits(trial, waits)
         return trial, entries
 
     def estimate(segments: list[Segment]) -> int:
@@ -145,7 +147,7 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
                 run(copy, step.fetches, options.batch_size))
 
     # The step as written without a segment: the chain model is calibrated on it.
-    written = before if not state_math_waits(graph, step) else estimate([])
+    written = estimate([]) if waits else before
     plan = AutoPlan(policy, budget, len(chain.units), chain.width, "none", 0.0,
                     before, written, max(0, written - model_peak(chain.units, ())),
                     # a static arena (TFLite's) is what it is planned to be: no allocator

@@ -131,7 +131,12 @@ def state_math_after_gradients(graph: Graph, step: Step) -> int:
     such as Keras' ``IdentityN``, which Grappler then still bypasses). Where and
     when :func:`pin_updates` pins, but before a plan is made: every candidate is
     weighed with it. Returns how many values wait."""
-    waits = state_math_waits(graph, step)
+    return add_waits(graph, state_math_waits(graph, step))
+
+
+def add_waits(graph: Graph, waits: dict[str, set[str]]) -> int:
+    """Add the control edges of ``waits`` (:func:`state_math_waits`, found once for
+    the planner's many trial copies, whose optimizer ops are the original's)."""
     for value in sorted(waits):
         for producer in sorted(waits[value]):
             graph.add_control_input(value, producer)
