@@ -7,10 +7,14 @@ from the signature's specs with a fixed seed) or a TF1 ``.meta`` file with a
 ``<file>.json`` beside it naming the loss, the train op and the init op, and a
 ``<file>.npz`` holding the feeds.
 
-    python tests/fidelity_child.py export MODEL DIR      (tests/fidelity_models.py)
-    python tests/fidelity_child.py train PATH OUT.npz    (3 steps; losses, variables)
-    python tests/fidelity_child.py kernels PATH OUT.json (the executed graph's kernels)
+    python tests/fidelity_child.py export MODEL DIR   (tests/fidelity_models.py)
+    python tests/fidelity_child.py run PATH OUT_DIR   (3 steps: OUT_DIR/values.npz,
+                                                      the losses and variables, and
+                                                      OUT_DIR/kernels.json, the
+                                                      executed graph's kernels)
 
+One process runs both, the kernels read from the first of the steps: the TF start
+and the model's load are most of a small model's run.
 It builds and runs; it never compares (``kernel_parity`` and the tests do).
 """
 
@@ -64,47 +68,31 @@ def _tf1_graph(tf, path: Path):
     return graph
 
 
-def train(path: Path, out: Path) -> None:
-    """``STEPS`` steps; the losses and every variable's final value."""
+def run(path: Path, out: Path) -> None:
+    """``STEPS`` steps: the losses and every variable's final value in
+    ``values.npz``, the kernels the first step executed in ``kernels.json``."""
+    out.mkdir(parents=True, exist_ok=True)
+    if _is_tf1(path):
+        losses, values, partitions = _session_steps(path)
+    else:
+        losses, values, partitions = _eager_steps(path, out / "dumps")
     import numpy as np
-    import tensorflow as tf
 
-    if _is_tf1(path):
-        from graphpass.inspect.verify.tf_runner import SESSION_VARIABLE_OPS, variable_value
-
-        names, feeds = _tf1_model(path)
-        graph = _tf1_graph(tf, path)
-        with graph.as_default():
-            reads = {op.name: variable_value(tf, op) for op in graph.get_operations()
-                     if op.type in SESSION_VARIABLE_OPS}
-        with tf.compat.v1.Session(graph=graph) as session:
-            session.run(names["init"])
-            losses = [session.run([names["loss"], names["train_op"]], feeds)[0]
-                      for _ in range(STEPS)]
-            values = session.run(reads)
-    else:
-        loaded = tf.saved_model.load(str(path))  # holds the variables
-        function = loaded.signatures["train"]
-        inputs = _signature_inputs(tf, function)
-        losses = [function(**inputs)["loss"].numpy() for _ in range(STEPS)]
-        # Keras 3 names repeat (every Dense has a "kernel"): the position tells.
-        values = {f"{i}:{v.name}": v.numpy() for i, v in enumerate(function.variables)}
-    np.savez(out, __losses__=np.array(losses), **values)
+    np.savez(out / "values.npz", __losses__=np.array(losses), **values)
+    (out / "kernels.json").write_text(json.dumps(_kernels(partitions), indent=0,
+                                                 sort_keys=True))
 
 
-def kernels(path: Path, out: Path) -> None:
-    """The kernel of every node TF executes in one step, ``{name: [op, fused_ops,
-    data inputs, attributes' digest]}``, after Grappler, function inlining and oneDNN's rewrites;
-    names as written in the graph (a function body's without its call prefixes).
+def _kernels(partitions: list) -> dict:
+    """The kernel of every node TF executed, ``{name: [op, fused_ops, data inputs,
+    attributes' digest]}``, after Grappler, function inlining and oneDNN's
+    rewrites; names as written in the graph (a function body's without its call
+    prefixes).
 
-    A TF1 graph: the partition graphs its session returns. A SavedModel: the
-    partition graphs the eager call of its signature runs, as TF's graph dumper
-    writes them (a session that calls the signature optimizes the inlined body
-    with the rest of its graph, which is not what an eager call runs)."""
-    if _is_tf1(path):
-        partitions = _session_partitions(path)
-    else:
-        partitions = _eager_partitions(path, out.parent / "dumps")
+    A TF1 graph's partition graphs are the ones its session returns. A
+    SavedModel's are those the eager call of its signature runs, as TF's graph
+    dumper writes them (a session that calls the signature optimizes the inlined
+    body with the rest of its graph, which is not what an eager call runs)."""
     found = {}
     for partition in partitions:
         for node in partition.node:
@@ -115,26 +103,33 @@ def kernels(path: Path, out: Path) -> None:
                 if "fused_ops" in node.attr else []
             inputs = [_body_name(i) for i in node.input if not i.startswith("^")]
             found[_body_name(node.name)] = [node.op, fused, inputs, _attrs_digest(node)]
-    out.write_text(json.dumps(found, indent=0, sort_keys=True))
+    return found
 
 
-def _session_partitions(path: Path) -> list:
+def _session_steps(path: Path) -> tuple[list, dict, list]:
     import tensorflow as tf
+
+    from graphpass.inspect.verify.tf_runner import SESSION_VARIABLE_OPS, variable_value
 
     tf1 = tf.compat.v1
     options = tf1.RunOptions(output_partition_graphs=True)
     metadata = tf1.RunMetadata()
     names, feeds = _tf1_model(path)
     graph = _tf1_graph(tf, path)
+    with graph.as_default():
+        reads = {op.name: variable_value(tf, op) for op in graph.get_operations()
+                 if op.type in SESSION_VARIABLE_OPS}
+    fetches = [names["loss"], names["train_op"]]
     with tf1.Session(graph=graph) as session:
         session.run(names["init"])
-        session.run([names["loss"], names["train_op"]], feeds, options=options,
-                    run_metadata=metadata)
-    return list(metadata.partition_graphs)
+        losses = [session.run(fetches, feeds, options=options, run_metadata=metadata)[0]]
+        losses += [session.run(fetches, feeds)[0] for _ in range(STEPS - 1)]
+        values = session.run(reads)
+    return losses, values, list(metadata.partition_graphs)
 
 
-def _eager_partitions(path: Path, dumps: Path) -> list:
-    """One eager step with TF's debug graph dumper on (read when TF starts)."""
+def _eager_steps(path: Path, dumps: Path) -> tuple[list, dict, list]:
+    """Eager steps with TF's debug graph dumper on (read when TF starts)."""
     assert "tensorflow" not in sys.modules, "the dumper must be set before TF starts"
     dumps.mkdir(parents=True, exist_ok=True)
     os.environ.update(TF_DUMP_GRAPH_PREFIX=str(dumps), TF_DUMP_GRAPH_NAME_FILTER="*",
@@ -142,14 +137,16 @@ def _eager_partitions(path: Path, dumps: Path) -> list:
     import tensorflow as tf
     from google.protobuf import text_format
 
-    loaded = tf.saved_model.load(str(path))
+    loaded = tf.saved_model.load(str(path))  # holds the variables
     function = loaded.signatures["train"]
-    function(**_signature_inputs(tf, function))
-    partitions = []
-    for dump in sorted(dumps.glob("*_partition_*after_partition_passes.pbtxt")):
-        partitions.append(text_format.Parse(dump.read_text(), tf.compat.v1.GraphDef()))
+    inputs = _signature_inputs(tf, function)
+    losses = [function(**inputs)["loss"].numpy() for _ in range(STEPS)]
+    # Keras 3 names repeat (every Dense has a "kernel"): the position tells.
+    values = {f"{i}:{v.name}": v.numpy() for i, v in enumerate(function.variables)}
+    partitions = [text_format.Parse(dump.read_text(), tf.compat.v1.GraphDef()) for dump
+                  in sorted(dumps.glob("*_partition_*after_partition_passes.pbtxt"))]
     assert partitions, f"TF wrote no partition graphs under {dumps}"
-    return partitions
+    return losses, values, partitions
 
 
 def _attrs_digest(node) -> str:
@@ -177,10 +174,8 @@ def main(argv: list[str]) -> None:
         from tests.fidelity_models import export
 
         export(path, Path(rest[0]))
-    elif command == "train":
-        train(Path(path), Path(rest[0]))
-    elif command == "kernels":
-        kernels(Path(path), Path(rest[0]))
+    elif command == "run":
+        run(Path(path), Path(rest[0]))
     else:
         raise SystemExit(f"unknown command {command!r}")
 

@@ -8,7 +8,7 @@ A copy stands for the node whose name it carries under ``graphpass/remat/``
 node after that node, so those map the same way). Nodes graphpass added that
 copy nothing (ties, gates) have no counterpart and are not compared.
 
-The executed graph comes from a child process (``fidelity_child.py kernels``)
+The executed graph comes from a child process (``fidelity_child.py run``)
 with ``TF_ENABLE_ONEDNN_OPTS`` set as asked: a session's partition graphs,
 after Grappler, function inlining and oneDNN's rewrites. It checks; it never
 rewrites (a test helper, not a ``verify`` check: asking TF means running a step
@@ -23,6 +23,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
 
 from graphpass.passes.remat.marks import SCOPE
 
@@ -45,15 +48,24 @@ def run_child(command: str, *args, onednn: bool = True) -> None:
                    env=child_env(onednn), cwd=ROOT, timeout=TIMEOUT_S)
 
 
-def executed_kernels(model: Path, onednn: bool) -> dict[str, tuple]:
-    """``{node: (op, fused_ops, data inputs, attributes' digest)}`` of one executed
-    step of ``model``."""
+class Stepped(NamedTuple):
+    """What one child run of ``STEPS`` training steps of a model gives."""
+
+    kernels: dict[str, tuple]  # {node: (op, fused_ops, data inputs, attributes' digest)}
+    values: dict[str, np.ndarray]  # every variable after the steps, and the losses
+
+
+def stepped(model: Path, onednn: bool) -> Stepped:
+    """Train ``model`` in a child process with oneDNN set as asked: the kernels its
+    first step executed and the values its steps left."""
     with tempfile.TemporaryDirectory() as scratch:
-        out = Path(scratch) / "kernels.json"
-        run_child("kernels", model, out, onednn=onednn)
-        found = json.loads(out.read_text())
-    return {name: (op, tuple(fused), tuple(inputs), attrs)
-            for name, (op, fused, inputs, attrs) in found.items()}
+        run_child("run", model, scratch, onednn=onednn)
+        found = json.loads((Path(scratch) / "kernels.json").read_text())
+        with np.load(Path(scratch) / "values.npz") as data:
+            values = {key: data[key] for key in data.files}
+    kernels = {name: (op, tuple(fused), tuple(inputs), attrs)
+               for name, (op, fused, inputs, attrs) in found.items()}
+    return Stepped(kernels, values)
 
 
 def counterpart(name: str) -> str:
@@ -68,7 +80,7 @@ def parity_errors(original: dict, rewritten: dict, original_nodes: set[str],
     """Where a node of the rewritten graph runs another kernel than it (or, for a
     copy, its original) ran in the original graph (empty: parity): op after TF's
     rewrites, ``fused_ops``, attributes, and present or absorbed. ``original``,
-    ``rewritten``: ``executed_kernels`` of each; ``*_nodes``: the node names of
+    ``rewritten``: ``stepped(...).kernels`` of each; ``*_nodes``: the node names of
     each graph as written (a SavedModel's step function body), so that a node
     absorbed into a fusion is compared too."""
     known = set(original) | original_nodes

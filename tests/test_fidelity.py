@@ -4,8 +4,9 @@ variable and loss), with oneDNN on and off set explicitly (the CPU's default
 differs between machines), and every original node and copy runs the kernel
 its original ran (``kernel_parity``, on the graph TF executes).
 
-Each TF run is a child process (``fidelity_child.py``), so the whole matrix is
-slow; the fast test checks the rewrite's structure (what TF's rewrites see).
+Each TF run is a child process (``fidelity_child.py``; one per graph and oneDNN
+setting, the original's shared by its variants), so the whole matrix is slow; the
+fast test checks the rewrite's structure (what TF's rewrites see).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from graphpass.ir.graph import Tensor
 from graphpass.passes.remat.marks import SCOPE
 from tests.fidelity_models import model_path
 from tests.kernel_parity import (
-    executed_kernels,
+    Stepped,
     expression_differences,
     graph_node_names,
     parity_errors,
     run_child,
+    stepped,
 )
 
 #: --recompute patterns marking some blocks of each model (names in the step's body).
@@ -68,6 +70,19 @@ def exported(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="module")
+def original_run(exported):
+    """Each exported model's run, once per oneDNN setting."""
+    runs: dict[tuple[str, bool], Stepped] = {}
+
+    def get(name: str, onednn: bool) -> Stepped:
+        if (name, onednn) not in runs:
+            runs[name, onednn] = stepped(exported(name), onednn)
+        return runs[name, onednn]
+
+    return get
+
+
 def rewrite(source: Path, destination: Path, options: list[str]) -> Path:
     """``graphpass rewrite`` into ``destination`` (a TF1 model's feeds and names go along)."""
     target = destination / source.name if source.suffix == ".meta" else destination
@@ -81,14 +96,6 @@ def rewrite(source: Path, destination: Path, options: list[str]) -> Path:
     return target
 
 
-def trained(model: Path, onednn: bool, scratch: Path) -> dict:
-    scratch.mkdir(parents=True, exist_ok=True)
-    out = scratch / f"{model.name}.{int(onednn)}.npz"
-    run_child("train", model, out, onednn=onednn)
-    with np.load(out) as data:
-        return {key: data[key] for key in data.files}
-
-
 def differing(original: dict, rewritten: dict) -> list[str]:
     assert sorted(original) == sorted(rewritten)
     return [f"{k} (max |diff| {np.max(np.abs(original[k] - rewritten[k])):.3g})"
@@ -98,19 +105,18 @@ def differing(original: dict, rewritten: dict) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("onednn", [True, False], ids=["onednn1", "onednn0"])
 @pytest.mark.parametrize("model,variant", CASES, ids=[f"{m}-{v}" for m, v in CASES])
-def test_trains_bit_identically_with_kernel_parity(exported, tmp_path, model, variant,
-                                                   onednn):
+def test_trains_bit_identically_with_kernel_parity(exported, original_run, tmp_path, model,
+                                                   variant, onednn):
     source = exported(model)
     rewritten = rewrite(source, tmp_path / "rewritten", VARIANTS[variant](model))
     nodes = graph_node_names(rewritten)
     assert any(n.startswith(SCOPE) for n in nodes), f"{variant} recomputes nothing on {model}"
-    before, after = executed_kernels(source, onednn), executed_kernels(rewritten, onednn)
-    errors = parity_errors(before, after, graph_node_names(source), nodes)
+    before, after = original_run(model, onednn), stepped(rewritten, onednn)
+    errors = parity_errors(before.kernels, after.kernels, graph_node_names(source), nodes)
     assert not errors, "\n".join(errors[:20])
-    changed = differing(trained(source, onednn, tmp_path / "original"),
-                        trained(rewritten, onednn, tmp_path))
+    changed = differing(before.values, after.values)
     assert not changed, (changed[:10], expression_differences(
-        before, after, graph_node_names(source))[:20])
+        before.kernels, after.kernels, graph_node_names(source))[:20])
 
 
 def test_values_keep_their_reader_count_and_copies_no_control_inputs():

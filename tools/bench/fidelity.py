@@ -4,7 +4,6 @@ max |difference| over every variable and loss after 3 steps, how many
 variables differ, and the kernel-parity errors on the executed graph.
 
     python -m tools.bench.fidelity [--models gelu_mlp,mobilenet] [--variants auto,cheap]
-                                   [--no-kernels]
 
 The models and the matrix are the fidelity tests' (tests/fidelity_models.py,
 tests/test_fidelity.py); each TF run is a child process (tests/fidelity_child.py).
@@ -21,31 +20,30 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from tests.fidelity_models import MODELS, model_path  # noqa: E402
 from tests.kernel_parity import (  # noqa: E402
-    executed_kernels,
     graph_node_names,
     parity_errors,
     run_child,
+    stepped,
 )
-from tests.test_fidelity import CASES, VARIANTS, rewrite, trained  # noqa: E402
+from tests.test_fidelity import CASES, VARIANTS, rewrite  # noqa: E402
 
 
-def measure(model: str, variant: str, root: Path, kernels: bool) -> dict:
+def measure(model: str, variant: str, root: Path) -> dict:
     source = model_path(root / model / "original", model)
     if not source.exists():
         run_child("export", model, root / model / "original")
     rewritten = rewrite(source, root / model / variant, VARIANTS[variant](model))
     row = {}
     for onednn in (True, False):
-        original = trained(source, onednn, root / model)
-        new = trained(rewritten, onednn, root / model / variant)
-        diffs = {k: float(abs(original[k] - new[k]).max()) for k in original}
+        original, new = stepped(source, onednn), stepped(rewritten, onednn)
+        diffs = {k: float(abs(original.values[k] - new.values[k]).max())
+                 for k in original.values}
         row[onednn] = {"max": max(diffs.values()),
                        "differ": sum(1 for d in diffs.values() if d),
-                       "total": len(diffs), "parity": None}
-        if kernels:
-            row[onednn]["parity"] = len(parity_errors(
-                executed_kernels(source, onednn), executed_kernels(rewritten, onednn),
-                graph_node_names(source), graph_node_names(rewritten)))
+                       "total": len(diffs),
+                       "parity": len(parity_errors(original.kernels, new.kernels,
+                                                   graph_node_names(source),
+                                                   graph_node_names(rewritten)))}
     return row
 
 
@@ -53,8 +51,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--no-kernels", action="store_true",
-                        help="skip the kernel-parity check (two more runs per setting)")
     args = parser.parse_args(argv)
     models, variants = args.models.split(","), args.variants.split(",")
     print("| model | variant | oneDNN on: max abs diff (vars differing) | parity errors "
@@ -65,15 +61,14 @@ def main(argv: list[str] | None = None) -> int:
             if model not in models or variant not in variants:
                 continue
             try:
-                row = measure(model, variant, Path(scratch), not args.no_kernels)
+                row = measure(model, variant, Path(scratch))
             except BaseException as error:  # pytest.skip: a budget this model cannot meet
                 if type(error).__name__ != "Skipped":
                     raise
                 print(f"| {model} | {variant} | {error} | | | |", flush=True)
                 continue
             cells = [f"{row[o]['max']:.3g} ({row[o]['differ']}/{row[o]['total']}) | "
-                     f"{'-' if row[o]['parity'] is None else row[o]['parity']}"
-                     for o in (True, False)]
+                     f"{row[o]['parity']}" for o in (True, False)]
             print(f"| {model} | {variant} | {cells[0]} | {cells[1]} |", flush=True)
     return 0
 
