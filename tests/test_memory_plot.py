@@ -20,6 +20,7 @@ import pytest
 import graphpass
 from graphpass.analysis.memory import format_bytes, memory_timeline
 from graphpass.analysis.regions import analyze
+from graphpass.analysis.runtime_memory import follow_runtime_order, runtime_view
 from graphpass.cli import main
 from tools.fixtures import onnx_models, tf_models
 
@@ -39,9 +40,12 @@ def _texts(svg: Path) -> list[str]:
 
 
 def _peak(graph_path: Path) -> tuple[str, int]:
-    """``(node, bytes)`` of the first highest point of the step's estimate."""
+    """``(node, bytes)`` of the first highest point of the step's estimate, in the
+    order of the graph the runtime runs (as the plot and the remat pass take it)."""
     graph = graphpass.load(graph_path)
-    timeline = memory_timeline(graph, analyze(graph).fetches)
+    fetches = analyze(graph).fetches
+    follow_runtime_order(graph, runtime_view(graph, fetches))
+    timeline = memory_timeline(graph, fetches)
     peak = max(live for _, live in timeline)
     return next(name for name, live in timeline if live == peak), peak
 

@@ -174,11 +174,13 @@ def test_budget_leaves_the_allocator_its_headroom(model, estimates):
         result.report["summary"][1]
 
 
-def test_names_do_not_matter(model, estimates):
-    """The same MLP with every node renamed to ``n<i>`` plans the same segments."""
+def test_names_do_not_matter(model):
+    """The same MLP with every node renamed to ``n<i>`` plans the same segments.
+    (Its estimated peak may differ: Grappler orders its output by what it names
+    nodes, so TF's executor runs the renamed step in another order, and the
+    estimate follows that order.)"""
     graph = graph_from_graph_def(_renamed(model.graph_def), {})
     result = graphpass.run_passes(graph, {"recompute": ["auto"]})[0]
-    assert result.report["estimated_peak_bytes_after"] == estimates["auto"]
     _, original = _rewrite(model, recompute=["auto"])
     assert [s["nodes"] for s in result.report["auto"]["segments"]] == \
         [s["nodes"] for s in original.report["auto"]["segments"]]

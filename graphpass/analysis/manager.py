@@ -4,7 +4,8 @@ As MLIR's ``AnalysisManager``: a pass asks for an analysis instead of running
 it; the result is cached for that graph until a pass reports a change, after
 which everything the pass does not declare in ``Pass.preserves`` is dropped.
 Nothing is written into the IR as a side effect, except the shape metadata
-that shape inference records on nodes (see ``analysis/shapes.py``).
+that shape inference records on nodes (see ``analysis/shapes.py``) and the
+runtime's node order a pass asks to follow (``analysis/runtime_memory.py``).
 """
 
 from __future__ import annotations

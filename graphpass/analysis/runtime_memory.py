@@ -3,29 +3,60 @@
 :func:`graphpass.analysis.memory.memory_profile` simulates the graph it is given
 under the dialect's hand model of the runtime's rewrites. Where the runtime can
 be asked for the graph it runs (TF: Grappler's output, ``dialects/tf_grappler``),
-this module simulates that graph instead; it never edits the graph it is given.
+this module simulates that graph instead, and can make the hand model follow
+that graph's node order (``follow_runtime_order``: node meta, the one thing it
+records on the graph it is given).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from graphpass.analysis.memory import MemoryProfile, memory_profile
 from graphpass.ir.graph import Graph
 
+if TYPE_CHECKING:
+    from graphpass.dialects.tf_grappler import RuntimeGraph
+
+
+def runtime_view(graph: Graph, fetches: list[str]) -> RuntimeGraph | None:
+    """The graph the runtime really runs for ``fetches`` (TF: Grappler's output, or
+    ``graph`` itself with the reason TF could not be asked); None for a format
+    whose runtime this does not ask. Asking TF takes seconds (Grappler on the
+    whole step): ask once per graph and pass the answer on."""
+    if graph.dialect.name != "tf":
+        return None
+    from graphpass.dialects.tf_grappler import runtime_graph
+
+    return runtime_graph(graph, fetches)
+
+
+def follow_runtime_order(graph: Graph, view: RuntimeGraph | None) -> bool:
+    """Make the hand model's estimates of ``graph`` (and of copies made from it
+    after this) run the nodes in the order of the runtime's graph ``view``
+    (``tf_grappler.record_order``); False where there is none to follow."""
+    if view is None:
+        return False
+    from graphpass.dialects.tf_grappler import record_order
+
+    return record_order(graph, view)
+
 
 def runtime_memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = None,
-                           loop_trips: int | None = None) -> MemoryProfile:
+                           loop_trips: int | None = None,
+                           view: RuntimeGraph | None = None) -> MemoryProfile:
     """:func:`memory_profile` of the graph the runtime really runs, where the runtime
     can be asked for it (TF: Grappler's output, ``dialects/tf_grappler``); else of
     ``graph`` under the hand model. ``model`` on the result says which, and why.
+    ``view``: :func:`runtime_view`'s answer for ``graph`` where the caller has it.
 
-    Asking TF takes seconds per call (Grappler on the whole step): for the figures
-    a user reads (original and final graph), not for every candidate a planner
-    weighs."""
-    if graph.dialect.name != "tf":
+    For the figures a user reads (original and final graph), not for every
+    candidate a planner weighs."""
+    view = view or runtime_view(graph, fetches)
+    if view is None:
         return memory_profile(graph, fetches, batch_size, loop_trips)
-    from graphpass.dialects.tf_grappler import HAND_MODEL, runtime_graph
+    from graphpass.dialects.tf_grappler import HAND_MODEL
 
-    view = runtime_graph(graph, fetches)
     profile = memory_profile(view.graph, fetches, batch_size, loop_trips)
     if view.graph is not graph and _lost_trips(profile):
         # Grappler lowers a While into frames whose accumulators and bound this

@@ -206,6 +206,13 @@ class Dialect(ABC):
         fused op rounds, so passes that gate a value gate the fused one."""
         return False
 
+    def rewritten_with_neighbours(self, graph: Graph, name: str) -> bool:
+        """The runtime's graph optimizer may rewrite ``name`` together with the ops
+        around it (TF: Grappler's arithmetic optimizer on elementwise math and
+        reshapes), which a control edge out of it stops: a pass that orders work
+        takes its edge from another node. Here: no such rewrites."""
+        return False
+
     def scratch_shapes(self, graph: Graph, name: str) -> list[tuple[Tensor, tuple]]:
         """Temporary tensors ``name``'s kernel allocates while it runs, besides its
         outputs, each as ``(tensor whose dtype it has, shape)``; freed when it returns."""

@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 
 from graphpass.dialects.tf_kernels import mark_temporaries
+from graphpass.dialects.tf_runtime import RUNTIME_POSITION
 from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
 from graphpass.ir.graph import Graph
 from graphpass.runtimes import TENSORFLOW, installed
@@ -62,6 +63,22 @@ def runtime_graph(graph: Graph, fetches: list[str]) -> RuntimeGraph:
         return RuntimeGraph(result, GRAPPLER)
     return RuntimeGraph(result, f"{GRAPPLER}, with the im2col buffers of its {marked} "
                         f"convolution gradients (oneDNN off in this process)")
+
+
+def record_order(graph: Graph, view: RuntimeGraph) -> bool:
+    """Record on each node of ``graph`` its position in Grappler's output ``view``
+    (``tf_runtime.RUNTIME_POSITION``), for the hand model's executor order: the
+    planner weighs its candidates under the hand model, and which branch TF's
+    executor follows first depends on that order. False, and nothing recorded,
+    where TF was not asked (``view`` is the hand model's)."""
+    for node in graph.nodes():
+        node.meta.pop(RUNTIME_POSITION, None)
+    if view.graph is graph:
+        return False
+    for position, name in enumerate(view.graph):
+        if name in graph:
+            graph.node(name).meta[RUNTIME_POSITION] = position
+    return True
 
 
 def _keep_shapes(graph: Graph, optimized: Graph) -> None:

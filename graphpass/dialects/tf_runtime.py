@@ -48,6 +48,10 @@ _BINARY_FORWARD = (
 )
 FORWARD_SLOTS = {op: (0,) for op in _UNARY_FORWARD} | {op: (0, 1) for op in _BINARY_FORWARD} \
     | {"Select": (1, 2), "SelectV2": (1, 2)}
+# Ops Grappler's arithmetic optimizer rewrites together with their neighbours
+# (elementwise chains, sums of products, reshapes), which a control edge out of
+# the op stops (``Dialect.rewritten_with_neighbours``).
+REWRITTEN_WITH_NEIGHBOURS = frozenset(FORWARD_SLOTS) | ALIAS_OPS | {"AddN"}
 
 
 def copied_on_update(graph: Graph, name: str) -> list[list[Tensor]]:
@@ -74,11 +78,44 @@ def execution(graph: Graph, nodes: set[str], known: frozenset[str], fetched: fro
     Roots (variable handles, constants) are taken as run first: TF interleaves
     them with the forward pass, but they allocate nothing, and an update that
     waits for its slot variable's handle would hold its gradient to the end."""
-    view = GrapplerView(graph, nodes, known, fetched, is_back_edge, is_stateful)
+    members = runtime_ordered(graph, nodes, is_back_edge)
+    view = GrapplerView(graph, members, known, fetched, is_back_edge, is_stateful)
     view.optimize()
-    order = executor_order(graph, nodes - view.bypassed, view.successors(),
+    order = executor_order([n for n in members if n not in view.bypassed],
+                           view.successors(),
                            lambda n: n in view.noop or graph.node(n).op in INLINE_OPS)
     return Execution(order, view.forwarded())
+
+
+#: Node meta: the node's position in the graph Grappler returned for the step
+#: (``tf_grappler.record_order``).
+RUNTIME_POSITION = "runtime_position"
+
+
+def runtime_ordered(graph: Graph, nodes: set[str],
+                    is_back_edge: Callable[[str, str], bool]) -> list[str]:
+    """``nodes`` in the order of the graph Grappler hands the executor, where the
+    nodes carry it (:data:`RUNTIME_POSITION`), else in the graph's order.
+
+    The order decides which of several ready branches the executor follows (its
+    successor lists and first ready nodes are in graph order), and Grappler's
+    output is a topological sort of its own rewritten graph (first in, first
+    out: a node follows the last of its inputs to be placed), not the graph as
+    exported. A node without a position (one added since, as remat's copies) is
+    placed so too: right after the latest of its producers."""
+    if not any(RUNTIME_POSITION in graph.node(n).meta for n in nodes):
+        return [n for n in graph if n in nodes]
+    index = {n: i for i, n in enumerate(graph)}
+    placed: dict[str, tuple[int, int, int]] = {}
+    for name in graph.topological_order(ignore_edge=is_back_edge):
+        position = graph.node(name).meta.get(RUNTIME_POSITION)
+        if position is not None:
+            placed[name] = (position, 0, index[name])
+        else:
+            after = max((placed[p][0] for p in graph.producers(name)
+                         if p in placed and not is_back_edge(p, name)), default=-1)
+            placed[name] = (after, 1, index[name])
+    return sorted(nodes, key=placed.__getitem__)
 
 
 #: Ops Grappler's dependency optimizer bypasses (``IsIdentity``, ``IsIdentityN``,
@@ -116,11 +153,12 @@ class GrapplerView:
     list does.
     """
 
-    def __init__(self, graph: Graph, nodes: set[str], known: frozenset[str],
+    def __init__(self, graph: Graph, members: list[str], known: frozenset[str],
                  fetched: frozenset[str], is_back_edge: Callable[[str, str], bool],
                  is_stateful: Callable[[str], bool]) -> None:
         self.fetched, self.known = fetched, known
-        self.members = [n for n in graph if n in nodes]
+        self.members = members  # in the order Grappler's output has them
+        nodes = set(members)
         self.ops = {n: graph.node(n).op for n in self.members}
         # What a sweep may convert: fixed by the op alone (stateless, not bypassed
         # itself) and not fetched; converted nodes join what may be bypassed.
@@ -298,10 +336,10 @@ class GrapplerView:
         return found
 
 
-def executor_order(graph: Graph, nodes: set[str], successors: dict[str, list[str]],
+def executor_order(nodes: list[str], successors: dict[str, list[str]],
                    inline: Callable[[str], bool]) -> list[str]:
-    """Simulate TF's executor on ``nodes`` with one inter-op thread (see
-    :func:`schedule`); ``inline(n)``: n's kernel is inexpensive."""
+    """Simulate TF's executor on ``nodes`` (in the graph's order) with one inter-op
+    thread (see :func:`execution`); ``inline(n)``: n's kernel is inexpensive."""
     from collections import deque
 
     pending = dict.fromkeys(nodes, 0)
@@ -309,7 +347,7 @@ def executor_order(graph: Graph, nodes: set[str], successors: dict[str, list[str
         for user in users:
             pending[user] += 1
     pool: deque[str] = deque()
-    ready = deque(n for n in graph if n in nodes and pending[n] == 0)
+    ready = deque(n for n in nodes if pending[n] == 0)
     order: list[str] = []
     while ready or pool:
         if not ready:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graphpass.analysis.memory import format_bytes, memory_profile
+from graphpass.analysis.runtime_memory import follow_runtime_order, runtime_view
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
 from graphpass.options import RegionOptions
@@ -74,6 +75,8 @@ def step_timeline(graph: Graph, label: str, regions: RegionOptions | None = None
     except GraphpassError as exc:
         raise GraphpassError(f"no memory plot for {label}: it needs the training step "
                              f"({exc})") from None
+    # The order of the graph the runtime runs, as the remat pass estimates it.
+    follow_runtime_order(graph, runtime_view(graph, step.fetches))
     profile = memory_profile(graph, step.fetches, batch_size, loop_trips)
     points = profile.timeline
     if not points:

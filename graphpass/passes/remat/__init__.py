@@ -31,10 +31,16 @@ does (see ``order``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from graphpass.analysis.arena import arena_profile
 from graphpass.analysis.measured import StepMeasurement
 from graphpass.analysis.memory import MemoryProfile, estimated_peak_bytes, memory_profile
-from graphpass.analysis.runtime_memory import runtime_memory_profile
+from graphpass.analysis.runtime_memory import (
+    follow_runtime_order,
+    runtime_memory_profile,
+    runtime_view,
+)
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
 from graphpass.options import RematOptions
@@ -52,6 +58,9 @@ from graphpass.passes.remat.pin import (
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
 from graphpass.passes.remat.verdict import AutoPlan
 
+if TYPE_CHECKING:
+    from graphpass.analysis.runtime_memory import RuntimeGraph
+
 __all__ = ["RematPass"]
 
 
@@ -67,10 +76,15 @@ class RematPass(Pass):
         batch = self.options.batch_size
         estimate = self.estimates_memory(ctx)
         profile = estimator(ctx)
+        # Every estimate from here on (the planner's included) runs the nodes in
+        # the order of the graph the runtime runs, where it can be asked.
+        view = runtime_view(graph, step.fetches) \
+            if estimate and profile is memory_profile else None
+        follow_runtime_order(graph, view)
         peak_before = _peak_before(graph, ctx, step, batch, profile) if estimate else None
         held = held_updates_peak(graph, step, batch, with_trips(profile, step.loop_trips)) \
             if estimate and profile is memory_profile else None
-        runtime = [_runtime_peak(graph, step, batch)] \
+        runtime = [_runtime_peak(graph, step, batch, view)] \
             if ctx.estimates and profile is memory_profile else None
         auto = measured = None
         if self.options.auto:
@@ -85,16 +99,22 @@ class RematPass(Pass):
         entries = rewrite_segments(graph, segments, step,
                                    self.options.tupleize_grads, released_bytes=estimate)
         changed = any(e["copied"] for e in entries)
-        waiting = state_math_after_gradients(graph, step)  # as every plan was weighed
+        # As every plan was weighed: values that wait for their gradients, updates pinned.
+        waiting = state_math_after_gradients(graph, step)
+        pinned = Pinned(pin_updates(graph, step), held, peak_before, waiting)
+        # The figures shown are of the graph as written, in the order of its own
+        # runtime graph (the planner placed its copies by rule: it cannot ask per plan).
+        final = runtime_view(graph, step.fetches) \
+            if runtime is not None and (changed or pinned.changed) else None
+        follow_runtime_order(graph, final)
         peak_after = _peak_after(graph, step, batch, changed or waiting > 0, peak_before,
-                                 auto, profile) if estimate else None
+                                 None if final else auto, profile) if estimate else None
         # auto's estimate already has the updates deferred where that is lower.
         # Deferring is part of the rewrite, so it is decided (estimated) when the
         # figures are not shown too: the output never depends on --quiet.
         deferred = defer_updates(graph, step, batch, None if auto else peak_after)
-        pinned = Pinned(pin_updates(graph, step), held, peak_before, waiting)
         if runtime is not None:
-            runtime.append(_runtime_peak(graph, step, batch)
+            runtime.append(_runtime_peak(graph, step, batch, None if deferred else final)
                            if changed or deferred or pinned.changed else runtime[0])
         if measured is not None:
             measured.append(ctx.profiler(graph, step.fetches))
@@ -156,12 +176,14 @@ def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
     return with_trips(profile, step.loop_trips)(graph, step.fetches, batch).peak_bytes
 
 
-def _runtime_peak(graph: Graph, step: Step, batch: int | None) -> MemoryProfile:
+def _runtime_peak(graph: Graph, step: Step, batch: int | None,
+                  view: RuntimeGraph | None = None) -> MemoryProfile:
     """The estimate of the graph the runtime really runs (``analysis.runtime_memory``:
-    TF's Grappler output), for the figures the user reads. The planner weighs its
-    candidates under the fast hand model instead: asking TF costs a Grappler run of
-    the whole step each time."""
-    return runtime_memory_profile(graph, step.fetches, batch, step.loop_trips)
+    TF's Grappler output; ``view`` where already asked), for the figures the user
+    reads. The planner weighs its candidates under the fast hand model instead
+    (in the runtime graph's node order): asking TF costs a Grappler run of the
+    whole step each time."""
+    return runtime_memory_profile(graph, step.fetches, batch, step.loop_trips, view)
 
 
 def _report(entries: list[dict], skipped: list[str], dependency: str,
@@ -206,6 +228,12 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
             "blocks as segments (one _recompute_hint value per group, with "
             "--recompute-hints: the outputs inside a group are recomputed) or use "
             "--recompute auto, which picks such groups")
+    in_turn = sum(e.get("waits_for_gradients", 0) for e in entries)
+    if in_turn:
+        summary.append(f"segments recomputed in turn: each waits for the weight gradients "
+                       f"that read the copies recomputed before it ({in_turn} control "
+                       f"edges), which TF's executor would otherwise leave to the end of "
+                       f"the backward pass, holding every segment's copies at once")
     if skipped:
         summary.append(f"{len(skipped)} marked gradient ops were skipped (only forward "
                        f"nodes are recomputed) "
@@ -249,6 +277,7 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
         # nodes that keep TF's view of each value and copy (see rewrite._keep_readers)
         "readers_kept": sum(e["readers_kept"] for e in entries),
         "ordering_reads": sum(e["ordering_reads"] for e in entries),
+        "segment_order_edges": in_turn,
         "released_bytes": None if peak_before is None
         else sum(e["released_bytes"] for e in entries),
         "summary": summary,

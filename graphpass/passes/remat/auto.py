@@ -28,6 +28,7 @@ from graphpass.passes.remat.pin import (
     pin_updates,
     state_math_after_gradients,
     state_math_waits,
+    update_reads,
 )
 from graphpass.passes.remat.plan import (
     ROUNDS,
@@ -123,11 +124,13 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
     waits = state_math_waits(graph, step)
 
     def rewritten(segments: list[Segment]) -> tuple[Graph, list[dict]]:
-        """A copy rewritten as the pass writes ``segments``, optimizer values that
-        wait for their gradients included (``pin``)."""
+        """A copy rewritten as the pass writes ``segments``, with the optimizer values
+        that wait for their gradients and the updates pinned (``pin``): both move
+        work in the executor's order."""
         trial = graph.copy()
         entries = rewrite_segments(trial, segments, step, options.tupleize_grads)
         add_waits(trial, waits)
+        pin_updates(trial, step)
         return trial, entries
 
     def estimate(segments: list[Segment]) -> int:
@@ -147,7 +150,7 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
                 run(copy, step.fetches, options.batch_size))
 
     # The step as written without a segment: the chain model is calibrated on it.
-    written = estimate([]) if waits else before
+    written = estimate([]) if waits or update_reads(graph, step) else before
     plan = AutoPlan(policy, budget, len(chain.units), chain.width, "none", 0.0,
                     before, written, max(0, written - model_peak(chain.units, ())),
                     # a static arena (TFLite's) is what it is planned to be: no allocator

@@ -13,25 +13,37 @@ none). The factor is the dialect's ``dependency_scale`` (ONNX: 0, see there).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.passes.remat.marks import SCOPE, scope_of, unique
 
 
+@dataclass(frozen=True)
+class Recomputed:
+    """A segment as rewritten in control mode: what ``order_segments`` orders."""
+
+    triggers: list[str]  # the nodes its copies wait for
+    waiting: list[str]  # its nodes that wait for them (``order_by_control``)
+    copies: list[str]
+
+
 def order_by_control(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor],
-                     segment: str) -> int:
+                     segment: str) -> list[str]:
     """Copies that read no other copy wait for the trigger: each reads its
     activations (else its weights) through ``Dialect.ordered_read``, so that no
     copy carries a control input the runtime's rewrites would see (TF's remapper
     fuses no contraction with one, which its original had not). A copy that reads
     only constants waits by control edges (a gated constant is no longer one to
-    the runtime's optimizer). Returns how many reads it added."""
+    the runtime's optimizer). Returns the nodes that wait for the trigger: the
+    reads it added, then those copies."""
     dialect = graph.dialect
     copies = set(copy_of.values())
     after = unique(t.node for t in triggers)
     scope = scope_of(segment, "order")
     gated: dict[Tensor, Tensor] = {}
+    waiting_copies = []
     for copy in copy_of.values():
         slots = graph.input_slots(copy)
         if any(t.node in copies for t in slots.values()):
@@ -44,12 +56,56 @@ def order_by_control(graph: Graph, copy_of: dict[str, str], triggers: list[Tenso
         if not chosen:
             for name in after:
                 graph.add_control_input(copy, name)
+            waiting_copies.append(copy)
             continue
         for slot, tensor in chosen.items():
             if tensor not in gated:
                 gated[tensor] = dialect.ordered_read(graph, f"{scope}/read", tensor, after)
             graph.set_input(copy, slot, gated[tensor])
-    return len(gated)
+    return [t.node for t in gated.values()] + waiting_copies
+
+
+def order_segments(graph: Graph, segments: list[Recomputed], gradients: list[str]) -> list[int]:
+    """Each segment recomputed after another in the backward pass waits also for
+    the parameters' gradients that depend on the other one's copies (control
+    edges into its nodes that wait for its trigger), where the runtime's executor
+    queues ready kernels newest first (TF's: ``Dialect.queues_newest_first``).
+
+    That executor follows the path to the next trigger and queues the rest: a
+    weight's gradient off that path (a convolution's filter gradient, a batch
+    norm's scale gradient) may run only when the backward pass is done, holding
+    the copies it reads, so every segment's copies end up held at once, as if
+    nothing were recomputed. ``gradients``: the ops the edges leave, those that
+    finish the gradients the updates read (``rewrite._gradients_done``); not the
+    updates, which Keras makes depend on every gradient through one
+    ``IdentityN``. Each edge goes only where it closes no cycle. Returns the
+    edges added per segment."""
+    if len(segments) < 2 or not gradients:
+        return [0] * len(segments)
+    dialect = graph.dialect
+    position = {n: i for i, n in enumerate(graph.topological_order(
+        ignore_edge=lambda s, d: dialect.is_back_edge(graph, s, d)))}
+    turn = sorted(range(len(segments)),  # the order the backward pass reaches them
+                  key=lambda i: min(position[t] for t in segments[i].triggers))
+    added = [0] * len(segments)
+    for before, after in zip(turn, turn[1:]):
+        depends = graph.descendants(segments[before].copies)
+        waiting = segments[after].waiting
+        cycle = graph.descendants(waiting) | set(waiting)
+        for gradient in gradients:
+            if gradient in depends and gradient not in cycle:
+                for name in waiting:
+                    graph.add_control_input(name, gradient)
+                    added[after] += 1
+    return added
+
+
+def computed_by(graph: Graph, tensor: Tensor) -> Tensor:
+    """The tensor ``tensor`` aliases, through ops that pass an input on."""
+    while (port := graph.dialect.output_alias(graph, tensor.node, tensor.port)) is not None \
+            and port < len(graph.inputs(tensor.node)):
+        tensor = graph.inputs(tensor.node)[port]
+    return tensor
 
 
 def order_by_data(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor],

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from graphpass.analysis.memory import MemoryProfile, tensor_bytes
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.passes.remat.marks import unique
-from graphpass.passes.remat.order import gate_by_data
+from graphpass.passes.remat.order import computed_by, gate_by_data
 from graphpass.passes.remat.rewrite import Step
 
 PIN_SCOPE = "graphpass/pinned_updates"
@@ -153,7 +153,7 @@ def state_math_waits(graph: Graph, step: Step) -> dict[str, set[str]]:
     waits: dict[str, set[str]] = {}
     for gradients in dialect.optimizer_applies(graph).values():
         for gradient in gradients:
-            producer = _computed_by(graph, gradient).node
+            producer = computed_by(graph, gradient).node
             if producer not in outside or producer not in step.backward:
                 continue
             for value in _state_values(graph, step, gradient, after_backward):
@@ -205,7 +205,7 @@ def _gradients_after_weight_readers(graph: Graph, step: Step, outside: set[str])
         size = tensor_bytes(graph, gradients[0])
         if size is None or size < ORDERED_WEIGHT_BYTES:
             continue
-        producer = _computed_by(graph, gradients[0]).node
+        producer = computed_by(graph, gradients[0]).node
         if producer not in outside:
             continue
         later = graph.descendants({producer}) | {producer}
@@ -214,14 +214,6 @@ def _gradients_after_weight_readers(graph: Graph, step: Step, outside: set[str])
                 graph.add_control_input(producer, reader)
                 added += 1
     return added
-
-
-def _computed_by(graph: Graph, tensor: Tensor) -> Tensor:
-    """The tensor ``tensor`` aliases, through ops that pass an input on."""
-    while (port := graph.dialect.output_alias(graph, tensor.node, tensor.port)) is not None \
-            and port < len(graph.inputs(tensor.node)):
-        tensor = graph.inputs(tensor.node)[port]
-    return tensor
 
 
 def _weight_readers(graph: Graph, variable: str, step: Step) -> list[str]:

@@ -21,7 +21,14 @@ from graphpass.analysis.memory import tensor_bytes
 from graphpass.analysis.shapes import infer_shapes
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.passes.remat.marks import SCOPE, Segment, is_generated, scope_of, unique
-from graphpass.passes.remat.order import order_by_control, order_by_data, tupleize
+from graphpass.passes.remat.order import (
+    Recomputed,
+    computed_by,
+    order_by_control,
+    order_by_data,
+    order_segments,
+    tupleize,
+)
 
 
 @dataclass(frozen=True)
@@ -61,15 +68,57 @@ def rewrite_segments(graph: Graph, segments: list[Segment], step: Step,
     # may run against the order the reachability shortcut relies on.
     reach = _Reach(graph, step.backward, ordered=not tupleize_grads)
     holders = _Holders(graph, [f for f in step.fetches if f not in step.forward])
+    recomputed: dict[int, Recomputed] = {}
     for segment in segments:
         segment_plan = _plan(graph, segment, step.forward, step.backward, reach)
-        entries.append(_apply(graph, segment, segment_plan, step.dependency,
-                              tupleize_grads, released_bytes, holders))
+        entry, waiting = _apply(graph, segment, segment_plan, step.dependency,
+                                tupleize_grads, released_bytes, holders)
+        entries.append(entry)
         if not segment_plan.rewires:
-            entries[-1]["outputs_read"] = _outputs_read(graph, segment, step.backward)
-        if entries[-1]["copied"]:
+            entry["outputs_read"] = _outputs_read(graph, segment, step.backward)
+        if entry["copied"]:
             reach.rewritten(segment_plan)
+        if waiting:
+            recomputed[len(entries) - 1] = Recomputed(
+                unique(t.node for t in segment_plan.triggers), waiting, entry["copies"])
+    if graph.dialect.queues_newest_first:
+        added = order_segments(graph, list(recomputed.values()),
+                               _gradients_done(graph, step))
+        for index, count in zip(recomputed, added):
+            entries[index]["waits_for_gradients"] = count
     return entries
+
+
+def _gradients_done(graph: Graph, step: Step) -> list[str]:
+    """The ops after which the parameters' gradients take only small steps more,
+    that an ordering edge may leave: the op computing each gradient an update
+    reads, or, where the runtime rewrites that op together with its neighbours
+    (``Dialect.rewritten_with_neighbours``: an edge out of it would stop that),
+    the nearest ops above it that it does not (a batch norm's scale gradient
+    scales a ``Sum``: the ``Sum``). Backward ops in the root frame only: an edge
+    from there into a v1 ``while_loop`` frame other than into its ``Enter`` is
+    one TF rejects."""
+    dialect = graph.dialect
+    applies = dialect.optimizer_applies(graph)
+    pending = unique(computed_by(graph, t).node for update, gradients in applies.items()
+                     if update in step.optimizer for t in gradients)
+    if not pending:
+        return []
+    found, seen = [], set(pending)
+    while pending:
+        name = pending.pop()
+        if name not in step.backward:
+            continue
+        if not dialect.rewritten_with_neighbours(graph, name):
+            found.append(name)
+            continue
+        for producer in graph.producers(name):
+            if producer not in seen:
+                seen.add(producer)
+                pending.append(producer)
+    depths = dialect.frame_depths(graph)
+    return [n for n in graph if n in set(found) and depths.get(n, 0) == 0]
+
 
 def _outputs_read(graph: Graph, segment: Segment, backward: set[str]) -> list[str]:
     """The segment's values gradient ops read: where nothing is recomputed, only
@@ -80,18 +129,20 @@ def _outputs_read(graph: Graph, segment: Segment, backward: set[str]) -> list[st
 
 
 def _apply(graph: Graph, segment: Segment, plan: _Plan, dependency: str,
-           tupleize_grads: bool, released_bytes: bool, holders: _Holders) -> dict:
-    """Copy, order and rewire one segment as ``plan`` says; its report entry."""
+           tupleize_grads: bool, released_bytes: bool, holders: _Holders
+           ) -> tuple[dict, list[str]]:
+    """Copy, order and rewire one segment as ``plan`` says; its report entry, and
+    its nodes that wait for the trigger (control mode; ``order_by_control``)."""
     entry = {"segment": segment.name, "marked": len(segment.nodes), "copied": 0,
              "copies": [], "triggers": [str(t) for t in plan.triggers],
              "released": [], "released_bytes": 0 if released_bytes else None, "note": "",
              "readers_kept": 0, "ordering_reads": 0, "read_once": []}
     if not plan.rewires:
         entry["note"] = "no gradient op reads this segment's internal values"
-        return entry
+        return entry, []
     if not plan.triggers:
         entry["note"] = "no gradient flows into this segment; left as is"
-        return entry
+        return entry, []
     copied = set(plan.copies)
     # Computed values read once that copies will read too: the one reader TF may
     # have fused them into no longer is the only one (the runtime's view changes;
@@ -103,11 +154,13 @@ def _apply(graph: Graph, segment: Segment, plan: _Plan, dependency: str,
     # How many read each original value now (as TF's rewrites count them).
     readers = {Tensor(o, p): len(graph.consumers(Tensor(o, p)))
                for o in copy_of for p in graph.used_ports(o)}
-    reads = 0
+    waiting: list[str] = []
     if dependency == "control":
-        reads = order_by_control(graph, copy_of, plan.triggers, segment.name)
+        waiting = order_by_control(graph, copy_of, plan.triggers, segment.name)
     else:
         order_by_data(graph, copy_of, plan.triggers, segment.name)
+    copies = set(copy_of.values())
+    reads = sum(1 for n in waiting if n not in copies)
     released = sorted({orig for _, _, orig in plan.rewires})
     for consumer, slot, original in plan.rewires:
         graph.set_input(consumer, slot, Tensor(copy_of[original.node], original.port))
@@ -116,10 +169,11 @@ def _apply(graph: Graph, segment: Segment, plan: _Plan, dependency: str,
         tupleize(graph, segment.name, [c for c, _, _ in plan.rewires], dependency)
     entry.update(copied=len(copy_of), copies=list(copy_of.values()),
                  released=[str(t) for t in released], readers_kept=kept,
-                 ordering_reads=reads, read_once=once)
+                 ordering_reads=reads, read_once=once, waits_for_gradients=0)
     if released_bytes:
         entry["released_bytes"] = sum(tensor_bytes(graph, t) or 0 for t in released)
-    return entry
+    return entry, waiting
+
 
 def _keep_readers(graph: Graph, segment: Segment, copy_of: dict[str, str],
                   readers: dict[Tensor, int], holders: _Holders) -> int:
