@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 import graphpass
+from graphpass.analysis.regions import analyze
 from graphpass.cli import main
 from graphpass.errors import GraphpassError
 from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
-from graphpass.passes.remat.marks import SCOPE
+from graphpass.passes.remat.marks import KEPT_SCOPE, SCOPE
 from tools.fixtures import tf_models
 
 
@@ -124,6 +125,30 @@ def test_each_segment_is_triggered_by_its_own_incoming_gradient():
         upstream = graph.ancestors([trigger])
         assert any(n.startswith(f"{SCOPE}block{i + 1}/") for n in upstream), (i, trigger)
         assert not any(n.startswith(f"{SCOPE}block{i}/") for n in upstream), (i, trigger)
+
+
+def test_segments_wait_in_turn_for_the_weight_gradients_before_them():
+    """Each segment recomputed after another waits, through its ordering reads, for
+    the ops finishing the weight gradients that depend on the other's copies (the
+    filter gradients: TF's executor would leave them to the end of the backward
+    pass, holding their copies), never for an elementwise op (an edge out of one
+    stops Grappler's rewrites of it); the step trains bit for bit."""
+    model = tf_models.conv_bn_dropout()
+    graph, result = _rewrite(model, recompute=["conv[12]/"])
+    report = result.report
+    triggers = {t.rsplit(":", 1)[0] for e in report["segments"] for t in e["triggers"]}
+    reads = [n for n in graph if n.startswith(KEPT_SCOPE) and "/order/read" in n]
+    extra = [(source, read) for read in reads for source in graph.control_inputs(read)
+             if source not in triggers]
+    backward = set(analyze(graph).nodes("backward"))
+    assert report["segment_order_edges"] == len(extra) > 0
+    assert sum(e["waits_for_gradients"] for e in report["segments"]) == len(extra)
+    for source, read in extra:
+        assert source in backward
+        assert not graph.dialect.rewritten_with_neighbours(graph, source), source
+        assert read not in graph.ancestors([source])  # no cycle: checked by the pipeline too
+    assert "segments recomputed in turn" in " ".join(report["summary"])
+    _assert_same_training(model, graph)
 
 
 def test_marking_the_last_block_before_the_loss_stays_acyclic():
