@@ -231,8 +231,8 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
     in_turn = sum(e.get("waits_for_gradients", 0) for e in entries)
     if in_turn:
         summary.append(f"segments recomputed in turn: each waits for the weight gradients "
-                       f"that read the copies recomputed before it ({in_turn} control "
-                       f"edges), which TF's executor would otherwise leave to the end of "
+                       f"computed from the segment recomputed before it ({in_turn} control "
+                       f"edges); TF's executor would otherwise leave them to the end of "
                        f"the backward pass, holding every segment's copies at once")
     if skipped:
         summary.append(f"{len(skipped)} marked gradient ops were skipped (only forward "
