@@ -151,6 +151,30 @@ def test_segments_wait_in_turn_for_the_weight_gradients_before_them():
     _assert_same_training(model, graph)
 
 
+def test_segments_not_in_turn_wait_only_for_their_triggers():
+    """A plan the planner estimated lower without the waits (``Segment.in_turn``
+    False) is written without them."""
+    from dataclasses import replace
+
+    from graphpass.options import pipeline_options
+    from graphpass.passes import PassContext, build_passes
+    from graphpass.passes.remat.marks import marked_segments
+    from graphpass.passes.remat.rewrite import rewrite_segments
+
+    model = tf_models.conv_bn_dropout()
+    graph, result = _rewrite(model, recompute=["conv[12]/"])
+    assert result.report["segment_order_edges"] > 0
+    graph = graph_from_graph_def(model.graph_def, {})
+    options = pipeline_options({"recompute": ["conv[12]/"]})
+    pass_ = build_passes(options)[0]
+    step = pass_._analyze(graph, PassContext.from_options(options))
+    segments, _ = marked_segments(graph, pass_.options, step.forward, step.backward)
+    entries = rewrite_segments(graph, [replace(s, in_turn=False) for s in segments], step,
+                               tupleize_grads=False)
+    assert len(entries) == 2 and all(e["copied"] for e in entries)
+    assert all(e["waits_for_gradients"] == 0 for e in entries)
+
+
 def test_marking_the_last_block_before_the_loss_stays_acyclic():
     model = tf_models.block_mlp(optimizer="sgd")
     graph, result = _rewrite(model, recompute=["block[1-8]/"])

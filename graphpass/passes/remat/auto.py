@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from graphpass.analysis.cost import Sizes
 from graphpass.analysis.forward import ForwardChain, computed_forward, forward_chain
@@ -141,6 +142,22 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
         deferred = defer_updates(copy, step, options.batch_size, peak)
         return peak if deferred is None else deferred[1].peak_bytes
 
+    ordered = graph.dialect.queues_newest_first and step.dependency == "control"
+
+    def turns(segments: list[Segment]) -> tuple[list[Segment], int]:
+        """``segments`` recomputed in turn (``order.order_segments``) or each only
+        after its own trigger, whichever the estimate puts lower, and its figure.
+        Waiting in turn bounds the copies held at once where the executor would
+        leave weight gradients to the end; where groups share copies
+        (``cheap``), or a weight's gradient itself waits for the weight's
+        readers (``pin``), the waits can hold copies longer instead."""
+        in_turn = estimate(segments)
+        if len(segments) < 2 or not ordered:
+            return segments, in_turn
+        alone = [replace(s, in_turn=False) for s in segments]
+        other = estimate(alone)
+        return (alone, other) if other < in_turn else (segments, in_turn)
+
     def trial(runs: tuple[tuple[int, int], ...]):
         """A chain plan rewritten on a copy: the copy, each run's copies, the step
         (the updates not deferred: the refinement reads what the runs leave live
@@ -165,10 +182,13 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
         plan.solver = "none (already rematerialized by graphpass)"
         segments = []
     elif policy == CHEAP:
-        segments = _plan_cheap(graph, chain, sizes, plan, estimate)
+        segments = _plan_cheap(graph, chain, sizes, plan, turns)
     else:
         segments = _plan_chain(chain, plan, target, options, estimate, trial,
-                               can_defer(graph, step))
+                               can_defer(graph, step), turns)
+    if segments and not segments[0].in_turn:
+        plan.notes.append("segments not recomputed in turn: the estimate is lower with each "
+                          "waiting only for its own trigger")
     plan.seconds = time.perf_counter() - start
     return plan, segments
 
@@ -194,7 +214,8 @@ def _loop_notes(graph: Graph, step: Step, options: RematOptions) -> list[str]:
 
 
 def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
-                options: RematOptions, estimate, trial, deferrable: bool) -> list[Segment]:
+                options: RematOptions, estimate, trial, deferrable: bool,
+                turns) -> list[Segment]:
     """``min-peak`` or ``budget``: solve the chain for the lowest peak, checked
     against the estimate (``refine``: rounds where the model was wrong). A
     budget plan is searched by bisection over the model's budget, between the
@@ -207,10 +228,14 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
     units, unplanned = chain.units, plan.estimate  # the step as written, no segment
     chosen, estimated, plan.rounds = refine_min_peak(units, plan.model_offset, trial,
                                                      options.batch_size, budget)
+    in_turn = True
+    if estimated < unplanned and (deferrable or len(chosen.runs) > 1):
+        # the plan as written: its updates deferred where that is lower, its
+        # segments in turn where that is lower
+        segments, estimated = turns(_chain_segments(chain, chosen))
+        in_turn = all(s.in_turn for s in segments)
     if estimated >= unplanned:  # the model was wrong: recompute nothing
         chosen, estimated = ChainPlan((), 0, 0), unplanned
-    elif deferrable:  # the plan as written: its updates deferred where that is lower
-        estimated = estimate(_chain_segments(chain, chosen))
     if budget is not None and estimated <= budget:
         low, high = chosen.peak, budget - plan.model_offset
         target = high
@@ -218,7 +243,7 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
             found = solve_budget(units, target)
             if found is None or found.cost >= chosen.cost:
                 break
-            peak = estimate(_chain_segments(chain, found))
+            peak = estimate(_chain_segments(chain, found, in_turn))
             if peak <= budget:
                 chosen, estimated, low = found, peak, target
             else:
@@ -229,11 +254,11 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
     plan.solver, plan.gap = "chain dp", chosen.gap
     plan.estimate = estimated
     plan.segments = describe_runs(chain, chosen.runs)
-    return _chain_segments(chain, chosen)
+    return _chain_segments(chain, chosen, in_turn)
 
 
 def _plan_cheap(graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,
-                estimate) -> list[Segment]:
+                turns) -> list[Segment]:
     """``cheap``: keep what one min cut says; recompute the rest per unit, each value
     once where that costs at most ``SHARED_COPY_ALLOWANCE`` of the peak (a shared
     copy lives from the first group's trigger to the last reader; estimated both
@@ -248,11 +273,11 @@ def _plan_cheap(graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,
 
     groups, shared = grouped(False), grouped(True)
     unplanned = plan.estimate  # the step as written, no segment
-    plan.estimate = estimate(segments_of(groups))
+    segments, plan.estimate = turns(segments_of(groups))
     if shared != groups:
-        shared_estimate = estimate(segments_of(shared))
+        shared_segments, shared_estimate = turns(segments_of(shared))
         if shared_estimate <= plan.estimate + SHARED_COPY_ALLOWANCE * plan.estimate_before:
-            groups, plan.estimate = shared, shared_estimate
+            groups, segments, plan.estimate = shared, shared_segments, shared_estimate
     plan.solver, plan.gap = "min cut (networkx max-flow)", 0.0
     if plan.estimate >= unplanned:  # saves nothing: recompute nothing
         plan.estimate = unplanned
@@ -262,7 +287,7 @@ def _plan_cheap(graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,
         "estimated_bytes_saved": sum(sizes.bytes(t) for t in released),
         "recompute_flops": sum(sizes.flops(n) for n in unique(t.node for t in released))}
         for label, released in groups]
-    return segments_of(groups)
+    return segments
 
 # -- rewrite -------------------------------------------------------------
 
@@ -271,7 +296,8 @@ def budget_option(options: RematOptions) -> str:
         else "--memory-budget-bytes"
 
 
-def _chain_segments(chain: ForwardChain, plan: ChainPlan) -> list[Segment]:
+def _chain_segments(chain: ForwardChain, plan: ChainPlan,
+                    in_turn: bool = True) -> list[Segment]:
     """One segment per recomputed run of units (labels for display only)."""
-    return [Segment(chain.label(first, last), chain.nodes(first, last))
+    return [Segment(chain.label(first, last), chain.nodes(first, last), in_turn=in_turn)
             for first, last in plan.runs]

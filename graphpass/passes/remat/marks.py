@@ -36,6 +36,10 @@ class Segment:
     nodes: list[str]
     released: list[Tensor] | None = None
     kept: frozenset[Tensor] | None = None
+    #: Its copies wait also for the weight gradients of the segment recomputed
+    #: before it (``order.order_segments``); the planner drops that where the
+    #: estimate is lower without.
+    in_turn: bool = True
 
 
 def is_generated(name: str) -> bool:

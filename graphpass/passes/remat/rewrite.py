@@ -78,7 +78,7 @@ def rewrite_segments(graph: Graph, segments: list[Segment], step: Step,
             entry["outputs_read"] = _outputs_read(graph, segment, step.backward)
         if entry["copied"]:
             reach.rewritten(segment_plan)
-        if waiting:
+        if waiting and segment.in_turn:
             recomputed[len(entries) - 1] = Recomputed(
                 unique(t.node for t in segment_plan.triggers), waiting, entry["copies"])
     if graph.dialect.queues_newest_first:
