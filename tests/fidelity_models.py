@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-MODELS = ("gelu_mlp", "mobilenet", "encoder", "prenorm_ffn")
+MODELS = ("gelu_mlp", "mobilenet", "encoder", "convnet", "prenorm_ffn")
 
 
 def model_path(directory: Path, name: str) -> Path:
@@ -91,7 +91,26 @@ def _encoder(keras, tf):
             lambda y, p: tf.reduce_mean(tf.square(p - y)))
 
 
-_KERAS = {"gelu_mlp": _gelu_mlp, "mobilenet": _mobilenet, "encoder": _encoder}
+def _convnet(keras, tf):
+    """Residual blocks of biased convolutions (as ResNet50's), batch norm and ReLU:
+    oneDNN fuses each convolution's filter gradient with its bias gradient."""
+    batch, side, width = 4, 16, 16
+    inputs = keras.Input((side, side, 3))
+    h = keras.layers.Conv2D(width, 3, padding="same", name="stem")(inputs)
+    for i in range(1, 5):
+        y = keras.layers.Conv2D(width, 3, padding="same", name=f"block{i}_conv")(h)
+        y = keras.layers.BatchNormalization(name=f"block{i}_bn")(y)
+        h = keras.layers.ReLU(name=f"block{i}_relu")(h + y)
+    pooled = keras.layers.GlobalAveragePooling2D()(h)
+    model = keras.Model(inputs, keras.layers.Dense(4)(pooled))
+    return (model, tf.TensorSpec((batch, side, side, 3), tf.float32, name="x"),
+            tf.TensorSpec((batch,), tf.int32, name="y"),
+            lambda y, p: tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                y, p, from_logits=True)))
+
+
+_KERAS = {"gelu_mlp": _gelu_mlp, "mobilenet": _mobilenet, "encoder": _encoder,
+          "convnet": _convnet}
 
 
 def _export_tf1(directory: Path) -> Path:

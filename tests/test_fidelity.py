@@ -35,6 +35,7 @@ PATTERNS = {
     "gelu_mlp": "sequential_1/dense_(1_2|2_1)/",
     "encoder": "functional_1/(dense_1_2|dense_2_1|layer_normalization_1_2)/",
     "prenorm_ffn": "layer[1-3]/",
+    "convnet": "functional_1/block[23]_",
 }
 
 VARIANTS = {
@@ -49,10 +50,12 @@ VARIANTS = {
 }
 
 #: The matrix: (model, variant). The TF1 FFN runs in control mode with Grappler
-#: on (the session's default); the CNN with BatchNormalization under ``cheap``.
+#: on (the session's default); the CNN with BatchNormalization under ``cheap``; the
+#: residual CNN of biased convolutions (oneDNN fuses their filter and bias
+#: gradients) with its segments recomputed in turn.
 CASES = [(m, v) for m in ("gelu_mlp", "encoder") for v in VARIANTS] + [
-    ("mobilenet", "cheap"), ("mobilenet", "auto"), ("prenorm_ffn", "control"),
-    ("prenorm_ffn", "auto")]
+    ("mobilenet", "cheap"), ("mobilenet", "auto"), ("convnet", "control"),
+    ("convnet", "auto"), ("prenorm_ffn", "control"), ("prenorm_ffn", "auto")]
 
 
 @pytest.fixture(scope="module")

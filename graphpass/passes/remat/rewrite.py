@@ -81,7 +81,7 @@ def rewrite_segments(graph: Graph, segments: list[Segment], step: Step,
         if waiting and segment.in_turn:
             recomputed[len(entries) - 1] = Recomputed(
                 unique(t.node for t in segment_plan.triggers), waiting, entry["copies"])
-    if graph.dialect.queues_newest_first:
+    if graph.dialect.queues_newest_first and len(recomputed) > 1:
         added = order_segments(graph, list(recomputed.values()),
                                _gradients_done(graph, step))
         for index, count in zip(recomputed, added):
