@@ -378,3 +378,27 @@ def test_budget_holds_when_measured(tmp_path, fraction):
     graphpass.save(graph, rewritten)
     after = measured(rewritten)
     assert after <= 1.05 * budget, (after, budget, report["estimated_peak_bytes_after"])
+
+
+@pytest.mark.slow
+def test_merged_gradients_wait_on_the_same_edges(tmp_path):
+    """oneDNN merges a convolution's filter gradient with the bias gradient of the
+    same incoming gradient only while both wait on the same control inputs (TF's
+    ``mkl_layout_pass``, ``CheckForNodeMerge``); a weight's gradient that waits for
+    the weight's backward readers (``remat.pin``) takes its merged sibling along.
+    Keras 3 ResNet50 at the benchmark's size, where ``auto`` recomputes the
+    convolutions whose kernels those gradients wait for: before, all 51 such pairs
+    differed, oneDNN computed each gradient apart, and ``verify --rtol 0`` with
+    oneDNN on did not match (the conv2 blocks' biases)."""
+    from tools.fixtures import third_party
+
+    path, _ = third_party.build("resnet50", tmp_path, "bench")
+    graph = graphpass.load(path)
+    graphpass.run_passes(graph, {"recompute": ["auto"]})
+    pairs = [(name, sibling) for name in graph if graph.node(name).op == "Conv2DBackpropFilter"
+             for sibling in graph.dialect.merged_with(graph, name)]
+    assert len(pairs) >= 50
+    assert any(graph.control_inputs(name) for name, _ in pairs)
+    for name, sibling in pairs:
+        assert sorted(graph.control_inputs(name)) == sorted(graph.control_inputs(sibling)), \
+            name

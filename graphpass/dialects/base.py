@@ -213,6 +213,13 @@ class Dialect(ABC):
         takes its edge from another node. Here: no such rewrites."""
         return False
 
+    def merged_with(self, graph: Graph, name: str) -> list[str]:
+        """Nodes the runtime merges with ``name`` into one kernel only while they all
+        wait on the same control inputs (TF with oneDNN: a convolution's filter
+        gradient and the bias gradient of the same incoming gradient): a pass that
+        gives ``name`` a control input gives it to these too. Here: none."""
+        return []
+
     def scratch_shapes(self, graph: Graph, name: str) -> list[tuple[Tensor, tuple]]:
         """Temporary tensors ``name``'s kernel allocates while it runs, besides its
         outputs, each as ``(tensor whose dtype it has, shape)``; freed when it returns."""

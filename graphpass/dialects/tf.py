@@ -255,6 +255,9 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
     def copied_on_update(self, graph: Graph, name: str) -> list[list[Tensor]]:
         return tf_runtime.copied_on_update(graph, name)
 
+    def merged_with(self, graph: Graph, name: str) -> list[str]:
+        return tf_runtime.merged_gradients(graph, name)
+
     def rewritten_with_neighbours(self, graph: Graph, name: str) -> bool:
         return graph.node(name).op in tf_runtime.REWRITTEN_WITH_NEIGHBOURS
 

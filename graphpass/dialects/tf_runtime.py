@@ -52,6 +52,27 @@ FORWARD_SLOTS = {op: (0,) for op in _UNARY_FORWARD} | {op: (0, 1) for op in _BIN
 # (elementwise chains, sums of products, reshapes), which a control edge out of
 # the op stops (``Dialect.rewritten_with_neighbours``).
 REWRITTEN_WITH_NEIGHBOURS = frozenset(FORWARD_SLOTS) | ALIAS_OPS | {"AddN"}
+# oneDNN's layout pass merges a convolution's filter gradient with the bias gradient
+# of the same incoming gradient (``_MklNativeConv2DBackpropFilterWithBias``) only
+# when both wait on the same control inputs: op -> (its gradient's input slot, the
+# sibling's op, the sibling's slot).
+MERGED_GRADIENTS = {"Conv2DBackpropFilter": (2, "BiasAddGrad", 0),
+                    "BiasAddGrad": (0, "Conv2DBackpropFilter", 2)}
+
+
+def merged_gradients(graph: Graph, name: str) -> list[str]:
+    """The nodes oneDNN merges with ``name`` (:data:`MERGED_GRADIENTS`): those reading
+    the node its incoming gradient comes from in the sibling's slot."""
+    found = MERGED_GRADIENTS.get(graph.node(name).op)
+    inputs = graph.inputs(name)
+    if found is None or len(inputs) <= found[0]:
+        return []
+    slot, sibling, sibling_slot = found
+    producer = inputs[slot].node
+    return sorted(user for user in graph.data_users(producer) if user != name
+                  and graph.node(user).op == sibling
+                  and len(graph.inputs(user)) > sibling_slot
+                  and graph.inputs(user)[sibling_slot].node == producer)
 
 
 def copied_on_update(graph: Graph, name: str) -> list[list[Tensor]]:

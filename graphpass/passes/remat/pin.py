@@ -208,11 +208,15 @@ def _gradients_after_weight_readers(graph: Graph, step: Step, outside: set[str])
         producer = computed_by(graph, gradients[0]).node
         if producer not in outside:
             continue
-        later = graph.descendants({producer}) | {producer}
+        # The ops the runtime merges with the gradient's op wait on the same edges
+        # (``Dialect.merged_with``), else it computes each apart, rounding otherwise.
+        waiting = [producer, *dialect.merged_with(graph, producer)]
+        later = graph.descendants(set(waiting)) | set(waiting)
         for reader in _weight_readers(graph, inputs[0].node, step):
             if reader in outside and reader not in later:
-                graph.add_control_input(producer, reader)
-                added += 1
+                for name in waiting:
+                    graph.add_control_input(name, reader)
+                    added += 1
     return added
 
 
