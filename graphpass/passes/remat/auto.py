@@ -144,14 +144,17 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
 
     ordered = graph.dialect.queues_newest_first and step.dependency == "control"
 
-    def turns(segments: list[Segment]) -> tuple[list[Segment], int]:
+    def turns(segments: list[Segment], in_turn: int | None = None
+              ) -> tuple[list[Segment], int]:
         """``segments`` recomputed in turn (``order.order_segments``) or each only
-        after its own trigger, whichever the estimate puts lower, and its figure.
-        Waiting in turn bounds the copies held at once where the executor would
-        leave weight gradients to the end; where groups share copies
-        (``cheap``), or a weight's gradient itself waits for the weight's
-        readers (``pin``), the waits can hold copies longer instead."""
-        in_turn = estimate(segments)
+        after its own trigger, whichever the estimate puts lower, and its figure
+        (``in_turn``: the estimate in turn, where the caller has it). Waiting in
+        turn bounds the copies held at once where the executor would leave weight
+        gradients to the end; where groups share copies (``cheap``), or a
+        weight's gradient itself waits for the weight's readers (``pin``), the
+        waits can hold copies longer instead."""
+        if in_turn is None:
+            in_turn = estimate(segments)
         if len(segments) < 2 or not ordered:
             return segments, in_turn
         alone = [replace(s, in_turn=False) for s in segments]
@@ -230,9 +233,11 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
                                                      options.batch_size, budget)
     in_turn = True
     if estimated < unplanned and (deferrable or len(chosen.runs) > 1):
-        # the plan as written: its updates deferred where that is lower, its
-        # segments in turn where that is lower
-        segments, estimated = turns(_chain_segments(chain, chosen))
+        # the plan as written: its updates deferred where that is lower (the
+        # refinement's figure is the plan without), its segments in turn where
+        # that is lower
+        segments, estimated = turns(_chain_segments(chain, chosen),
+                                    None if deferrable else estimated)
         in_turn = all(s.in_turn for s in segments)
     if estimated >= unplanned:  # the model was wrong: recompute nothing
         chosen, estimated = ChainPlan((), 0, 0), unplanned

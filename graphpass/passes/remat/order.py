@@ -30,14 +30,14 @@ class Recomputed:
 
 
 def order_by_control(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor],
-                     segment: str) -> list[str]:
+                     segment: str) -> tuple[int, list[str]]:
     """Copies that read no other copy wait for the trigger: each reads its
     activations (else its weights) through ``Dialect.ordered_read``, so that no
     copy carries a control input the runtime's rewrites would see (TF's remapper
     fuses no contraction with one, which its original had not). A copy that reads
     only constants waits by control edges (a gated constant is no longer one to
-    the runtime's optimizer). Returns the nodes that wait for the trigger: the
-    reads it added, then those copies."""
+    the runtime's optimizer). Returns the reads it added and the nodes that wait
+    for the trigger (those reads, then those copies)."""
     dialect = graph.dialect
     copies = set(copy_of.values())
     after = unique(t.node for t in triggers)
@@ -62,7 +62,7 @@ def order_by_control(graph: Graph, copy_of: dict[str, str], triggers: list[Tenso
             if tensor not in gated:
                 gated[tensor] = dialect.ordered_read(graph, f"{scope}/read", tensor, after)
             graph.set_input(copy, slot, gated[tensor])
-    return [t.node for t in gated.values()] + waiting_copies
+    return len(gated), [t.node for t in gated.values()] + waiting_copies
 
 
 def order_segments(graph: Graph, segments: list[Recomputed], gradients: list[str]) -> list[int]:

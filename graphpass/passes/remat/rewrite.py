@@ -154,13 +154,11 @@ def _apply(graph: Graph, segment: Segment, plan: _Plan, dependency: str,
     # How many read each original value now (as TF's rewrites count them).
     readers = {Tensor(o, p): len(graph.consumers(Tensor(o, p)))
                for o in copy_of for p in graph.used_ports(o)}
-    waiting: list[str] = []
+    reads, waiting = 0, []
     if dependency == "control":
-        waiting = order_by_control(graph, copy_of, plan.triggers, segment.name)
+        reads, waiting = order_by_control(graph, copy_of, plan.triggers, segment.name)
     else:
         order_by_data(graph, copy_of, plan.triggers, segment.name)
-    copies = set(copy_of.values())
-    reads = sum(1 for n in waiting if n not in copies)
     released = sorted({orig for _, _, orig in plan.rewires})
     for consumer, slot, original in plan.rewires:
         graph.set_input(consumer, slot, Tensor(copy_of[original.node], original.port))
