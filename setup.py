@@ -25,7 +25,7 @@ setup(
         "tf": [f"tensorflow{TF}"],
         "tf-cpu": [f"tensorflow-cpu{TF}"],
         "onnx": ["onnx>=1.16", "onnxruntime>=1.18"],
-        "test": ["pytest>=8", "ruff"],
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "ruff"],
     },
     entry_points={"console_scripts": ["graphpass=graphpass.cli:entry_point"]},
 )

@@ -5,7 +5,8 @@ differs between machines), and every original node and copy runs the kernel
 its original ran (``kernel_parity``, on the graph TF executes).
 
 Each TF run is a child process (``fidelity_child.py``; one per graph and oneDNN
-setting, the original's shared by its variants), so the whole matrix is slow; the
+setting, the original's shared by its variants, whose cases run on one test worker),
+so the whole matrix is slow; the
 fast test checks the rewrite's structure (what TF's rewrites see).
 """
 
@@ -107,7 +108,10 @@ def differing(original: dict, rewritten: dict) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("onednn", [True, False], ids=["onednn1", "onednn0"])
-@pytest.mark.parametrize("model,variant", CASES, ids=[f"{m}-{v}" for m, v in CASES])
+@pytest.mark.parametrize("model,variant", [
+    # One xdist group per model: its export and original runs (module fixtures) are
+    # made once, on the worker that runs its cases.
+    pytest.param(m, v, id=f"{m}-{v}", marks=pytest.mark.xdist_group(m)) for m, v in CASES])
 def test_trains_bit_identically_with_kernel_parity(exported, original_run, tmp_path, model,
                                                    variant, onednn):
     source = exported(model)
