@@ -54,6 +54,7 @@ from graphpass.passes.remat.pin import (
     held_updates_peak,
     pin_updates,
     state_math_after_gradients,
+    worst_case,
 )
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
 from graphpass.passes.remat.verdict import AutoPlan
@@ -81,9 +82,11 @@ class RematPass(Pass):
         view = runtime_view(graph, step.fetches) \
             if estimate and profile is memory_profile else None
         follow_runtime_order(graph, view)
-        peak_before = _peak_before(graph, ctx, step, batch, profile) if estimate else None
+        low = _peak_before(graph, ctx, step, batch, profile) if estimate else None
         held = held_updates_peak(graph, step, batch, with_trips(profile, step.loop_trips)) \
             if estimate and profile is memory_profile else None
+        # The original as TF runs it in its worse processes; the rewrite is pinned.
+        peak_before = worst_case(low, held) if estimate else None
         runtime = [_runtime_peak(graph, step, batch, view)] \
             if ctx.estimates and profile is memory_profile else None
         auto = measured = None
@@ -101,13 +104,13 @@ class RematPass(Pass):
         changed = any(e["copied"] for e in entries)
         # As every plan was weighed: values that wait for their gradients, updates pinned.
         waiting = state_math_after_gradients(graph, step)
-        pinned = Pinned(pin_updates(graph, step), held, peak_before, waiting)
+        pinned = Pinned(pin_updates(graph, step), held, low, waiting)
         # The figures shown are of the graph as written, in the order of its own
         # runtime graph (the planner placed its copies by rule: it cannot ask per plan).
         final = runtime_view(graph, step.fetches) \
             if runtime is not None and (changed or pinned.changed) else None
         follow_runtime_order(graph, final)
-        peak_after = _peak_after(graph, step, batch, changed or waiting > 0, peak_before,
+        peak_after = _peak_after(graph, step, batch, changed or waiting > 0, low,
                                  None if final else auto, profile) if estimate else None
         # auto's estimate already has the updates deferred where that is lower.
         # Deferring is part of the rewrite, so it is decided (estimated) when the
@@ -164,13 +167,15 @@ def _peak_before(graph: Graph, ctx: PassContext, step: Step, batch: int | None,
 
 
 def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
-                peak_before: int, auto: AutoPlan | None,
+                unchanged: int, auto: AutoPlan | None,
                 profile: Estimator = memory_profile) -> int:
-    """The estimate after the rewrite. The planner estimated this very rewrite
-    (the same segments, rewritten the same way on a copy), so its figure is
-    reused: a second estimate of a large graph would cost as much as the first."""
+    """The estimate after the rewrite (``unchanged``: the estimate where nothing was
+    recomputed, the original's with its updates run as their gradients appear, as
+    pinned). The planner estimated this very rewrite (the same segments,
+    rewritten the same way on a copy), so its figure is reused: a second
+    estimate of a large graph would cost as much as the first."""
     if not changed:
-        return peak_before
+        return unchanged
     if auto is not None:
         return auto.estimate
     return with_trips(profile, step.loop_trips)(graph, step.fetches, batch).peak_bytes
@@ -252,11 +257,15 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
         extra.update(pinned.to_json())
     if runtime is not None and runtime[0].model:
         first, last = runtime
+        # The original in its worse processes there too, where the planner's
+        # figure is of those (``pin.worst_case``).
+        before = worst_case(first.peak_bytes, pinned.held) \
+            if pinned is not None and pinned.held_is_higher else first.peak_bytes
         summary.append(f"estimated peak on {first.model}: "
-                       f"{first.peak_bytes / 2**20:.1f} MiB -> {last.peak_bytes / 2**20:.1f} "
-                       f"MiB ({last.peak_bytes / max(first.peak_bytes, 1):.2f}x)")
+                       f"{before / 2**20:.1f} MiB -> {last.peak_bytes / 2**20:.1f} "
+                       f"MiB ({last.peak_bytes / max(before, 1):.2f}x)")
         extra["runtime_estimate"] = {"model": first.model,
-                                     "peak_bytes_before": first.peak_bytes,
+                                     "peak_bytes_before": before,
                                      "peak_bytes_after": last.peak_bytes}
     if measured is not None:
         first, last = measured

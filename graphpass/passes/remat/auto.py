@@ -281,7 +281,7 @@ def _plan_cheap(graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,
     segments, plan.estimate = turns(segments_of(groups))
     if shared != groups:
         shared_segments, shared_estimate = turns(segments_of(shared))
-        if shared_estimate <= plan.estimate + SHARED_COPY_ALLOWANCE * plan.estimate_before:
+        if shared_estimate <= plan.estimate + SHARED_COPY_ALLOWANCE * unplanned:
             groups, segments, plan.estimate = shared, shared_segments, shared_estimate
     plan.solver, plan.gap = "min cut (networkx max-flow)", 0.0
     if plan.estimate >= unplanned:  # saves nothing: recompute nothing

@@ -18,8 +18,9 @@ from graphpass.ir.graph import Graph, Tensor
 
 #: A value this many times smaller than its op's inputs is not worth recomputing.
 REDUCTION = 4
-#: Peak (a fraction of the original's) the policy gives up to recompute each value
-#: once rather than once per group that needs it (see :func:`cheap_groups`).
+#: Peak (a fraction of the step's as written without a segment) the policy gives up
+#: to recompute each value once rather than once per group that needs it (see
+#: :func:`cheap_groups`).
 SHARED_COPY_ALLOWANCE = 0.01
 
 

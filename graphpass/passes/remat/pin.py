@@ -9,12 +9,13 @@ constants are roots, which the executor hands its thread pool before it starts;
 the reads become ready during the forward pass and are queued there too (a read
 is an expensive kernel to TF). The pool's thread works its own later work first,
 so a queued input may run only when everything queued after it has: after the
-whole backward pass. Whether it does depends on the order of the graph's nodes
-and edges, which Grappler hands over in an order of its hash maps, seeded per
-process. So in some processes every update waits for the end of the
-step and every weight gradient is held until then; in others each update runs
-as its gradient appears (a peak several times lower on a CNN whose weights
-outweigh its activations).
+whole backward pass. Whether it does is decided while the step runs: the graph
+the executor gets is the same in every process (its node order included), and
+its session thread hands the pool the roots while the pool's thread already
+works, so how far the two interleave decides. So in some processes every update
+waits for the end of the step and every weight gradient is held until then; in
+others each update runs as its gradient appears (a peak several times lower on a
+CNN whose weights outweigh its activations).
 
 The rewrite makes the backward pass start only after those reads have run (one
 ``NoOp`` on the reads, a control input of each op that starts the backward
@@ -22,7 +23,8 @@ pass), so each update is ready the moment its gradient is, in every process. It
 moves no value: optimizer state is read before the backward pass, where nothing
 writes it. The estimate (``analysis.memory``) schedules the
 updates that way, so for the original it is the lower of the two figures;
-:func:`held_updates_peak` is the other one.
+:func:`held_updates_peak` is the other one, and the original's estimate is the
+higher (:func:`worst_case`): a budget judged on it holds in every process.
 
 A TF2 step function runs on the same executor (the session inlines it). There an
 update may also run while the backward pass still holds a read of the weight it
@@ -63,6 +65,16 @@ ORDERED_WEIGHT_BYTES = 64 * 1024
 SHOWN_ABOVE = 0.01
 
 
+def worst_case(as_gradients_appear: int, held: MemoryProfile | None) -> int:
+    """The original's estimate: the higher of the step with each update run as its
+    gradient appears and the step with every update held to the end (TF's
+    executor runs one or the other per process; the rewrite is pinned to the
+    first). Held is taken only where it is above by more than rounding."""
+    if held is not None and held.peak_bytes > (1 + SHOWN_ABOVE) * as_gradients_appear:
+        return held.peak_bytes
+    return as_gradients_appear
+
+
 @dataclass(frozen=True)
 class Pinned:
     """What pinning did: ``reads`` pinned (0: none), and the original's estimate
@@ -71,8 +83,8 @@ class Pinned:
 
     reads: int
     held: MemoryProfile | None
-    #: The original's estimate: the held figure is shown only where it is higher.
-    before: int | None = None
+    #: The original's estimate with each update run as its gradient appears.
+    as_gradients_appear: int | None = None
     #: Optimizer values computed from state alone made to wait for their gradients.
     waiting: int = 0
 
@@ -80,15 +92,21 @@ class Pinned:
     def changed(self) -> bool:
         return bool(self.reads or self.waiting)
 
+    @property
+    def held_is_higher(self) -> bool:
+        """The original's estimate is the held figure (``worst_case``)."""
+        low = self.as_gradients_appear
+        return low is not None and worst_case(low, self.held) != low
+
     def summary(self) -> list[str]:
         lines = []
-        if self.held is not None and self.before is not None and \
-                self.held.peak_bytes > (1 + SHOWN_ABOVE) * self.before:
+        if self.held_is_higher:
             lines.append(
-                f"the original's estimate runs each update as its gradient appears; TF's "
-                f"executor does so only in some processes (the order of Grappler's output "
-                f"decides), in the others it holds every gradient to the end of the step: "
-                f"estimated {self.held.peak_bytes / 2**20:.1f} MiB")
+                f"the original's estimate holds every gradient to the end of the step, as "
+                f"TF's executor runs it in the processes that queue the updates' inputs "
+                f"behind the backward pass; in the others (the timing of its threads "
+                f"decides, not the graph) each update runs as its gradient appears: "
+                f"estimated {self.as_gradients_appear / 2**20:.1f} MiB")
         if self.reads:
             lines.append(f"updates pinned next to their gradients: the backward pass waits "
                          f"for the {self.reads} inputs of optimizer state they read, in "
@@ -102,7 +120,8 @@ class Pinned:
     def to_json(self) -> dict:
         return {"pinned_update_reads": self.reads, "state_values_waiting": self.waiting,
                 "estimated_peak_bytes_updates_held":
-                    None if self.held is None else self.held.peak_bytes}
+                    None if self.held is None else self.held.peak_bytes,
+                "estimated_peak_bytes_updates_as_gradients_appear": self.as_gradients_appear}
 
 
 def pin_updates(graph: Graph, step: Step) -> int:
