@@ -253,7 +253,7 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
                        f"{peak_after / 2**20:.1f} MiB ({peak_after / peak_before:.2f}x)")
     extra = {"auto": auto.to_json()} if auto else {}
     if pinned is not None:
-        summary.extend(pinned.summary())
+        summary.extend(pinned.summary(peak_after))
         extra.update(pinned.to_json())
     if runtime is not None and runtime[0].model:
         first, last = runtime

@@ -98,15 +98,18 @@ class Pinned:
         low = self.as_gradients_appear
         return low is not None and worst_case(low, self.held) != low
 
-    def summary(self) -> list[str]:
+    def summary(self, after: int | None = None) -> list[str]:
+        """``after``: the rewrite's estimate, given as a ratio of the lower figure too."""
         lines = []
         if self.held_is_higher:
+            low = self.as_gradients_appear
+            ratio = "" if after is None else f" ({after / low:.2f}x of it after the rewrite)"
             lines.append(
                 f"the original's estimate holds every gradient to the end of the step, as "
                 f"TF's executor runs it in the processes that queue the updates' inputs "
                 f"behind the backward pass; in the others (the timing of its threads "
                 f"decides, not the graph) each update runs as its gradient appears: "
-                f"estimated {self.as_gradients_appear / 2**20:.1f} MiB")
+                f"estimated {low / 2**20:.1f} MiB{ratio}")
         if self.reads:
             lines.append(f"updates pinned next to their gradients: the backward pass waits "
                          f"for the {self.reads} inputs of optimizer state they read, in "
