@@ -9,10 +9,11 @@ constants are roots, which the executor hands its thread pool before it starts;
 the reads become ready during the forward pass and are queued there too (a read
 is an expensive kernel to TF). The pool's thread works its own later work first,
 so a queued input may run only when everything queued after it has: after the
-whole backward pass. Whether it does is decided while the step runs: the graph
-the executor gets is the same in every process (its node order included), and
-its session thread hands the pool the roots while the pool's thread already
-works, so how far the two interleave decides. So in some processes every update
+whole backward pass. Whether it does is decided while the step runs, by the
+timing of TF's threads (most likely how far the session's thread, handing the
+pool its roots, and the pool's thread, already working, interleave): the graph
+the executor gets is the same in processes of either mode, its node order
+included (docs/remat.md). So in some processes every update
 waits for the end of the step and every weight gradient is held until then; in
 others each update runs as its gradient appears (a peak several times lower on a
 CNN whose weights outweigh its activations).
