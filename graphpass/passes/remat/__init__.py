@@ -257,10 +257,8 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
         extra.update(pinned.to_json())
     if runtime is not None and runtime[0].model:
         first, last = runtime
-        # The original in its worse processes there too, where the planner's
-        # figure is of those (``pin.worst_case``).
-        before = worst_case(first.peak_bytes, pinned.held) \
-            if pinned is not None and pinned.held_is_higher else first.peak_bytes
+        # The original in its worse processes there too, as the planner's figure.
+        before = first.peak_bytes if pinned is None else pinned.original(first.peak_bytes)
         summary.append(f"estimated peak on {first.model}: "
                        f"{before / 2**20:.1f} MiB -> {last.peak_bytes / 2**20:.1f} "
                        f"MiB ({last.peak_bytes / max(before, 1):.2f}x)")

@@ -99,6 +99,12 @@ class Pinned:
         low = self.as_gradients_appear
         return low is not None and worst_case(low, self.held) != low
 
+    def original(self, figure: int) -> int:
+        """``figure`` (an estimate of the original made another way: on the graph
+        the runtime runs) as the original's estimate is: the held one where that
+        is the planner's (``held_is_higher``) and above ``figure``."""
+        return worst_case(figure, self.held) if self.held_is_higher else figure
+
     def summary(self, after: int | None = None) -> list[str]:
         """``after``: the rewrite's estimate, given as a ratio of the lower figure too."""
         lines = []
