@@ -1,8 +1,9 @@
 """The estimate of a TF graph as graphpass makes it for the user, in a child
 process so that it sees the oneDNN setting its parent chose (TF reads
 ``TF_ENABLE_ONEDNN_OPTS`` once, when it starts): the estimate's model, its peak
-less the fed inputs (what the allocation records of a run count), and the
-temporaries it charged each kernel.
+less the fed inputs (what the allocation records of a run count), the
+temporaries it charged each kernel, and the nodes it takes oneDNN's layout pass
+to replace.
 
     python tests/kernel_temporaries_child.py GRAPH FETCH...   (one JSON line)
 """
@@ -21,13 +22,15 @@ def main(path: str, fetches: list[str]) -> dict:
     from graphpass.analysis.buffers import scratch_bytes
     from graphpass.analysis.runtime_memory import runtime_memory_profile
     from graphpass.dialects.tf_grappler import runtime_graph
+    from graphpass.dialects.tf_kernels import renamed_by_onednn
 
     graph = graphpass.load(path)
     profile = runtime_memory_profile(graph, fetches)
     view = runtime_graph(graph, fetches).graph
     temporaries = {n: b for n in view if (b := scratch_bytes(view, n))}
     return {"model": profile.model, "estimate": profile.peak_bytes - profile.fed_bytes,
-            "temporaries": temporaries}
+            "temporaries": temporaries,
+            "renamed": sorted(n for n in view if renamed_by_onednn(view, n))}
 
 
 if __name__ == "__main__":

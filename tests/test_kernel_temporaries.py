@@ -43,12 +43,17 @@ def _estimate(path: Path, onednn: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _allocations(trace: Path) -> dict[str, list[int]]:
-    """Per executed node, the bytes of each allocation it made."""
+def _metadata(trace: Path):
     import tensorflow as tf
 
     metadata = tf.compat.v1.RunMetadata()
     metadata.ParseFromString(trace.read_bytes())
+    return metadata
+
+
+def _allocations(trace: Path) -> dict[str, list[int]]:
+    """Per executed node, the bytes of each allocation it made."""
+    metadata = _metadata(trace)
     return {node.node_name: [r.alloc_bytes for m in node.memory
                              for r in m.allocation_records if r.alloc_bytes > 0]
             for device in metadata.step_stats.dev_stats for node in device.node_stats}
@@ -73,6 +78,19 @@ def test_estimate_matches_allocation_records(conv_net, tmp_path, onednn):
         assert "im2col buffers of its 3 convolution gradients" in estimate["model"]
     assert abs(estimate["estimate"] / measured.peak_bytes - 1) < 0.15, \
         (estimate, measured.peak_bytes)
+    _check_renamed(estimate["renamed"], trace, bool(onednn))
+
+
+def _check_renamed(renamed: list[str], trace: Path, onednn: bool) -> None:
+    """The nodes the estimate takes oneDNN's layout pass to replace are the ones
+    TF ran as oneDNN's kernels (none with oneDNN off), and they close the graph
+    TF's executor ran: they come after every other node in its order."""
+    (graph,) = _metadata(trace).partition_graphs
+    names = [node.name for node in graph.node]
+    kernels = {node.name for node in graph.node if node.op.startswith("_Mkl")}
+    assert bool(kernels) == onednn
+    assert set(renamed) == kernels
+    assert set(names[len(names) - len(kernels):]) == kernels
 
 
 def test_ref_variable_updates_run(conv_net):

@@ -6,11 +6,11 @@ need is pruned, read back into the IR.
 Its nodes carry the temporaries TF's kernels allocate in this process
 (``dialects/tf_kernels``). This is the graph a ``Session`` hands its executor,
 less what runs after Grappler (the graph optimization passes: oneDNN's
-``MklLayoutRewritePass`` renames kernels, and its node creation changes the
-executor's successor order); only a run shows those (``RunMetadata`` partition
-graphs). Where TF is not installed, or refuses the graph, :func:`runtime_graph`
-says why, and callers keep the hand model
-(``tf_runtime.GrapplerView``).
+``MklLayoutRewritePass`` replaces nodes with its kernels', which only a run shows,
+in ``RunMetadata``'s partition graphs; the order its new nodes take in the
+executor is modelled, ``tf_kernels.renamed_by_onednn``). Where TF is not
+installed, or refuses the graph, :func:`runtime_graph` says why, and callers keep
+the hand model (``tf_runtime.GrapplerView``).
 
 It reads the graph and never edits it; node names Grappler keeps are the IR's
 (Grappler renames only what it creates or folds), so the result maps back by name.
@@ -58,6 +58,8 @@ def runtime_graph(graph: Graph, fetches: list[str]) -> RuntimeGraph:
         return RuntimeGraph(graph, HAND_MODEL, f"Grappler refused the graph: {first}")
     result = graph_from_graph_def(optimized, shapes=True)
     _keep_shapes(graph, result)
+    for position, node in enumerate(result.nodes()):  # oneDNN's layout pass reorders it
+        node.meta[RUNTIME_POSITION] = position
     marked = mark_temporaries(result)
     if not marked:
         return RuntimeGraph(result, GRAPPLER)

@@ -21,6 +21,7 @@ the allocation records of a run.
 from __future__ import annotations
 
 import os
+from functools import cache
 
 from graphpass.ir.dtypes import np_dtype
 from graphpass.ir.graph import Graph, Tensor
@@ -38,12 +39,52 @@ KERNEL_DTYPES = ("float32", "float16", "bfloat16", "float64")
 META_KEY = "kernel_temporaries"
 
 
+#: Ops oneDNN's layout pass (``MklLayoutRewritePass``, run on the graph after
+#: Grappler) replaces with a node of its own (``_MklNative<op>``, ``_Mkl<op>``)
+#: whatever their inputs, for the dtypes in :data:`ONEDNN_DTYPES`: TF's rewrite
+#: table, as far as a training step meets it (the ops it rewrites only where an
+#: input is already oneDNN's are never rewritten in native format).
+ONEDNN_RENAMED_OPS = frozenset({
+    "Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput", "Conv3D",
+    "Conv3DBackpropFilterV2", "Conv3DBackpropInputV2", "DepthwiseConv2dNative",
+    "DepthwiseConv2dNativeBackpropFilter", "DepthwiseConv2dNativeBackpropInput",
+    "_FusedConv2D", "_FusedDepthwiseConv2dNative", "MatMul", "_FusedMatMul",
+    "BatchMatMul", "BatchMatMulV2", "Einsum", "Softmax", "AvgPool", "AvgPoolGrad",
+    "AvgPool3D", "AvgPool3DGrad", "MaxPool", "MaxPoolGrad", "MaxPool3D", "MaxPool3DGrad",
+    "FusedBatchNorm", "FusedBatchNormGrad", "FusedBatchNormV2", "FusedBatchNormGradV2",
+    "FusedBatchNormV3", "FusedBatchNormGradV3", "_FusedBatchNormEx",
+})
+#: The dtypes oneDNN registers those kernels for.
+ONEDNN_DTYPES = frozenset({"float32", "bfloat16"})
+#: Ops whose ``BiasAdd`` Grappler's remapper fuses into them (``_FusedConv2D``,
+#: ``_FusedMatMul``, named as the ``BiasAdd``) in a session, where the nodes are
+#: placed on the CPU; the graph Grappler returns unplaced keeps them apart.
+BIAS_FUSED_OPS = frozenset({"Conv2D", "MatMul", "DepthwiseConv2dNative"})
+
+
+@cache
 def onednn_enabled() -> bool:
     """Whether this process's TF runs oneDNN's kernels (``TF_ENABLE_ONEDNN_OPTS``,
     else TF's default for this CPU), as TF itself decides it."""
     from tensorflow.python.util import _pywrap_util_port
 
     return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def renamed_by_onednn(graph: Graph, name: str) -> bool:
+    """Whether oneDNN's layout pass replaces node ``name`` of Grappler's graph with
+    a new node in this process. The new node is added to TF's graph after every
+    node Grappler returned (the partition graphs a run reports end with them), and
+    the executor's first ready nodes and each node's successors follow the order
+    nodes were added: it reaches them after their peers."""
+    op = graph.node(name).op
+    if op == "BiasAdd":
+        producer = graph.input_slots(name).get(0)
+        fused = producer is not None and graph.node(producer.node).op in BIAS_FUSED_OPS
+    else:
+        fused = False
+    return onednn_enabled() and (fused or op in ONEDNN_RENAMED_OPS) and \
+        graph.dialect.dtype(graph, Tensor(name, 0)) in ONEDNN_DTYPES
 
 
 def intra_op_threads() -> int:

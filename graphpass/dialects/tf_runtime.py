@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from graphpass.dialects.base import Execution
+from graphpass.dialects.tf_kernels import renamed_by_onednn
 from graphpass.dialects.tf_ops import READ_MODIFY_WRITE_OP, VARIABLE_OPS
 from graphpass.dialects.tf_updates import resource_variable
 from graphpass.ir.graph import Graph, Tensor
@@ -115,28 +116,32 @@ RUNTIME_POSITION = "runtime_position"
 
 def runtime_ordered(graph: Graph, nodes: set[str],
                     is_back_edge: Callable[[str, str], bool]) -> list[str]:
-    """``nodes`` in the order of the graph Grappler hands the executor, where the
-    nodes carry it (:data:`RUNTIME_POSITION`), else in the graph's order.
+    """``nodes`` in the order of the graph TF's executor runs, where the nodes
+    carry their place in Grappler's output (:data:`RUNTIME_POSITION`), else in
+    the graph's order.
 
     The order decides which of several ready branches the executor follows (its
     successor lists and first ready nodes are in graph order), and Grappler's
     output is a topological sort of its own rewritten graph (first in, first
     out: a node follows the last of its inputs to be placed), not the graph as
     exported. A node without a position (one added since, as remat's copies) is
-    placed so too: right after the latest of its producers."""
+    placed so too: right after the latest of its producers. With oneDNN on, the
+    nodes its layout pass replaces come after all the others
+    (``tf_kernels.renamed_by_onednn``)."""
     if not any(RUNTIME_POSITION in graph.node(n).meta for n in nodes):
         return [n for n in graph if n in nodes]
     index = {n: i for i, n in enumerate(graph)}
-    placed: dict[str, tuple[int, int, int]] = {}
+    placed: dict[str, int] = {}
+    added: set[str] = set()
     for name in graph.topological_order(ignore_edge=is_back_edge):
         position = graph.node(name).meta.get(RUNTIME_POSITION)
-        if position is not None:
-            placed[name] = (position, 0, index[name])
-        else:
-            after = max((placed[p][0] for p in graph.producers(name)
-                         if p in placed and not is_back_edge(p, name)), default=-1)
-            placed[name] = (after, 1, index[name])
-    return sorted(nodes, key=placed.__getitem__)
+        if position is None:
+            added.add(name)
+            position = max((placed[p] for p in graph.producers(name)
+                            if p in placed and not is_back_edge(p, name)), default=-1)
+        placed[name] = position
+    return sorted(nodes, key=lambda n: (renamed_by_onednn(graph, n), placed[n], n in added,
+                                        index[n]))
 
 
 #: Ops Grappler's dependency optimizer bypasses (``IsIdentity``, ``IsIdentityN``,
