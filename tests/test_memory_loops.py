@@ -42,6 +42,20 @@ def test_lstm_trips_come_from_the_graph(lstm):
     assert 4 * 16 * 4 in loop.per_trip.values()
 
 
+def test_forward_loop_stacks_only_what_the_step_reads(lstm):
+    """``while_v2`` pushes every intermediate its gradient might need, and TF's
+    gradient reads a few of those lists (the rest go to ``ZerosLike``/``Identity``
+    nodes no fetch needs): the runtime lowers the loop and prunes the other
+    pushes, so the forward loop stacks what its gradient loop pops."""
+    graph = _graph(lstm)
+    profile = memory_profile(graph, FETCHES)
+    forward = _forward_loop(profile)
+    gradient = next(f for f in profile.loops if "grad" in f.name)
+    assert forward.stacked_bytes() == gradient.popped_bytes > 0
+    every_list = graph.dialect.loop_facts(graph, forward.name, None, None)
+    assert forward.stacked_bytes() < every_list.stacked_bytes() / 4
+
+
 def test_gradient_loop_counts_the_iterations_in_flight(lstm):
     """The gradient loop adds each iteration's weight gradients into running sums:
     those addends are what its iterations in flight hold."""

@@ -41,7 +41,9 @@ and counts what the runtime really allocates:
 
 A loop (``Dialect.loop_facts``: TF's ``While``) runs as one node of the step: its
 outputs that accumulate one element per iteration (what its gradient pops) hold
-the element's bytes times the trip count, and its body's own peak over one
+the element's bytes times the trip count, where a node the step runs reads them
+(the runtime lowers the loop into frames and prunes the pushes of the others:
+``step_loop_facts``), and its body's own peak over one
 iteration counts at its step, once (an iteration's values are freed before the
 next one's peak, except what it accumulates). ``MemoryProfile.loops`` lists the
 loops with their trip counts; a loop whose trip count neither the graph nor
@@ -54,6 +56,8 @@ names an input that needs it).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from graphpass.analysis.buffers import MemoryProfile, Simulation, element_size, tensor_bytes
 from graphpass.analysis.shapes import infer_shapes
 from graphpass.dialects.base import LoopFacts
@@ -61,7 +65,7 @@ from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 
 __all__ = ["MemoryProfile", "check_batch_size", "estimated_peak_bytes", "format_bytes",
-           "memory_profile", "memory_timeline", "tensor_bytes"]
+           "memory_profile", "memory_timeline", "step_loop_facts", "tensor_bytes"]
 
 #: The largest constant TF's constant folding creates (``kMaxConstantSize``).
 MAX_FOLDED_BYTES = 10 * 2**20
@@ -121,21 +125,34 @@ def _loops(graph: Graph, order: list[str], batch_size: int | None,
            loop_trips: int | None) -> dict[str, tuple[LoopFacts, int]]:
     """The loops the step runs, each with what it holds at its own step only: its
     body's peak over one iteration (the body estimated as a step of its own; the
-    values passed in are not its), the accumulators no later node reads, and what
-    the iterations in flight at once add (``_in_flight_bytes``)."""
+    values passed in are not its) and what the iterations in flight at once add
+    (``_in_flight_bytes``)."""
     loops: dict[str, tuple[LoopFacts, int]] = {}
+    running = set(order)
     for name in order:
-        facts = graph.dialect.loop_facts(graph, name, batch_size, loop_trips)
+        facts = step_loop_facts(graph, name, running, batch_size, loop_trips)
         if facts is None:
             continue
         body = 0
         if facts.body is not None:
             inner = memory_profile(facts.body, list(facts.body_fetches), batch_size, loop_trips)
             body = inner.peak_bytes - inner.fed_bytes
-        used = set(graph.used_ports(name))  # the rest is freed as the loop ends
-        body += sum(facts.held_bytes(p) or 0 for p in facts.per_trip if p not in used)
         loops[name] = (facts, body + _in_flight_bytes(facts))
     return loops
+
+
+def step_loop_facts(graph: Graph, name: str, running: set[str], batch_size: int | None,
+                    loop_trips: int | None) -> LoopFacts | None:
+    """``Dialect.loop_facts`` of ``name`` with only the accumulators a node of the
+    step (``running``) reads: TF lowers a ``While`` into frames and prunes what no
+    fetch needs, so the pushes onto a list nothing reads do not run (a forward
+    loop stacks for its gradient only what the gradient loop pops)."""
+    facts = graph.dialect.loop_facts(graph, name, batch_size, loop_trips)
+    if facts is None:
+        return None
+    read = {t.port for user in graph.data_users(name) if user in running
+            for t in graph.inputs(user) if t.node == name}
+    return replace(facts, per_trip={p: b for p, b in facts.per_trip.items() if p in read})
 
 
 def _in_flight_bytes(facts: LoopFacts) -> int:

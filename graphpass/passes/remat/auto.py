@@ -17,6 +17,7 @@ from graphpass.analysis.memory import (
     check_batch_size,
     format_bytes,
     memory_profile,
+    step_loop_facts,
 )
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor, gc_paused
@@ -201,8 +202,9 @@ def _loop_notes(graph: Graph, step: Step, options: RematOptions) -> list[str]:
     loop, never inside its body (what the body stacks per iteration stays), and the
     user should know that, and whether the estimate knew the trip count."""
     notes = []
+    running = step.forward | step.backward | step.optimizer
     for name in graph:
-        facts = graph.dialect.loop_facts(graph, name, options.batch_size, options.loop_trips) \
+        facts = step_loop_facts(graph, name, running, options.batch_size, options.loop_trips) \
             if name in step.forward else None
         if facts is None:
             continue
