@@ -161,6 +161,10 @@ def test_summary_names_the_loop_not_planned_into(lstm, tmp_path, capsys):
                  "--recompute", "auto"]) == 0
     out = capsys.readouterr().out
     assert "loop body not planned into: rnn/lstm/while (8 trips from the graph" in out
+    # Nothing recomputed, no held mode to pin away: the graph is written as read
+    # (pins alone would only move work in TF's schedule).
+    assert "remat: unchanged" in out
+    assert (tmp_path / "out.meta").read_bytes() == source.read_bytes()
 
 
 def test_summary_names_a_v1_loop(tmp_path, capsys):

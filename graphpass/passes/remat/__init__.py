@@ -50,6 +50,7 @@ from graphpass.passes.remat.auto import Estimator, auto_plan, with_trips
 from graphpass.passes.remat.defer import defer_updates
 from graphpass.passes.remat.marks import marked_segments, unique
 from graphpass.passes.remat.pin import (
+    SHOWN_ABOVE,
     Pinned,
     held_updates_peak,
     pin_updates,
@@ -102,9 +103,11 @@ class RematPass(Pass):
         entries = rewrite_segments(graph, segments, step,
                                    self.options.tupleize_grads, released_bytes=estimate)
         changed = any(e["copied"] for e in entries)
-        # As every plan was weighed: values that wait for their gradients, updates pinned.
-        waiting = state_math_after_gradients(graph, step)
-        pinned = Pinned(pin_updates(graph, step), held, low, waiting)
+        # As every plan was weighed: values that wait for their gradients, updates
+        # pinned; not where they are all the rewrite would do, for nothing.
+        ordered = changed or (auto is not None and _ordering_pays(auto, low, held))
+        waiting = state_math_after_gradients(graph, step) if ordered else 0
+        pinned = Pinned(pin_updates(graph, step) if ordered else 0, held, low, waiting)
         # The figures shown are of the graph as written, in the order of its own
         # runtime graph (the planner placed its copies by rule: it cannot ask per plan).
         final = runtime_view(graph, step.fetches) \
@@ -164,6 +167,16 @@ def _peak_before(graph: Graph, ctx: PassContext, step: Step, batch: int | None,
     if batch is None:
         return ctx.analyses.peak_bytes(graph, step.fetches)
     return estimated_peak_bytes(graph, step.fetches, batch, step.loop_trips)
+
+
+def _ordering_pays(auto: AutoPlan, low: int, held: MemoryProfile | None) -> bool:
+    """Whether pinning the updates and making state math wait is worth writing where
+    ``auto`` recomputes nothing: the original runs in a held mode above ``low``
+    in some processes (pinning removes it), or the planner estimated its plan of
+    no segments (pinned, waiting) lower than the original. Else the edges would
+    only move work in TF's schedule for no estimated saving, and the graph is
+    written as it was read."""
+    return worst_case(low, held) != low or auto.estimate < (1 - SHOWN_ABOVE) * low
 
 
 def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
