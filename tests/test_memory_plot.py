@@ -109,6 +109,26 @@ def test_verify_plot_shows_measured_peaks_beside_the_estimates(rewritten, tmp_pa
     assert len(measured) == (2 if source.suffix == ".pb" else 0)
 
 
+def test_plot_draws_the_original_as_its_worse_processes_run_it(tmp_path):
+    """Weights that outweigh the activations: the original's estimate is its step
+    with every update held to the end (``test_pin``). The plot draws that schedule
+    beside the other, labelled with the peak the summary gives; the pinned rewrite
+    has no such mode."""
+    model = tf_models.block_mlp(batch=2, width=128, blocks=4, optimizer="adam")
+    source, target = tmp_path / "step.pb", tmp_path / "out.pb"
+    source.write_bytes(model.graph_def.SerializeToString())
+    status, err = _cli("rewrite", source, "-o", target, "--recompute", "auto", "--dump-dir",
+                       tmp_path / "dumps", "--report", tmp_path / "report.json", "--quiet")
+    assert status == 0, err
+    report = json.loads((tmp_path / "report.json").read_text())["passes"][0]["report"]
+    held = report["estimated_peak_bytes_updates_held"]
+    assert report["estimated_peak_bytes_before"] == held
+    texts = _texts(tmp_path / "dumps" / "memory.svg")
+    assert "original, every update held to the end of the step (TF's executor in some " \
+        f"processes): peak {format_bytes(held)}" in texts
+    assert not any(t.startswith("rewritten, every update held") for t in texts)
+
+
 def test_memory_plot_of_a_graph_without_a_training_step_is_a_user_error(tmp_path):
     import tensorflow as tf
 

@@ -5,7 +5,11 @@ computed node of the step's schedule, the estimated live bytes (the simulation
 of ``graphpass.analysis.memory``: the runtime's order, buffer forwarding,
 aliasing, folded constants). Each line's peak is marked with its value and the
 op where it happens, the backward pass is shaded, and a measured peak
-(``graphpass verify``) is drawn as a dotted level beside its estimate. Verify
+(``graphpass verify``) is drawn as a dotted level beside its estimate. Where a
+graph's step is estimated higher with every optimizer update held to the end of
+the step (TF's executor runs it so in some processes: ``passes/remat/pin``, the
+figure ``rewrite`` gives as the original's), that schedule is drawn dashed beside
+it, with its peak. Verify
 measures the kernels' allocations, which leave out the fed values the estimate
 counts (TF holds them over the whole step), so the level adds them back.
 
@@ -48,6 +52,12 @@ class MemoryTimeline:
     backward_start: int | None
     measured_peak_bytes: int | None = None
     fed_bytes: int = 0
+    #: The step with every update held to the end, where that peaks higher.
+    held_points: list[tuple[str, int]] | None = None
+
+    @property
+    def held_peak_bytes(self) -> int | None:
+        return max(live for _, live in self.held_points) if self.held_points else None
 
     @property
     def peak(self) -> tuple[int, str, int]:
@@ -85,7 +95,24 @@ def step_timeline(graph: Graph, label: str, regions: RegionOptions | None = None
     if measured_peak_bytes is not None:
         measured_peak_bytes += profile.fed_bytes
     return MemoryTimeline(label, points, backward[0] if backward else None,
-                          measured_peak_bytes, profile.fed_bytes)
+                          measured_peak_bytes, profile.fed_bytes,
+                          _held_mode(graph, step, profile, batch_size, loop_trips))
+
+
+def _held_mode(graph: Graph, regions, profile, batch_size: int | None,
+               loop_trips: int | None) -> list[tuple[str, int]] | None:
+    """The step's schedule with every update held to the end of the step, where it
+    is the higher estimate (``pin.worst_case``): the original's figure in
+    ``rewrite``'s summary. None where the updates cannot be held (pinned)."""
+    from graphpass.passes.remat.pin import held_updates_peak, worst_case
+    from graphpass.passes.remat.rewrite import Step
+
+    held = held_updates_peak(graph, Step.of(regions, "control", loop_trips), batch_size,
+                             lambda g, fetches, batch: memory_profile(g, fetches, batch,
+                                                                      loop_trips))
+    if held is None or worst_case(profile.peak_bytes, held) == profile.peak_bytes:
+        return None
+    return held.timeline
 
 
 def write_memory_plot(timelines: list[MemoryTimeline], path: Path, title: str) -> Path:
@@ -105,7 +132,8 @@ def write_memory_plot(timelines: list[MemoryTimeline], path: Path, title: str) -
         _shade_backward(axes, timelines)
         for k, timeline in enumerate(timelines):
             _draw(axes, timeline, k, scale)
-        top = max(max(t.peak[2], t.measured_peak_bytes or 0) for t in timelines) / scale
+        top = max(max(t.peak[2], t.measured_peak_bytes or 0, t.held_peak_bytes or 0)
+                  for t in timelines) / scale
         axes.set_ylim(0, top * (1.25 + 0.1 * len(timelines)) or 1)
         axes.set_xlim(0, max(len(t.points) for t in timelines) - 1 or 1)
         axes.set_xlabel("position in the step's schedule (computed ops, in execution order)")
@@ -128,6 +156,11 @@ def measured_label(timeline: MemoryTimeline) -> str:
     fed = f" (fed inputs {format_bytes(timeline.fed_bytes)} included)" \
         if timeline.fed_bytes else ""
     return f"{timeline.label} measured peak {format_bytes(timeline.measured_peak_bytes)}{fed}"
+
+
+def held_label(timeline: MemoryTimeline) -> str:
+    return (f"{timeline.label}, every update held to the end of the step (TF's executor "
+            f"in some processes): peak {format_bytes(timeline.held_peak_bytes)}")
 
 
 def _unit(timelines: list[MemoryTimeline]) -> tuple[int, str]:
@@ -167,6 +200,11 @@ def _draw(axes, timeline: MemoryTimeline, k: int, scale: int) -> None:
     if timeline.measured_peak_bytes is not None:
         axes.axhline(timeline.measured_peak_bytes / scale, color=colour, linestyle=":",
                      linewidth=1.2, label=measured_label(timeline))
+    if timeline.held_points:
+        held = [live / scale for _, live in timeline.held_points]
+        axes.plot(range(len(held)), held, color=colour, linestyle="--", linewidth=1.0,
+                  label=held_label(timeline))
+
 
 
 def write_step_plot(graphs: list[tuple[str, Graph, int | None]], path: Path, title: str,

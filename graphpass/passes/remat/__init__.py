@@ -48,7 +48,7 @@ from graphpass.passes.base import Pass
 from graphpass.passes.context import PassContext
 from graphpass.passes.remat.auto import Estimator, auto_plan, with_trips
 from graphpass.passes.remat.defer import defer_updates
-from graphpass.passes.remat.marks import marked_segments, unique
+from graphpass.passes.remat.marks import marked_segments
 from graphpass.passes.remat.pin import (
     SHOWN_ABOVE,
     Pinned,
@@ -144,13 +144,7 @@ class RematPass(Pass):
                 f"--dependency {dependency} is not possible for {graph.format} graphs "
                 f"(they support: {', '.join(modes)})"
             )
-        regions = ctx.analyses.regions(graph)
-        return Step(forward=set(regions.nodes("forward")),
-                    backward=set(regions.nodes("backward")),
-                    fetches=regions.fetches, dependency=dependency,
-                    gradients=unique(t for s in regions.steps for t in s.gradients),
-                    optimizer=set(regions.nodes("optimizer")),
-                    loop_trips=self.options.loop_trips)
+        return Step.of(ctx.analyses.regions(graph), dependency, self.options.loop_trips)
 
 
 def estimator(ctx: PassContext) -> Estimator:

@@ -45,6 +45,15 @@ class Step:
     #: The memory estimate's trip count of loops whose count the graph does not fix.
     loop_trips: int | None = None
 
+    @classmethod
+    def of(cls, regions, dependency: str, loop_trips: int | None = None) -> Step:
+        """The step region analysis found (``analysis.regions``' result)."""
+        return cls(forward=set(regions.nodes("forward")),
+                   backward=set(regions.nodes("backward")),
+                   fetches=regions.fetches, dependency=dependency,
+                   gradients=unique(t for s in regions.steps for t in s.gradients),
+                   optimizer=set(regions.nodes("optimizer")), loop_trips=loop_trips)
+
 
 @dataclass
 class _Plan:
