@@ -77,9 +77,9 @@ def record_order(graph: Graph, view: RuntimeGraph) -> bool:
         node.meta.pop(RUNTIME_POSITION, None)
     if view.graph is graph:
         return False
-    for position, name in enumerate(view.graph):
-        if name in graph:
-            graph.node(name).meta[RUNTIME_POSITION] = position
+    for node in view.graph.nodes():
+        if node.name in graph:
+            graph.node(node.name).meta[RUNTIME_POSITION] = node.meta[RUNTIME_POSITION]
     return True
 
 

@@ -103,16 +103,14 @@ def _held_mode(graph: Graph, regions, profile, batch_size: int | None,
                loop_trips: int | None) -> list[tuple[str, int]] | None:
     """The step's schedule with every update held to the end of the step, where it
     is the higher estimate (``pin.worst_case``): the original's figure in
-    ``rewrite``'s summary. None where the updates cannot be held (pinned)."""
-    from graphpass.passes.remat.pin import held_updates_peak, worst_case
+    ``rewrite``'s summary; None where it is not, or the updates cannot be held."""
+    from graphpass.passes.remat.auto import with_trips
+    from graphpass.passes.remat.pin import held_is_higher, held_updates_peak
     from graphpass.passes.remat.rewrite import Step
 
     held = held_updates_peak(graph, Step.of(regions, "control", loop_trips), batch_size,
-                             lambda g, fetches, batch: memory_profile(g, fetches, batch,
-                                                                      loop_trips))
-    if held is None or worst_case(profile.peak_bytes, held) == profile.peak_bytes:
-        return None
-    return held.timeline
+                             with_trips(memory_profile, loop_trips))
+    return held.timeline if held_is_higher(profile.peak_bytes, held) else None
 
 
 def write_memory_plot(timelines: list[MemoryTimeline], path: Path, title: str) -> Path:
@@ -204,7 +202,6 @@ def _draw(axes, timeline: MemoryTimeline, k: int, scale: int) -> None:
         held = [live / scale for _, live in timeline.held_points]
         axes.plot(range(len(held)), held, color=colour, linestyle="--", linewidth=1.0,
                   label=held_label(timeline))
-
 
 
 def write_step_plot(graphs: list[tuple[str, Graph, int | None]], path: Path, title: str,

@@ -52,6 +52,7 @@ from graphpass.passes.remat.marks import marked_segments
 from graphpass.passes.remat.pin import (
     SHOWN_ABOVE,
     Pinned,
+    held_is_higher,
     held_updates_peak,
     pin_updates,
     state_math_after_gradients,
@@ -170,7 +171,7 @@ def _ordering_pays(auto: AutoPlan, low: int, held: MemoryProfile | None) -> bool
     no segments (pinned, waiting) lower than the original. Else the edges would
     only move work in TF's schedule for no estimated saving, and the graph is
     written as it was read."""
-    return worst_case(low, held) != low or auto.estimate < (1 - SHOWN_ABOVE) * low
+    return held_is_higher(low, held) or auto.estimate < (1 - SHOWN_ABOVE) * low
 
 
 def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,

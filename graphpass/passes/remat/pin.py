@@ -76,6 +76,11 @@ def worst_case(as_gradients_appear: int, held: MemoryProfile | None) -> int:
     return as_gradients_appear
 
 
+def held_is_higher(as_gradients_appear: int, held: MemoryProfile | None) -> bool:
+    """Whether the held step is the original's estimate (:func:`worst_case`)."""
+    return worst_case(as_gradients_appear, held) != as_gradients_appear
+
+
 @dataclass(frozen=True)
 class Pinned:
     """What pinning did: ``reads`` pinned (0: none), and the original's estimate
@@ -97,7 +102,7 @@ class Pinned:
     def held_is_higher(self) -> bool:
         """The original's estimate is the held figure (``worst_case``)."""
         low = self.as_gradients_appear
-        return low is not None and worst_case(low, self.held) != low
+        return low is not None and held_is_higher(low, self.held)
 
     def original(self, figure: int) -> int:
         """``figure`` (an estimate of the original made another way: on the graph
