@@ -20,7 +20,7 @@ import pytest
 
 from graphpass import load
 from graphpass.analysis.memory import memory_profile
-from tools.fixtures import tf_models
+from tools.fixtures import tf_models, trace_order
 from tools.fixtures.measure import measure
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,6 +79,14 @@ def test_estimate_matches_allocation_records(conv_net, tmp_path, onednn):
     assert abs(estimate["estimate"] / measured.peak_bytes - 1) < 0.15, \
         (estimate, measured.peak_bytes)
     _check_renamed(estimate["renamed"], trace, bool(onednn))
+    # The diagnostic that replays the estimate in the order of the graph TF ran
+    # (tools.fixtures.trace_order) finds the graph's nodes in the trace; on this
+    # small step both orders give the same peak.
+    orders = trace_order.estimates(conv_net, trace)
+    computed = memory_profile(load(conv_net), FETCHES).timeline
+    assert orders["nodes_matched"] >= len(computed)
+    assert orders["partition_graph_order_mib"] == pytest.approx(orders["grappler_order_mib"],
+                                                                rel=0.05)
 
 
 def _check_renamed(renamed: list[str], trace: Path, onednn: bool) -> None:
