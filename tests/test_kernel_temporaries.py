@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from graphpass import load
+from graphpass.analysis.manager import AnalysisManager
 from graphpass.analysis.memory import memory_profile
+from graphpass.dialects.tf_grappler import GRAPPLER
 from tools.fixtures import tf_models, trace_order
 from tools.fixtures.measure import measure
 
@@ -109,3 +111,60 @@ def test_ref_variable_updates_run(conv_net):
     updates = [n for n in graph if graph.node(n).op == "ApplyMomentum"]
     assert updates and set(updates) <= ran
     assert any(graph.node(n).op == "Conv2DBackpropFilter" for n in ran)
+
+
+def _conv_bias_step(path: Path) -> None:
+    """A TF2 ``train`` signature: a convolution and its ``BiasAdd`` (``biased``),
+    the kernel and bias updated by SGD. Saved in eager mode, which the TF1
+    fixtures of this process may have turned off."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    with context.eager_mode():
+        module = tf.Module()
+        module.kernel = tf.Variable(tf.random.stateless_normal([3, 3, 3, 4], [0, 1]))
+        module.bias = tf.Variable(tf.zeros([4]))
+
+        @tf.function(input_signature=[tf.TensorSpec([2, 8, 8, 3], tf.float32)])
+        def train(x):
+            weights = [module.kernel, module.bias]
+            with tf.GradientTape() as tape:
+                conv = tf.nn.conv2d(x, module.kernel, 1, "SAME")
+                loss = tf.reduce_sum(tf.square(tf.nn.bias_add(conv, module.bias,
+                                                              name="biased")))
+            for weight, gradient in zip(weights, tape.gradient(loss, weights)):
+                weight.assign_sub(0.01 * gradient)
+            return {"loss": loss}
+
+        tf.saved_model.save(module, str(path), signatures={"train": train})
+
+
+def test_grappler_is_asked_on_the_graph_placed_as_a_session_places_it(tmp_path):
+    """A session places the step before Grappler optimizes it, and the remapper
+    fuses a convolution with its ``BiasAdd`` only on a node placed on the CPU: the
+    graph the estimate asks for has the fused kernel a session runs, under the
+    ``BiasAdd``'s name, with the ``BiasAdd``'s shape (TF's shape function of the
+    fused kernel, which cannot see a variable argument's shape, leaves all but
+    the batch open)."""
+    import tensorflow as tf
+
+    from graphpass.dialects.tf_grappler import runtime_graph
+
+    _conv_bias_step(tmp_path / "step")
+    graph = load(tmp_path / "step")
+    view = runtime_graph(graph, AnalysisManager().regions(graph).fetches)
+    assert view.model.startswith(GRAPPLER)
+    assert view.graph.node("biased").op == "_FusedConv2D"
+    assert view.graph.node("biased").meta["shapes"][0] == (2, 8, 8, 4)
+    tf1 = tf.compat.v1
+    with tf.Graph().as_default() as session_graph:
+        loss = tf.saved_model.load(str(tmp_path / "step")).signatures["train"](
+            tf.ones([2, 8, 8, 3]))["loss"]
+        metadata = tf1.RunMetadata()
+        with tf1.Session(graph=session_graph) as session:
+            session.run(tf1.global_variables_initializer())
+            session.run(loss, run_metadata=metadata,
+                        options=tf1.RunOptions(output_partition_graphs=True))
+    ran = {n.op for g in metadata.partition_graphs for n in g.node
+           if n.name.rsplit("/", 1)[-1] == "biased"}
+    assert ran and all(op.endswith("FusedConv2D") for op in ran), ran

@@ -31,6 +31,8 @@ from graphpass.runtimes import TENSORFLOW, installed
 #: folding makes none larger than 10 MiB, and reading a larger one (a splat of an
 #: absurd shape) in Python to check it would allocate all of it.
 MAX_CHECKED_ELEMENTS = 2**28
+#: Where a session places a node without a device, on a machine without a GPU.
+LOCAL_CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
 #: What a figure was computed on (``RuntimeGraph.model``).
 GRAPPLER = "the graph Grappler hands TF's executor"
 HAND_MODEL = "graphpass's model of Grappler"
@@ -84,21 +86,35 @@ def record_order(graph: Graph, view: RuntimeGraph) -> bool:
 
 
 def _keep_shapes(graph: Graph, optimized: Graph) -> None:
-    """The IR's shapes on the nodes Grappler kept (same name, same op): TF infers
-    the optimized graph alone, without what the IR knows beyond the GraphDef (a
-    function body's variable arguments' shapes, recorded from the SavedModel)."""
+    """The IR's shapes on the nodes Grappler kept: TF infers the optimized graph
+    alone, without what the IR knows beyond the GraphDef (a function body's
+    variable arguments' shapes, recorded from the SavedModel). A node Grappler
+    fused keeps the name of the node it replaced and that node's outputs, which
+    its readers read, so it takes the shapes of those outputs the IR knows fully
+    (TF's shape functions of fused kernels know less: a ``_FusedConv2D``'s
+    ``(batch, ?, ?, ?)``)."""
     graph.dialect.ensure_shapes(graph, None)
     for node in optimized.nodes():
-        if node.name in graph and graph.node(node.name).op == node.op:
-            shapes = graph.node(node.name).meta.get("shapes")
-            if shapes is not None:
-                node.meta["shapes"] = shapes
+        if node.name not in graph:
+            continue
+        shapes = graph.node(node.name).meta.get("shapes")
+        if shapes is None:
+            continue
+        if graph.node(node.name).op == node.op:
+            node.meta["shapes"] = shapes
+            continue
+        own = list(node.meta.get("shapes") or [])
+        node.meta["shapes"] = [ir if ir is not None and None not in ir else mine
+                               for ir, mine in zip(shapes, own)] + own[len(shapes):]
 
 
 def optimize(graph_def, fetch_nodes: list[str]):
     """Grappler's output for ``graph_def`` with ``fetch_nodes`` fetched, as a
-    ``Session`` with a default ``ConfigProto`` runs it: the same optimizers, and
-    oneDNN's remapper fusions when this process has oneDNN on."""
+    ``Session`` with a default ``ConfigProto`` runs it: on the graph placed first
+    (a session places before it optimizes; the remapper fuses a convolution or
+    matrix product with its ``BiasAdd`` only on a node placed on the CPU), with
+    the same optimizers, and oneDNN's remapper fusions where this process has
+    oneDNN on."""
     import tensorflow as tf
     from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
     from tensorflow.python.grappler import tf_optimizer
@@ -111,6 +127,8 @@ def optimize(graph_def, fetch_nodes: list[str]):
         tf.graph_util.import_graph_def(graph_def, name="")
     meta = meta_graph_pb2.MetaGraphDef()
     meta.graph_def.CopyFrom(graph_def)
+    for node_def in meta.graph_def.node:
+        node_def.device = node_def.device or LOCAL_CPU
     meta.collection_def["train_op"].node_list.value.extend(fetch_nodes)
     return tf_optimizer.OptimizeGraph(config_pb2.ConfigProto(), meta)
 

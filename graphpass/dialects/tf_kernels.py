@@ -57,8 +57,10 @@ ONEDNN_RENAMED_OPS = frozenset({
 #: The dtypes oneDNN registers those kernels for.
 ONEDNN_DTYPES = frozenset({"float32", "bfloat16"})
 #: Ops whose ``BiasAdd`` Grappler's remapper fuses into them (``_FusedConv2D``,
-#: ``_FusedMatMul``, named as the ``BiasAdd``) in a session, where the nodes are
-#: placed on the CPU; the graph Grappler returns unplaced keeps them apart.
+#: ``_FusedMatMul``, named as the ``BiasAdd``) on the CPU: the graph Grappler
+#: returns has the fused node (``tf_grappler.optimize`` places it as a session
+#: does); the IR, which the planner estimates in that graph's order, keeps the
+#: ``BiasAdd``, which the layout pass replaces with the fused node.
 BIAS_FUSED_OPS = frozenset({"Conv2D", "MatMul", "DepthwiseConv2dNative"})
 
 
