@@ -36,15 +36,23 @@ FORWARD, BACKWARD, OPTIMIZER, OTHER = "forward", "backward", "optimizer", "other
 
 @dataclass
 class TrainStep:
-    """One training step: a train op, its apply ops, their gradients, the loss."""
+    """One training step: a train op, its apply ops with the gradients each reads
+    (``updates``), the loss."""
 
     train_op: str
-    applies: list[str]
-    gradients: list[Tensor]
+    updates: dict[str, list[Tensor]]
     loss: Tensor
     #: Every train op of the step, ``train_op`` first (more than one when the
     #: dialect sets ``single_train_step``: ONNX returns each update as an output).
     train_ops: list[str] = field(default_factory=list)
+
+    @property
+    def applies(self) -> list[str]:
+        return list(self.updates)
+
+    @property
+    def gradients(self) -> list[Tensor]:
+        return [t for tensors in self.updates.values() for t in tensors]
 
 
 @dataclass
@@ -137,12 +145,12 @@ def _train_steps(graph: Graph, group: list[str], applies: dict,
 def _train_step(graph: Graph, group: list[str], mine: list[str], applies: dict,
                 loss: str | None) -> TrainStep:
     train_op = group[0]
-    gradients = [t for a in mine for t in applies[a]]
+    updates = {a: applies[a] for a in mine}
     if loss is not None:
         loss_tensor = _tensor_arg(graph, loss, "--loss")
     else:
-        loss_tensor = _find_loss(graph, gradients, train_op, mine)
-    return TrainStep(train_op=train_op, applies=mine, gradients=gradients, loss=loss_tensor,
+        loss_tensor = _find_loss(graph, [t for a in mine for t in applies[a]], train_op, mine)
+    return TrainStep(train_op=train_op, updates=updates, loss=loss_tensor,
                      train_ops=list(group))
 
 

@@ -182,17 +182,16 @@ def state_math_waits(graph: Graph, step: Step) -> dict[str, set[str]]:
     computing the gradients it is to wait for (empty: it changes nothing)."""
     if not update_reads(graph, step):
         return {}
-    dialect, outside = graph.dialect, _outside_loops(graph)
+    outside = _outside_loops(graph)
     after_backward = graph.descendants(step.backward) | step.backward
     waits: dict[str, set[str]] = {}
-    for gradients in dialect.optimizer_applies(graph).values():
-        for gradient in gradients:
-            producer = computed_by(graph, gradient).node
-            if producer not in outside or producer not in step.backward:
-                continue
-            for value in _state_values(graph, step, gradient, after_backward):
-                if value in outside:
-                    waits.setdefault(value, set()).add(producer)
+    for gradient in step.gradients:
+        producer = computed_by(graph, gradient).node
+        if producer not in outside or producer not in step.backward:
+            continue
+        for value in _state_values(graph, step, gradient, after_backward):
+            if value in outside:
+                waits.setdefault(value, set()).add(producer)
     return waits
 
 
@@ -231,7 +230,7 @@ def _gradients_after_weight_readers(graph: Graph, step: Step, outside: set[str])
     (Keras' ``IdentityN``), which it then bypasses. Returns the edges added."""
     dialect = graph.dialect
     added = 0
-    for update, gradients in dialect.optimizer_applies(graph).items():
+    for update, gradients in step.updates.items():
         inputs = graph.inputs(update)
         if update not in step.optimizer or not inputs or len(gradients) != 1 or \
                 not dialect.is_variable(graph, inputs[0].node):

@@ -39,8 +39,10 @@ class Step:
     backward: set[str]
     fetches: list[str]
     dependency: str
-    #: The gradients the parameter updates read, and the optimizer's nodes.
-    gradients: list[Tensor]
+    #: Each parameter update (apply op) with the gradients it reads, and the
+    #: optimizer's nodes. Found once: the rewrites add no update and change no
+    #: gradient, and finding them again costs a walk of the whole graph.
+    updates: dict[str, list[Tensor]]
     optimizer: set[str]
     #: The memory estimate's trip count of loops whose count the graph does not fix.
     loop_trips: int | None = None
@@ -51,8 +53,13 @@ class Step:
         return cls(forward=set(regions.nodes("forward")),
                    backward=set(regions.nodes("backward")),
                    fetches=regions.fetches, dependency=dependency,
-                   gradients=unique(t for s in regions.steps for t in s.gradients),
+                   updates={a: g for s in regions.steps for a, g in s.updates.items()},
                    optimizer=set(regions.nodes("optimizer")), loop_trips=loop_trips)
+
+    @property
+    def gradients(self) -> list[Tensor]:
+        """The gradients the parameter updates read, each once."""
+        return unique(t for tensors in self.updates.values() for t in tensors)
 
 
 @dataclass
@@ -108,9 +115,7 @@ def _gradients_done(graph: Graph, step: Step) -> list[str]:
     from there into a v1 ``while_loop`` frame other than into its ``Enter`` is
     one TF rejects."""
     dialect = graph.dialect
-    applies = dialect.optimizer_applies(graph)
-    pending = unique(computed_by(graph, t).node for update, gradients in applies.items()
-                     if update in step.optimizer for t in gradients)
+    pending = unique(computed_by(graph, t).node for t in step.gradients)
     if not pending:
         return []
     found, seen = [], set(pending)
