@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from graphpass.analysis.memory import _known_before, memory_profile
@@ -17,6 +18,7 @@ from graphpass.dialects.tf_runtime import GrapplerView
 from graphpass.formats.tf_io import graph_from_graph_def
 from graphpass.ir.graph import Tensor
 from tools.fixtures.measure import measure
+from tools.fixtures.tf_models import Model, export_model
 
 WIDTH, LAYERS, BATCH = 256, 4, 8
 WEIGHT_BYTES = WIDTH * WIDTH * 4
@@ -25,7 +27,7 @@ PROCESSES = 2
 FETCHES = ["loss:0", "train"]
 
 
-def _step():
+def _step() -> Model:
     """A tanh MLP whose weight gradients go through one ``IdentityN`` (``grads``)
     to their updates; the weights outweigh the activations."""
     import tensorflow as tf
@@ -46,28 +48,25 @@ def _step():
                                                   name=f"update{i}")
                    for i, (w, g) in enumerate(zip(weights, gradients))]
         with tf1.control_dependencies(updates):
-            tf.no_op(name="train")
-        init = tf1.global_variables_initializer()
-    return graph, init
+            train = tf.no_op(name="train")
+    return export_model(tf, graph, loss, train, {"x:0": np.ones([BATCH, WIDTH], np.float32)})
 
 
-def _measured_peak(graph, fetches: list[str], where: Path, onednn: bool) -> int:
+def _measured_peak(model: Model, fetches: list[str], where: Path, onednn: bool) -> int:
     """The allocation records' lower peak over ``PROCESSES`` new processes (one
     inter-op thread, after a warm-up step), oneDNN set as asked. TF's executor
     holds every update to the end of the step in some processes whatever the graph
     (docs/remat.md, updates pinned); the lower mode is the one this graph decides."""
-    import tensorflow as tf
-
     path = where / "step.meta"
-    with graph.as_default():
-        tf.compat.v1.train.export_meta_graph(str(path))
-    return min(measure(path, fetches, onednn=onednn).peak_bytes for _ in range(PROCESSES))
+    model.save(path)
+    return min(measure(path, fetches, model.init, onednn=onednn).peak_bytes
+               for _ in range(PROCESSES))
 
 
 def test_the_gradients_identity_n_is_bypassed():
     """Each update reads its gradient, not ``grads:k``; the executor's graph has no
     ``grads``, so nothing waits for the last gradient."""
-    graph = graph_from_graph_def(_step()[0].as_graph_def(), {})
+    graph = graph_from_graph_def(_step().graph_def, {})
     needed = graph.ancestors(["train", "loss"]) | {"train", "loss"}
     known = _known_before(graph, needed, None)
     execution = graph.dialect.execution(graph, needed, known, frozenset({"train", "loss"}))
@@ -87,13 +86,13 @@ def test_estimate_matches_grappler_and_the_records(fetched, onednn, tmp_path):
     """Bypassed, the hand model's peak is Grappler's graph's and the measured one, and
     under the weights plus every gradient; fetched, ``grads`` is kept (Grappler
     never removes a fetched node) and every gradient is held until the last."""
-    tf_graph, _ = _step()
+    model = _step()
     fetches = FETCHES + (["grads"] if fetched else [])
-    graph = graph_from_graph_def(tf_graph.as_graph_def(), {})
+    graph = graph_from_graph_def(model.graph_def, {})
     hand = memory_profile(graph, fetches)
     grappler = runtime_memory_profile(graph, fetches)
     assert hand.peak_bytes == grappler.peak_bytes
-    measured = _measured_peak(tf_graph, fetches, tmp_path, onednn)
+    measured = _measured_peak(model, fetches, tmp_path, onednn)
     assert abs((hand.peak_bytes - hand.fed_bytes) / measured - 1) <= 0.05, \
         (hand.peak_bytes - hand.fed_bytes, measured)
     every_gradient = LAYERS * WEIGHT_BYTES
