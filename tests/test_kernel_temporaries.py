@@ -113,32 +113,6 @@ def test_ref_variable_updates_run(conv_net):
     assert any(graph.node(n).op == "Conv2DBackpropFilter" for n in ran)
 
 
-def _conv_bias_step(path: Path) -> None:
-    """A TF2 ``train`` signature: a convolution and its ``BiasAdd`` (``biased``),
-    the kernel and bias updated by SGD. Saved in eager mode, which the TF1
-    fixtures of this process may have turned off."""
-    import tensorflow as tf
-    from tensorflow.python.eager import context
-
-    with context.eager_mode():
-        module = tf.Module()
-        module.kernel = tf.Variable(tf.random.stateless_normal([3, 3, 3, 4], [0, 1]))
-        module.bias = tf.Variable(tf.zeros([4]))
-
-        @tf.function(input_signature=[tf.TensorSpec([2, 8, 8, 3], tf.float32)])
-        def train(x):
-            weights = [module.kernel, module.bias]
-            with tf.GradientTape() as tape:
-                conv = tf.nn.conv2d(x, module.kernel, 1, "SAME")
-                loss = tf.reduce_sum(tf.square(tf.nn.bias_add(conv, module.bias,
-                                                              name="biased")))
-            for weight, gradient in zip(weights, tape.gradient(loss, weights)):
-                weight.assign_sub(0.01 * gradient)
-            return {"loss": loss}
-
-        tf.saved_model.save(module, str(path), signatures={"train": train})
-
-
 def test_grappler_is_asked_on_the_graph_placed_as_a_session_places_it(tmp_path):
     """A session places the step before Grappler optimizes it, and the remapper
     fuses a convolution with its ``BiasAdd`` only on a node placed on the CPU: the
@@ -150,7 +124,7 @@ def test_grappler_is_asked_on_the_graph_placed_as_a_session_places_it(tmp_path):
 
     from graphpass.dialects.tf_grappler import runtime_graph
 
-    _conv_bias_step(tmp_path / "step")
+    tf_models.conv_bias_signature(tmp_path / "step")
     graph = load(tmp_path / "step")
     view = runtime_graph(graph, AnalysisManager().regions(graph).fetches)
     assert view.model.startswith(GRAPPLER)

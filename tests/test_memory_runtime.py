@@ -5,6 +5,12 @@ with oneDNN on and off (each measurement in a process of its own)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -21,6 +27,8 @@ from tools.fixtures import keras_models, tf_models, third_party
 from tools.fixtures.measure import measure
 
 pytestmark = pytest.mark.slow  # every test here measures in subprocesses
+
+ROOT = Path(__file__).resolve().parents[1]
 
 #: Nodes whose order is compared: those with an output of at least this many bytes,
 #: the values a peak is made of. Scalars, shapes and variable reads wait in the
@@ -164,3 +172,47 @@ def test_segments_in_turn_lower_what_tf_runs_and_the_hand_model_follows_its_orde
     grappler_order = memory_profile(unordered, fetches).peak_bytes
     assert abs(grappler_order / without - 1) <= THIRD_PARTY_TOLERANCE, (grappler_order, without)
     assert abs(exported_order / without - 1) > THIRD_PARTY_TOLERANCE, (exported_order, without)
+
+
+@pytest.fixture(scope="module")
+def mobilenet_steps(tmp_path_factory) -> dict[str, Path]:
+    """Keras 3 MobileNetV2 at the test size: the SavedModel built, and ``auto``'s
+    rewrite of it."""
+    root = tmp_path_factory.mktemp("mobilenet_orders")
+    path, _ = third_party.build("mobilenet_v2", root, "test")
+    graph = graphpass.load(path)
+    graphpass.run_passes(graph, {"recompute": ["auto"]})
+    graphpass.save(graph, root / "auto")
+    return {"original": path, "auto": root / "auto"}
+
+
+def _orders(graph: Path, trace: Path, onednn: bool) -> dict:
+    """``tools.fixtures.trace_order`` of ``graph`` against ``trace``, in a process
+    with oneDNN set as where the trace was taken (its remapper fuses by it)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS=str(int(onednn)))
+    done = subprocess.run([sys.executable, "-m", "tools.fixtures.trace_order", str(graph),
+                           str(trace)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("onednn", [True, False])
+def test_a_function_step_runs_in_the_order_grappler_gives_its_call(mobilenet_steps, tmp_path,
+                                                                    onednn):
+    """A session runs a SavedModel's step inlined into its call, in an order the
+    function's own Grappler output does not give (thousands of nodes out of place)
+    and Grappler asked on a graph calling it does (``tf_grappler.called_positions``):
+    the estimate in that order is the estimate in the order of the graph TF ran,
+    and the rewrite's order is TF's node for node (the original's differs in
+    variable reads, which hold nothing). The estimate shown is the higher order's."""
+    for variant, path in mobilenet_steps.items():
+        trace = tmp_path / f"{variant}.pb"
+        third_party.measure("mobilenet_v2", path, "test", onednn, trace)
+        orders = _orders(path, trace, onednn)
+        assert orders["grappler_order_out_of_place"] > 100, (variant, orders)
+        assert orders["called_order_mib"] == pytest.approx(
+            orders["partition_graph_order_mib"], rel=0.01), (variant, orders)
+        assert orders["estimate_mib"] == pytest.approx(
+            max(orders["grappler_order_mib"], orders["called_order_mib"])), (variant, orders)
+        if variant == "auto":
+            assert orders["called_order_out_of_place"] == 0, orders

@@ -54,6 +54,9 @@ class MemoryProfile:
     loops: list[LoopFacts] = field(default_factory=list)
     #: What was simulated (``runtime_memory.runtime_memory_profile``); empty: the graph as given.
     model: str = ""
+    #: The peak in each order the runtime may run the step in (``Dialect.executions``),
+    #: where it may take more than one; ``peak_bytes`` is the highest of them.
+    order_peaks: tuple[int, ...] = ()
 
 
 def scratch_bytes(graph: Graph, name: str) -> int:

@@ -115,10 +115,18 @@ def memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = No
     targets = _fetch_nodes(graph, fetches)
     needed = graph.ancestors(targets) | set(targets)
     known = _known_before(graph, needed, batch_size)
-    execution = graph.dialect.execution(graph, needed, known, frozenset(targets))
-    simulation = Simulation(graph, execution, targets, known, _kept(graph, fetches), batch_size)
-    simulation.add_loops(_loops(graph, execution.order, batch_size, loop_trips))
-    return simulation.run()
+    executions = graph.dialect.executions(graph, needed, known, frozenset(targets))
+    loops = _loops(graph, executions[0].order, batch_size, loop_trips)
+    kept = _kept(graph, fetches)
+    profiles = []
+    for execution in executions:  # the runtime may take any of them: the worst counts
+        simulation = Simulation(graph, execution, targets, known, kept, batch_size)
+        simulation.add_loops(loops)
+        profiles.append(simulation.run())
+    worst = max(profiles, key=lambda profile: profile.peak_bytes)
+    if len(profiles) > 1:
+        worst.order_peaks = tuple(profile.peak_bytes for profile in profiles)
+    return worst
 
 
 def _loops(graph: Graph, order: list[str], batch_size: int | None,

@@ -116,6 +116,13 @@ class Dialect(ABC):
         estimate: here the schedule itself, nothing rewired."""
         return Execution(self.schedule(graph, nodes, known, fetched))
 
+    def executions(self, graph: Graph, nodes: set[str], known: frozenset[str],
+                   fetched: frozenset[str]) -> list[Execution]:
+        """Every order the runtime may run ``nodes`` in (``execution``'s arguments),
+        where which one it takes is decided outside the graph: the memory estimate
+        runs each and keeps the highest peak. Here the one ``execution``."""
+        return [self.execution(graph, nodes, known, fetched)]
+
     def loop_facts(self, graph: Graph, name: str, batch_size: int | None = None,
                    loop_trips: int | None = None) -> LoopFacts | None:
         """For a loop node: its trip count (from the graph, else ``loop_trips``), what

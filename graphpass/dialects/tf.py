@@ -220,10 +220,19 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
         return self.execution(graph, nodes, known, fetched).order
 
     def execution(self, graph: Graph, nodes: set[str], known: frozenset[str],
-                  fetched: frozenset[str]) -> Execution:
+                  fetched: frozenset[str],
+                  order_key: str = tf_runtime.RUNTIME_POSITION) -> Execution:
         return tf_runtime.execution(graph, nodes, known, fetched,
                                     lambda s, d: self.is_back_edge(graph, s, d),
-                                    lambda n: self.is_stateful(graph, n))
+                                    lambda n: self.is_stateful(graph, n), order_key)
+
+    def executions(self, graph: Graph, nodes: set[str], known: frozenset[str],
+                   fetched: frozenset[str]) -> list[Execution]:
+        """One per order of Grappler's output the nodes record
+        (``tf_runtime.RUNTIME_ORDERS``: the step as written, and as called from a
+        graph where it is a function), else the one in the graph's order."""
+        keys = tf_runtime.recorded_orders(graph, nodes) or [tf_runtime.RUNTIME_POSITION]
+        return [self.execution(graph, nodes, known, fetched, key) for key in keys]
 
     def is_constant(self, graph: Graph, name: str) -> bool:
         node = graph.node(name)

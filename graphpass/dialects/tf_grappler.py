@@ -22,7 +22,8 @@ import math
 from dataclasses import dataclass
 
 from graphpass.dialects.tf_kernels import mark_temporaries
-from graphpass.dialects.tf_runtime import RUNTIME_POSITION
+from graphpass.dialects.tf_runtime import CALLED_POSITION, RUNTIME_ORDERS, RUNTIME_POSITION
+from graphpass.formats.tf_function import library_functions, outer_graph_def
 from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
 from graphpass.ir.graph import Graph
 from graphpass.runtimes import TENSORFLOW, installed
@@ -33,6 +34,11 @@ from graphpass.runtimes import TENSORFLOW, installed
 MAX_CHECKED_ELEMENTS = 2**28
 #: Where a session places a node without a device, on a machine without a GPU.
 LOCAL_CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
+#: The call of the step in the graph :func:`called_positions` builds (a session's name).
+CALL = "StatefulPartitionedCall"
+#: The prefix of that graph's data inputs' names, which sorts them before every
+#: variable's name.
+DATA_FIRST = "0/"
 #: What a figure was computed on (``RuntimeGraph.model``).
 GRAPPLER = "the graph Grappler hands TF's executor"
 HAND_MODEL = "graphpass's model of Grappler"
@@ -62,6 +68,9 @@ def runtime_graph(graph: Graph, fetches: list[str]) -> RuntimeGraph:
     _keep_shapes(graph, result)
     for position, node in enumerate(result.nodes()):  # oneDNN's layout pass reorders it
         node.meta[RUNTIME_POSITION] = position
+    for name, position in called_positions(graph).items():
+        if name in result:
+            result.node(name).meta[CALLED_POSITION] = position
     marked = mark_temporaries(result)
     if not marked:
         return RuntimeGraph(result, GRAPPLER)
@@ -70,19 +79,85 @@ def runtime_graph(graph: Graph, fetches: list[str]) -> RuntimeGraph:
 
 
 def record_order(graph: Graph, view: RuntimeGraph) -> bool:
-    """Record on each node of ``graph`` its position in Grappler's output ``view``
-    (``tf_runtime.RUNTIME_POSITION``), for the hand model's executor order: the
-    planner weighs its candidates under the hand model, and which branch TF's
-    executor follows first depends on that order. False, and nothing recorded,
-    where TF was not asked (``view`` is the hand model's)."""
+    """Record on each node of ``graph`` its positions in Grappler's output ``view``
+    (``tf_runtime.RUNTIME_ORDERS``: as written, and as called where the step is a
+    function), for the hand model's executor order: the planner weighs its
+    candidates under the hand model, and which branch TF's executor follows first
+    depends on that order. False, and nothing recorded, where TF was not asked
+    (``view`` is the hand model's)."""
     for node in graph.nodes():
-        node.meta.pop(RUNTIME_POSITION, None)
+        for key in RUNTIME_ORDERS:
+            node.meta.pop(key, None)
     if view.graph is graph:
         return False
     for node in view.graph.nodes():
         if node.name in graph:
-            graph.node(node.name).meta[RUNTIME_POSITION] = node.meta[RUNTIME_POSITION]
+            graph.node(node.name).meta.update(
+                (key, node.meta[key]) for key in RUNTIME_ORDERS if key in node.meta)
     return True
+
+
+def called_positions(graph: Graph) -> dict[str, int]:
+    """Each node of a step that is a function (a TF2 SavedModel signature's) to its
+    position in the graph Grappler returns for a graph calling it, as a session
+    or an eager call runs it: the call inlined, the variables as handles. Empty
+    where the step is not a function or Grappler refuses the call.
+
+    That order is not the function's own, and the graph that calls the step
+    decides it (the names of its nodes alone move it), which no file holds. The
+    caller here is a session's: its data inputs named to sort before the
+    variables (as a session's constants, ``Const_1``, do), the variables' handles
+    named as the SavedModel names them. The function's own order stands for the
+    other callers."""
+    function = graph.format_state.function
+    if function is None:
+        return {}
+    try:
+        optimized = optimize(_calling_graph_def(graph), [CALL])
+    except Exception:  # noqa: BLE001 - any refusal of TF's leaves the function's own order
+        return {}
+    prefix = CALL + "/"
+    positions: dict[str, int] = {}
+    for position, node_def in enumerate(optimized.node):
+        if node_def.name.startswith(prefix):
+            positions.setdefault(node_def.name[len(prefix):], position)
+    return positions
+
+
+def _calling_graph_def(graph: Graph):
+    """A GraphDef that calls the step's function (:data:`CALL`) on a placeholder
+    per data argument (named :data:`DATA_FIRST` + the argument) and a
+    ``VarHandleOp`` per variable passed (named as the SavedModel names the
+    variable, else as the argument), of the variable's dtype and shape."""
+    from tensorflow.core.framework import graph_pb2
+
+    outer = outer_graph_def(graph)
+    signature = library_functions(outer)[graph.format_state.function.name].signature
+    graph_def = graph_pb2.GraphDef()
+    graph_def.library.CopyFrom(outer.library)
+    graph_def.versions.CopyFrom(outer.versions)
+    inputs = []
+    for arg in signature.input_arg:
+        attrs = graph.node(arg.name).attrs
+        if "_handle_dtypes" in attrs:
+            variable = graph.format_state.variable_of(arg.name) or arg.name
+            if variable in inputs:  # one variable passed for several arguments
+                inputs.append(variable)
+                continue
+            node_def = graph_def.node.add(name=variable, op="VarHandleOp")
+            node_def.attr["dtype"].type = attrs["_handle_dtypes"].list.type[0]
+            node_def.attr["shape"].shape.CopyFrom(attrs["_handle_shapes"].list.shape[0])
+            node_def.attr["shared_name"].s = variable.encode()
+        else:
+            node_def = graph_def.node.add(name=DATA_FIRST + arg.name, op="Placeholder")
+            node_def.attr["dtype"].type = arg.type
+            node_def.attr["shape"].CopyFrom(attrs["shape"])
+        inputs.append(node_def.name)
+    call = graph_def.node.add(name=CALL, op=CALL, input=inputs)
+    call.attr["f"].func.name = graph.format_state.function.name
+    call.attr["Tin"].list.type.extend(a.type for a in signature.input_arg)
+    call.attr["Tout"].list.type.extend(a.type for a in signature.output_arg)
+    return graph_def
 
 
 def _keep_shapes(graph: Graph, optimized: Graph) -> None:

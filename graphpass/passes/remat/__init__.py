@@ -199,6 +199,21 @@ def _runtime_peak(graph: Graph, step: Step, batch: int | None,
     return runtime_memory_profile(graph, step.fetches, batch, step.loop_trips, view)
 
 
+def _orders_summary(first: MemoryProfile, last: MemoryProfile) -> list[str]:
+    """Where the step is a function whose caller decides TF's order
+    (``tf_runtime.CALLED_POSITION``) and the orders' estimates differ: each."""
+    peaks = [p.order_peaks for p in (first, last)]
+    if not all(len(p) == 2 for p in peaks) or \
+            all(max(p) <= (1 + SHOWN_ABOVE) * min(p) for p in peaks):
+        return []
+    (own_before, called_before), (own_after, called_after) = peaks
+    return [f"the step is a function, and the order TF's executor runs it in depends on "
+            f"the graph that calls it, which the file does not hold: estimated "
+            f"{own_before / 2**20:.1f} -> {own_after / 2**20:.1f} MiB in the function's own "
+            f"order, {called_before / 2**20:.1f} -> {called_after / 2**20:.1f} MiB as a "
+            f"session calls it; each figure above is the higher"]
+
+
 def _report(entries: list[dict], skipped: list[str], dependency: str,
             peak_before: int | None, peak_after: int | None,
             auto: AutoPlan | None = None,
@@ -272,7 +287,10 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
                        f"MiB ({last.peak_bytes / max(before, 1):.2f}x)")
         extra["runtime_estimate"] = {"model": first.model,
                                      "peak_bytes_before": before,
-                                     "peak_bytes_after": last.peak_bytes}
+                                     "peak_bytes_after": last.peak_bytes,
+                                     "order_peaks_before": list(first.order_peaks),
+                                     "order_peaks_after": list(last.order_peaks)}
+        summary.extend(_orders_summary(first, last))
     if measured is not None:
         first, last = measured
         summary.append(f"measured peak {first.peak_bytes / 2**20:.1f} MiB -> "

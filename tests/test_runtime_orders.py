@@ -1,0 +1,97 @@
+"""The orders TF's executor may run a step in (``tf_runtime.RUNTIME_ORDERS``).
+
+A TF2 step is a function, which TF runs inlined into the graph that calls it, and
+Grappler's order of that graph is not the function's own: the caller's nodes
+(its data inputs, the variables' handles) decide it, and no file holds them. The
+estimate asks Grappler for both (``tf_grappler.called_positions``) and keeps the
+higher; here, that the order asked for a caller is the one a session calling the
+step runs, and that the estimate is the worse of the two.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from graphpass import load
+from graphpass.analysis.manager import AnalysisManager
+from graphpass.analysis.memory import memory_profile
+from graphpass.analysis.runtime_memory import follow_runtime_order, runtime_view
+from graphpass.dialects.tf_runtime import CALLED_POSITION, RUNTIME_POSITION
+from graphpass.formats.tf_io import graph_from_graph_def
+from tools.fixtures import tf_models, trace_order
+
+
+def _branches():
+    """A data branch (``x`` through ``a1`` to the scalar ``a2``) and a product of
+    state (``s1``, as large) that waits for ``a2``: run first, ``s1`` is held
+    through the data branch."""
+    import tensorflow as tf
+
+    tf1 = tf.compat.v1
+    with tf.Graph().as_default() as graph:
+        x = tf1.placeholder(tf.float32, [256, 1024], name="x")
+        w = tf1.get_variable("w", [256, 1024], initializer=tf1.zeros_initializer(),
+                             use_resource=True)
+        a2 = tf.reduce_sum(tf.tanh(x, name="a1"), name="a2")
+        tf.reduce_sum(tf.multiply(w, 0.9, name="s1") * a2, name="out")
+    return graph_from_graph_def(graph.as_graph_def(), shapes=True)
+
+
+def _record(graph, key: str, first: list[str]) -> None:
+    """Record under ``key`` an order of the graph that starts with ``first``."""
+    for position, name in enumerate(first + [n for n in graph if n not in first]):
+        graph.node(name).meta[key] = position
+
+
+def test_a_step_tf_may_run_in_two_orders_is_estimated_in_the_worse():
+    data_first = ["x", "a1", "a2"]
+    state_first = [n for n in _branches() if n.startswith(("w", "s1"))]
+    alone = []
+    for first in (data_first, state_first):
+        graph = _branches()
+        _record(graph, RUNTIME_POSITION, first)
+        alone.append(memory_profile(graph, ["out"]).peak_bytes)
+    assert alone[0] != alone[1], "the orders should hold different values at their peaks"
+    graph = _branches()
+    _record(graph, RUNTIME_POSITION, data_first)
+    _record(graph, CALLED_POSITION, state_first)
+    both = memory_profile(graph, ["out"])
+    assert both.peak_bytes == max(alone)
+    assert both.order_peaks == tuple(alone)
+
+
+def _session_trace(step: Path, trace: Path) -> Path:
+    """One step of the SavedModel's ``train`` signature called in a TF1 graph, run
+    by a session: its ``RunMetadata`` (the partition graphs TF executed)."""
+    import tensorflow as tf
+
+    tf1 = tf.compat.v1
+    with tf.Graph().as_default() as graph:
+        loss = tf.saved_model.load(str(step)).signatures["train"](tf.ones([2, 8, 8, 3]))["loss"]
+        metadata = tf1.RunMetadata()
+        with tf1.Session(graph=graph) as session:
+            session.run(tf1.global_variables_initializer())
+            session.run(loss, run_metadata=metadata,
+                        options=tf1.RunOptions(output_partition_graphs=True))
+    trace.write_bytes(metadata.SerializeToString())
+    return trace
+
+
+def test_a_function_step_is_ordered_as_a_session_calling_it_runs_it(tmp_path):
+    """Grappler asked on a graph that calls the step gives the order of the graph a
+    session ran, node for node (TF's constants and oneDNN's kernels apart: folding
+    and its layout pass place them); the function's own order is the other one
+    the estimate runs."""
+    step = tmp_path / "step"
+    tf_models.conv_bias_signature(step)
+    graph = load(step)
+    follow_runtime_order(graph, runtime_view(graph, AnalysisManager().regions(graph).fetches))
+    called = {n for n in graph if CALLED_POSITION in graph.node(n).meta}
+    updates = {n for n in graph if graph.node(n).op == "AssignSubVariableOp"}
+    assert len(updates) == 2 and updates | {"biased"} <= called
+    orders = trace_order.estimates(step, _session_trace(step, tmp_path / "trace.pb"))
+    assert orders["called_order_out_of_place"] == 0, orders
+    assert orders["estimate_mib"] == pytest.approx(max(orders["grappler_order_mib"],
+                                                       orders["called_order_mib"]))
