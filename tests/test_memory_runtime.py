@@ -204,7 +204,8 @@ def test_a_function_step_runs_in_the_order_grappler_gives_its_call(mobilenet_ste
     and Grappler asked on a graph calling it does (``tf_grappler.called_positions``):
     the estimate in that order is the estimate in the order of the graph TF ran,
     and the rewrite's order is TF's node for node (the original's differs in
-    variable reads, which hold nothing). The estimate shown is the higher order's."""
+    places, the first where variable reads go). The estimate shown is the higher
+    order's."""
     for variant, path in mobilenet_steps.items():
         trace = tmp_path / f"{variant}.pb"
         third_party.measure("mobilenet_v2", path, "test", onednn, trace)

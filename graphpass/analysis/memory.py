@@ -5,7 +5,9 @@ The estimate replays the step as the runtime runs it: in the dialect's schedule
 thread, on the graph Grappler hands it, where the values known before the step
 run first and a node Grappler bypasses is not run, its readers reading what it
 passed on; for ONNX onnxruntime's order), over only the nodes the fetches need,
-and counts what the runtime really allocates:
+in each order the runtime may take where the graph does not decide it
+(``Dialect.executions``: a TF2 step's, which its caller decides), keeping the
+highest peak, and counts what the runtime really allocates:
 
 * fed values the runtime copies into buffers of its own (``Dialect.runtime_fed``:
   TF's placeholders without a default) are live for the whole step, as the
