@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from graphpass.ir.graph import Graph, Tensor
-from graphpass.ir.verify import InvariantError, MalformedGraphError
+from graphpass.ir.verify import InvariantError, MalformedGraphError, verify
 from graphpass.passes.base import Pass, Pipeline
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -175,6 +175,34 @@ def test_the_checker_catches_what_a_pass_broke(edit, problem):
     graph = _graph()
     with pytest.raises(InvariantError, match=f"after pass 'edit': {re.escape(problem)}"):
         Pipeline([_Edit(edit)]).run(graph)
+
+
+def _filter_and_bias_gradients() -> Graph:
+    """A convolution's filter gradient and the bias gradient of the same incoming
+    gradient ``dy``, which TF with oneDNN runs as one kernel
+    (``Dialect.merged_with``), and ``x``, an input of the filter gradient."""
+    graph = Graph("tf")
+    for name in ("x", "w_shape", "dy"):
+        graph.add_node(name, "Placeholder")
+    graph.add_node("x_again", "Identity", [Tensor("x")])
+    graph.add_node("filter_grad", "Conv2DBackpropFilter",
+                   [Tensor("x_again"), Tensor("w_shape"), Tensor("dy")])
+    graph.add_node("bias_grad", "BiasAddGrad", [Tensor("dy")])
+    return graph
+
+
+def test_the_checker_catches_a_path_between_kernels_the_runtime_merges():
+    """An edge from the bias gradient into what the filter gradient reads is no
+    cycle in the graph, but one in the kernel oneDNN makes of the two: a pass
+    that adds it broke the step (TF rejects it, or leaves it unrun); an input
+    graph is left as exported."""
+    graph = _filter_and_bias_gradients()
+    assert graph.dialect.merged_with(graph, "filter_grad") == ["bias_grad"]
+    Pipeline([_Edit(lambda g: g.add_control_input("bias_grad", "x"))]).run(graph)
+    with pytest.raises(InvariantError, match="after pass 'edit': node 'filter_grad' depends "
+                                             "on 'bias_grad', which the runtime runs with it"):
+        Pipeline([_Edit(lambda g: g.add_control_input("x_again", "bias_grad"))]).run(graph)
+    verify(graph)  # as input, the same graph: left to the exporter
 
 
 def test_an_input_built_with_a_bad_port_is_refused_before_any_pass():

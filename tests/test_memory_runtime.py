@@ -175,15 +175,15 @@ def test_segments_in_turn_lower_what_tf_runs_and_the_hand_model_follows_its_orde
 
 
 @pytest.fixture(scope="module")
-def mobilenet_steps(tmp_path_factory) -> dict[str, Path]:
+def mobilenet_steps(tmp_path_factory) -> tuple[dict[str, Path], dict]:
     """Keras 3 MobileNetV2 at the test size: the SavedModel built, and ``auto``'s
-    rewrite of it."""
+    rewrite of it, with the rewrite's report."""
     root = tmp_path_factory.mktemp("mobilenet_orders")
     path, _ = third_party.build("mobilenet_v2", root, "test")
     graph = graphpass.load(path)
-    graphpass.run_passes(graph, {"recompute": ["auto"]})
+    report = graphpass.run_passes(graph, {"recompute": ["auto"]})[0].report
     graphpass.save(graph, root / "auto")
-    return {"original": path, "auto": root / "auto"}
+    return {"original": path, "auto": root / "auto"}, report
 
 
 def _orders(graph: Path, trace: Path, onednn: bool) -> dict:
@@ -205,8 +205,14 @@ def test_a_function_step_runs_in_the_order_grappler_gives_its_call(mobilenet_ste
     the estimate in that order is the estimate in the order of the graph TF ran,
     and the rewrite's order is TF's node for node (the original's differs in
     places, the first where variable reads go). The estimate shown is the higher
-    order's."""
-    for variant, path in mobilenet_steps.items():
+    order's, and the summary gives each."""
+    paths, report = mobilenet_steps
+    figures = report["runtime_estimate"]
+    for key, shown in (("order_peaks_before", "peak_bytes_before"),
+                       ("order_peaks_after", "peak_bytes_after")):
+        assert len(figures[key]) == 2 and figures[shown] >= max(figures[key]), figures
+    assert any("as a session calls it" in line for line in report["summary"]), report["summary"]
+    for variant, path in paths.items():
         trace = tmp_path / f"{variant}.pb"
         third_party.measure("mobilenet_v2", path, "test", onednn, trace)
         orders = _orders(path, trace, onednn)

@@ -36,7 +36,8 @@ class MalformedGraphError(GraphpassError):
 
 
 def verify(graph: Graph, after: str = "input", nodes: Iterable[str] | None = None) -> None:
-    """Check: acyclic (loop back-edges aside), ports valid, node data complete.
+    """Check: acyclic (loop back-edges aside, and after a pass also with the
+    runtime's merged kernels), ports valid, node data complete.
 
     ``nodes``: check the data, slots and ports of those alone (the nodes a pass
     added or rewired, ``Graph.take_edited``: nothing else can have broken them);
@@ -53,6 +54,9 @@ def verify(graph: Graph, after: str = "input", nodes: Iterable[str] | None = Non
         _check_acyclic(graph)
     except ValueError as exc:
         raise error(f"{where}: {exc}{fix}") from None
+    merged = None if is_input else _merged_on_a_path(graph)
+    if merged:
+        raise error(f"{where}: {merged}")
 
 
 def _node_problem(graph: Graph, names: list[str]) -> str | None:
@@ -81,6 +85,25 @@ def _check_acyclic(graph: Graph) -> None:
     except ValueError:
         graph.topological_order(
             ignore_edge=lambda s, d: graph.dialect.is_back_edge(graph, s, d))
+
+
+def _merged_on_a_path(graph: Graph) -> str | None:
+    """The first pair of nodes the runtime runs as one kernel
+    (``Dialect.merged_with``: oneDNN's filter and bias gradients) that a path
+    joins: merged, the kernel would wait on itself, and TF rejects the step (a
+    cycle) or never runs it. Checked after passes only: an input graph is as
+    its exporter made it, and runs where the runtime does not merge."""
+    dialect = graph.dialect
+    for name in graph:
+        partners = dialect.merged_with(graph, name)
+        if not partners:
+            continue
+        after = graph.descendants([name])
+        for other in partners:
+            if other in after:
+                return (f"node {other!r} depends on {name!r}, which the runtime runs "
+                        f"with it as one kernel: a cycle there")
+    return None
 
 
 def port_problem(graph: Graph) -> str | None:

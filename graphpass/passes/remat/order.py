@@ -78,7 +78,10 @@ def order_segments(graph: Graph, segments: list[Recomputed], gradients: list[str
     nothing were recomputed. ``gradients``: the ops the edges leave, those that
     finish the gradients the updates read (``rewrite._gradients_done``); not the
     updates, which Keras makes depend on every gradient through one
-    ``IdentityN``. Each edge goes only where it closes no cycle. Returns the
+    ``IdentityN``. Each edge goes only where it closes no cycle, in the graph or
+    in the runtime's once it merges kernels (``Dialect.merged_with``: with oneDNN,
+    a convolution's filter gradient and its bias gradient run as one, so an edge
+    out of one of them into copies the other reads would deadlock). Returns the
     edges added per segment."""
     if len(segments) < 2 or not gradients:
         return [0] * len(segments)
@@ -93,7 +96,8 @@ def order_segments(graph: Graph, segments: list[Recomputed], gradients: list[str
         waiting = segments[after].waiting
         cycle = graph.descendants(waiting) | set(waiting)
         for gradient in gradients:
-            if gradient in depends and gradient not in cycle:
+            merged = {gradient, *dialect.merged_with(graph, gradient)}
+            if gradient in depends and not merged & cycle:
                 for name in waiting:
                     graph.add_control_input(name, gradient)
                     added[after] += 1
