@@ -50,8 +50,32 @@ def test_report_has_the_estimate_and_the_measured_figures(mlp_path, tmp_path, ca
     assert auto["measured"]["source"] in ("allocator", "allocation records")
     assert auto["measured"]["nodes_run"] > 0 and auto["profile_runs"] == 2
     assert remat["measured_peak_bytes_after"] == auto["measured_peak_bytes"]
+    assert remat["measured_records_peak_bytes_after"] == auto["measured"]["records_peak_bytes"]
+    assert remat["measured_records_peak_bytes_before"] == \
+        auto["measured_before"]["records_peak_bytes"]
     out = capsys.readouterr().out
     assert "; measured " in out and "measured peak " in out
+
+
+def test_an_allocator_figure_above_the_records_shows_them_beside_it():
+    """The estimate simulates the allocation records; where the step was judged on the
+    allocator's figure and it runs above them (chunks handed out whole), the summary
+    gives the records' figures too, so a plan's measured ratio above its estimated
+    one is not read as the estimate's miss."""
+    from graphpass.analysis.measured import ALLOCATOR, RECORDS, StepMeasurement
+    from graphpass.passes.remat import _measured_summary
+
+    mib = 2**20
+    original = StepMeasurement(144 * mib, ALLOCATOR, 142 * mib)
+    plan = StepMeasurement(40 * mib, ALLOCATOR, 30 * mib)
+    line, beside = _measured_summary(original, plan)
+    assert line == "measured peak 144.0 MiB -> 40.0 MiB (0.28x, allocator)"
+    assert "its allocation records" in beside and "142.0 MiB -> 30.0 MiB (0.21x)" in beside
+    by_records = StepMeasurement(31 * mib, RECORDS, 30 * mib)
+    assert _measured_summary(StepMeasurement(144 * mib, RECORDS, 143 * mib), by_records) == [
+        "measured peak 144.0 MiB -> 31.0 MiB (0.22x, allocation records)"]
+    assert len(_measured_summary(StepMeasurement(142 * mib, ALLOCATOR, 142 * mib),
+                                 StepMeasurement(30 * mib, ALLOCATOR, 30 * mib))) == 1
 
 
 def test_budget_refused_names_the_best_measured_plan(mlp_path, tmp_path, capsys):
