@@ -30,11 +30,11 @@ def test_slack_is_what_the_allocator_holds_beyond_the_live_records():
     _node(stats, 30, 32, [(31, 9 * MIB // 4), (60, -9 * MIB // 4)], BEFORE + 4 * MIB)
     _node(stats, 40, 45, [(41, MIB), (70, -MIB)], BEFORE + 5 * MIB)
     result = slack(stats)
-    assert result["records_peak_mib"] == 4
-    assert result["allocator_high_water_mib"] == 5
-    assert result["records_at_high_water_mib"] == 3.25
-    assert result["slack_at_high_water_mib"] == 1.75
-    assert result["largest_slack_mib"] == 1.75
+    assert result["records_peak"] == 4 * MIB
+    assert result["allocator_high_water"] == 5 * MIB
+    assert result["records_at_high_water"] == 3.25 * MIB
+    assert result["slack_at_high_water"] == 1.75 * MIB
+    assert result["largest_slack"] == 1.75 * MIB
 
 
 def test_no_statistics_no_figures():

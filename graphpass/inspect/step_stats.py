@@ -45,21 +45,27 @@ class _Node:
 
 
 def records_peak(step_stats) -> int:
-    """The high-water mark of the step's memory: the allocation records merged by
-    time, a node's own in their order (a stable sort, so records of one
-    microsecond are not reordered to free first), with the frees of variables'
-    old buffers that no record shows (module docstring)."""
+    """The high-water mark of the step's memory by its allocation records
+    (:func:`records_over_time`)."""
+    return max([0, *(live for _, live in records_over_time(step_stats))])
+
+
+def records_over_time(step_stats) -> list[tuple[int, int]]:
+    """``(micros, live bytes)`` after each of the step's memory events: the
+    allocation records merged by time, a node's own in their order (a stable sort,
+    so records of one microsecond are not reordered to free first), with the frees
+    of variables' old buffers that no record shows (module docstring)."""
     events = [(record.alloc_micros, record.alloc_bytes)
               for device in step_stats.dev_stats
               for node in device.node_stats
               for memory in node.memory
               for record in memory.allocation_records]
     events += unrecorded_frees(step_stats)
-    live = peak = 0
-    for _, size in sorted(events, key=lambda event: event[0]):
+    timeline, live = [], 0
+    for micros, size in sorted(events, key=lambda event: event[0]):
         live += size
-        peak = max(peak, live)
-    return peak
+        timeline.append((micros, live))
+    return timeline
 
 
 def executed_order(step_stats) -> tuple[str, ...]:

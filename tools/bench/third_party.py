@@ -145,10 +145,9 @@ def worker(spec: dict) -> dict:
 def _session_allocator(step_stats) -> int | None:
     """The allocator's high-water mark over the traced step (at node ends), in
     bytes; None where it keeps no statistics (``tools.fixtures.allocator_slack``)."""
-    from tools.fixtures.allocator_slack import MIB, slack
+    from tools.fixtures.allocator_slack import slack
 
-    figures = slack(step_stats)
-    return round(figures["allocator_high_water_mib"] * MIB) if figures else None
+    return slack(step_stats).get("allocator_high_water")
 
 
 def _signature_worker(tf, path: Path, name: str, size: str) -> dict:
