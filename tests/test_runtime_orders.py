@@ -45,21 +45,54 @@ def _record(graph, key: str, first: list[str]) -> None:
         graph.node(name).meta[key] = position
 
 
-def test_a_step_tf_may_run_in_two_orders_is_estimated_in_the_worse():
-    data_first = ["x", "a1", "a2"]
-    state_first = [n for n in _branches() if n.startswith(("w", "s1"))]
+DATA_FIRST = ["x", "a1", "a2"]
+
+
+def _state_first() -> list[str]:
+    return [n for n in _branches() if n.startswith(("w", "s1"))]
+
+
+def _alone() -> list[int]:
+    """The step's peak in each order, data first and state first."""
     alone = []
-    for first in (data_first, state_first):
+    for first in (DATA_FIRST, _state_first()):
         graph = _branches()
         _record(graph, RUNTIME_POSITION, first)
         alone.append(memory_profile(graph, ["out"]).peak_bytes)
     assert alone[0] != alone[1], "the orders should hold different values at their peaks"
+    return alone
+
+
+def test_a_step_tf_may_run_in_two_orders_is_estimated_in_the_worse():
+    data_first, state_first = DATA_FIRST, _state_first()
+    alone = _alone()
     graph = _branches()
     _record(graph, RUNTIME_POSITION, data_first)
     _record(graph, CALLED_POSITION, state_first)
     both = memory_profile(graph, ["out"])
     assert both.peak_bytes == max(alone)
     assert both.order_peaks == tuple(alone)
+
+
+def test_a_replay_runs_the_step_in_the_order_a_trace_gives():
+    """``memory_profile(replay=...)`` simulates one process's schedule (``--profile``
+    and ``tools.fixtures.trace_order`` pass the order TF started the nodes in): the
+    peak of that order, whatever orders the graph records. Names are matched under
+    a call's prefix, as a session reports a called function's nodes, and a node the
+    trace leaves out (``a1``) runs right after its producer."""
+    mib, scalar = 2**20, 4
+    graph = _branches()
+    _record(graph, RUNTIME_POSITION, DATA_FIRST)
+    _record(graph, CALLED_POSITION, _state_first())
+    # x is fed (1 MiB, live all step); a1 and s1 are 1 MiB each
+    for first, computed, peak in (
+            (DATA_FIRST, ["a1", "a2", "s1", "mul", "out"], 2 * mib + scalar),
+            (_state_first(), ["s1", "a1", "a2", "mul", "out"], 3 * mib + scalar)):
+        ran = [f"StatefulPartitionedCall/{name}" for name in
+               first + [n for n in graph if n not in first] if name != "a1"]
+        replay = memory_profile(graph, ["out"], replay=ran)
+        assert [name for name, _ in replay.timeline] == computed, replay.timeline
+        assert replay.peak_bytes == peak and replay.order_peaks == (), replay
 
 
 def _session_trace(step: Path, trace: Path) -> Path:

@@ -58,11 +58,12 @@ names an input that needs it).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from graphpass.analysis.buffers import MemoryProfile, Simulation, element_size, tensor_bytes
 from graphpass.analysis.shapes import infer_shapes
-from graphpass.dialects.base import LoopFacts
+from graphpass.dialects.base import Execution, LoopFacts
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 
@@ -110,14 +111,19 @@ def memory_timeline(graph: Graph, fetches: list[str],
 
 
 def memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = None,
-                   loop_trips: int | None = None) -> MemoryProfile:
+                   loop_trips: int | None = None,
+                   replay: Sequence[str] | None = None) -> MemoryProfile:
     """Simulate one step running ``fetches`` (``node`` or ``node:port`` names);
-    ``loop_trips``: the trip count of loops whose count the graph does not fix."""
+    ``loop_trips``: the trip count of loops whose count the graph does not fix;
+    ``replay``: node names in the order a runtime reported starting them (a traced
+    step), simulated in that order instead of the dialect's (:func:`replayed`)."""
     infer_shapes(graph)
     targets = _fetch_nodes(graph, fetches)
     needed = graph.ancestors(targets) | set(targets)
     known = _known_before(graph, needed, batch_size)
     executions = graph.dialect.executions(graph, needed, known, frozenset(targets))
+    if replay is not None:
+        executions = [replayed(graph, executions[0], replay)]
     loops = _loops(graph, executions[0].order, batch_size, loop_trips)
     kept = _kept(graph, fetches)
     profiles = []
@@ -129,6 +135,37 @@ def memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = No
     if len(profiles) > 1:
         worst.order_peaks = tuple(profile.peak_bytes for profile in profiles)
     return worst
+
+
+def replayed(graph: Graph, execution: Execution, ran: Sequence[str]) -> Execution:
+    """``execution`` strictly in the order of ``ran``: one process's schedule,
+    where the dialect's is every process's model of it. A name in ``ran`` is
+    matched by its longest suffix that is a node of the graph (a runtime reports
+    a called function's nodes under the call's prefix); a node it does not report
+    (folded, or renamed by the runtime) runs right after the latest of its
+    producers, which keeps the order one the graph allows."""
+    place = placed_in(graph, ran)
+    key: dict[str, tuple[int, int]] = {}
+    for index, name in enumerate(execution.order):  # the dialect's order is topological
+        if name in place:
+            key[name] = (place[name], -1)
+        else:
+            earlier = [key[p] for p in graph.producers(name) if p in key]
+            key[name] = (max(earlier)[0] if earlier else -1, index)
+    return Execution(sorted(execution.order, key=key.__getitem__), execution.forwarded)
+
+
+def placed_in(graph: Graph, ran: Sequence[str]) -> dict[str, int]:
+    """Each node of ``graph`` that ``ran`` reports, to its first place there."""
+    found: dict[str, int] = {}
+    for index, name in enumerate(ran):
+        parts = name.split("/")
+        for start in range(len(parts)):
+            candidate = "/".join(parts[start:])
+            if candidate in graph:
+                found.setdefault(candidate, index)
+                break
+    return found
 
 
 def _loops(graph: Graph, order: list[str], batch_size: int | None,

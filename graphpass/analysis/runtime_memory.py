@@ -10,6 +10,7 @@ records on the graph it is given).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from graphpass.analysis.memory import MemoryProfile, memory_profile
@@ -44,25 +45,27 @@ def follow_runtime_order(graph: Graph, view: RuntimeGraph | None) -> bool:
 
 def runtime_memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = None,
                            loop_trips: int | None = None,
-                           view: RuntimeGraph | None = None) -> MemoryProfile:
+                           view: RuntimeGraph | None = None,
+                           replay: Sequence[str] | None = None) -> MemoryProfile:
     """:func:`memory_profile` of the graph the runtime really runs, where the runtime
     can be asked for it (TF: Grappler's output, ``dialects/tf_grappler``); else of
     ``graph`` under the hand model. ``model`` on the result says which, and why.
-    ``view``: :func:`runtime_view`'s answer for ``graph`` where the caller has it.
+    ``view``: :func:`runtime_view`'s answer for ``graph`` where the caller has it;
+    ``replay``: the order a traced step ran the nodes in (``memory_profile``).
 
     For the figures a user reads (original and final graph), not for every
     candidate a planner weighs."""
     view = view or runtime_view(graph, fetches)
     if view is None:
-        return memory_profile(graph, fetches, batch_size, loop_trips)
+        return memory_profile(graph, fetches, batch_size, loop_trips, replay)
     from graphpass.dialects.tf_grappler import HAND_MODEL
 
-    profile = memory_profile(view.graph, fetches, batch_size, loop_trips)
+    profile = memory_profile(view.graph, fetches, batch_size, loop_trips, replay)
     if view.graph is not graph and _lost_trips(profile):
         # Grappler lowers a While into frames whose accumulators and bound this
         # estimate does not follow: counting none of its iterations would be the
         # one figure sure to be wrong.
-        profile = memory_profile(graph, fetches, batch_size, loop_trips)
+        profile = memory_profile(graph, fetches, batch_size, loop_trips, replay)
         profile.model = f"{HAND_MODEL} (Grappler lowers the step's loops into frames " \
                         f"whose trip counts it cannot read)"
         return profile

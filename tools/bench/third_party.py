@@ -26,8 +26,13 @@ spread; ratios are of medians measured in this run.
 
 Columns: graphpass's estimate and the ratio it printed (after over before); the
 allocator's peak (median ±spread) and the records' peak (plus the fed arrays of
-a MetaGraph's placeholders); the allocator's high-water mark in the records' own
-traced step (at node ends, above its bytes in use when the step began, median;
+a MetaGraph's placeholders; median ±spread); graphpass's estimate of the graph TF
+runs replayed in the order TF started the nodes of the records' traced step
+(``memory_profile``'s replay; median), and its ratio to the records' peak of the
+same process (median): the buffers' model on each process's own schedule, where
+the estimate models one schedule for every process; the allocator's high-water
+mark in the records' own traced step (at node ends, above its bytes in use when
+the step began, median;
 ``tools.fixtures.allocator_slack``: it counts whole chunks where the records
 count what kernels asked for); *measured*: the larger of the two (oneDNN's
 allocator leaves buffers under 256 KiB out of its statistics, so at small sizes
@@ -111,6 +116,9 @@ def measured(path: Path, fetches: list[str], repeats: int, model: str, size: str
     return {"allocator": statistics.median(allocator), "spread": max(allocator) - min(allocator),
             "records": records, "measured": max(statistics.median(allocator), records),
             "session_allocator": statistics.median(session) if session else None,
+            "records_spread": max(r["records"] for r in runs) - min(r["records"] for r in runs),
+            "replayed": statistics.median(r["replayed"] for r in runs),
+            "replayed_fit": statistics.median(r["replayed"] / r["records"] for r in runs),
             "loss": runs[0]["loss"]}
 
 
@@ -139,7 +147,22 @@ def worker(spec: dict) -> dict:
     session = _session_allocator(metadata.step_stats)
     return {"allocator": result.allocator_peak_bytes or 0, "records": result.peak_bytes + fed,
             "session_allocator": None if session is None else session + fed,
-            "loss": result.losses[0]}
+            "replayed": _replayed(path, metadata.step_stats), "loss": result.losses[0]}
+
+
+def _replayed(path: Path, step_stats) -> int:
+    """graphpass's estimate of the graph TF runs, in the order TF started the nodes of
+    the traced step (``memory_profile``'s replay): the buffers' model on this
+    process's schedule, to set beside the records."""
+    import graphpass
+    from graphpass.analysis.manager import AnalysisManager
+    from graphpass.analysis.runtime_memory import runtime_memory_profile
+    from graphpass.inspect.step_stats import executed_order
+
+    graph = graphpass.load(path)
+    fetches = AnalysisManager().regions(graph).fetches
+    return runtime_memory_profile(graph, fetches,
+                                  replay=executed_order(step_stats)).peak_bytes
 
 
 def _session_allocator(step_stats) -> int | None:
@@ -174,7 +197,8 @@ def _signature_worker(tf, path: Path, name: str, size: str) -> dict:
             session.run(fetch, run_metadata=metadata,
                         options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE))
     return {"allocator": allocator, "records": peak_from_step_stats(metadata.step_stats)[0],
-            "session_allocator": _session_allocator(metadata.step_stats), "loss": loss}
+            "session_allocator": _session_allocator(metadata.step_stats),
+            "replayed": _replayed(path, metadata.step_stats), "loss": loss}
 
 
 def bench(name: str, size: str, variants: list[str], repeats: int, work: Path) -> list[dict]:
@@ -220,7 +244,9 @@ def line(row: dict, base: dict) -> str:
         verdict = (f"{'met' if auto['budget_met'] else 'NOT met'} ({auto['budget_judged_on']}), "
                    f"measured {row['measured'] / auto['budget_bytes']:.2f}x of it")
     return (f"| {row['model']} | {row['variant']} | {_mib(estimate)} | {printed} | "
-            f"{_mib(row['allocator'])} ±{_mib(row['spread'])} | {_mib(row['records'])} | "
+            f"{_mib(row['allocator'])} ±{_mib(row['spread'])} | {_mib(row['records'])} "
+            f"±{_mib(row['records_spread'])} | {_mib(row['replayed'])} | "
+            f"{row['replayed_fit']:.2f} | "
             f"{_mib(row['session_allocator'])} | {row['measured'] / base['measured']:.2f}x | "
             f"{fit} | {_mib(grappler)} | {grappler_fit} | {verdict} |")
 
@@ -243,9 +269,10 @@ def main(argv: list[str] | None = None) -> int:
           f"CPU, {args.repeats} processes "
           "per variant (allocator peak: median ±spread)")
     print("| model | variant | estimate MiB | printed | allocator MiB | records MiB | "
+          "estimate in TF's order MiB | its/records | "
           "allocator beside the records MiB | measured | estimate/measured | "
           "Grappler's graph MiB | its estimate/measured | budget |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="graphpass-third-party-") as work:
         for name in args.models.split(","):
             rows = bench(name, args.size, args.variants.split(","), args.repeats, Path(work))

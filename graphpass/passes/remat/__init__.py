@@ -101,6 +101,9 @@ class RematPass(Pass):
                                                 step.backward)
             if ctx.profiler is not None:  # --profile: the marks' rewrite measured too
                 measured = [ctx.profiler(graph, step.fetches)]
+        ran_before = measured[0] if measured else auto and auto.measured_before
+        replayed = [_replayed_peak(graph, step, batch, ran_before, view)] \
+            if ran_before and profile is memory_profile else None
         entries = rewrite_segments(graph, segments, step,
                                    self.options.tupleize_grads, released_bytes=estimate)
         changed = any(e["copied"] for e in entries)
@@ -127,8 +130,12 @@ class RematPass(Pass):
             measured.append(ctx.profiler(graph, step.fetches))
         elif auto is not None and auto.measured is not None:
             measured = [auto.measured_before, auto.measured]
+        if replayed is not None and measured is not None:
+            written = view if not (changed or deferred or pinned.changed) else \
+                None if deferred else final
+            replayed.append(_replayed_peak(graph, step, batch, measured[1], written))
         self.report = _report(entries, skipped, step.dependency, peak_before, peak_after,
-                              auto, deferred, measured, runtime, pinned)
+                              auto, deferred, measured, runtime, pinned, replayed)
         return changed or deferred is not None or pinned.changed
 
     def estimates_memory(self, ctx: PassContext) -> bool:
@@ -199,6 +206,17 @@ def _runtime_peak(graph: Graph, step: Step, batch: int | None,
     return runtime_memory_profile(graph, step.fetches, batch, step.loop_trips, view)
 
 
+def _replayed_peak(graph: Graph, step: Step, batch: int | None, ran: StepMeasurement,
+                   view: RuntimeGraph | None) -> int:
+    """The estimate of the graph the runtime runs (``view``, where asked already) in
+    the order TF started the nodes of a measured step (``--profile``): the model
+    of the buffers on this process's schedule, so its distance from the records is
+    the model's, and the estimate's distance from it the schedule's (TF's executor
+    runs one graph in different orders from process to process)."""
+    return runtime_memory_profile(graph, step.fetches, batch, step.loop_trips, view,
+                                  replay=ran.order).peak_bytes
+
+
 def _orders_summary(first: MemoryProfile, last: MemoryProfile) -> list[str]:
     """Where the step is a function whose caller decides TF's order
     (``tf_runtime.CALLED_POSITION``) and the orders' estimates differ: each."""
@@ -214,12 +232,14 @@ def _orders_summary(first: MemoryProfile, last: MemoryProfile) -> list[str]:
             f"session calls it; each figure above is the higher"]
 
 
-def _measured_summary(first: StepMeasurement, last: StepMeasurement) -> list[str]:
+def _measured_summary(first: StepMeasurement, last: StepMeasurement,
+                      replayed: list[int] | None = None) -> list[str]:
     """The step measured before and after (``--profile``), and where a figure is the
     allocator's and runs above the allocation records, the records beside it: the
     estimate simulates the records, while the allocator counts each chunk it hands
     out whole (it splits a chunk only when it is at least twice the request), so a
-    plan's measured ratio can sit above its estimate's by chunks alone."""
+    plan's measured ratio can sit above its estimate's by chunks alone.
+    ``replayed``: the estimates in the order TF ran each measured step."""
     lines = [f"measured peak {first.peak_bytes / 2**20:.1f} MiB -> "
              f"{last.peak_bytes / 2**20:.1f} MiB "
              f"({last.peak_bytes / max(first.peak_bytes, 1):.2f}x, {last.source})"]
@@ -230,6 +250,12 @@ def _measured_summary(first: StepMeasurement, last: StepMeasurement) -> list[str
                      f"{before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB "
                      f"({after / max(before, 1):.2f}x); the allocator counts each chunk it "
                      f"hands out whole, splitting only one at least twice the request")
+    if replayed:
+        before, after = replayed
+        lines.append(f"  the estimate replayed in the order TF ran each measured step: "
+                     f"{before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB; TF's executor "
+                     f"orders one graph differently from process to process, and the "
+                     f"estimate above is of the order it models")
     return lines
 
 
@@ -239,14 +265,15 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
             deferred: tuple[int, MemoryProfile] | None = None,
             measured: list[StepMeasurement] | None = None,
             runtime: list[MemoryProfile] | None = None,
-            pinned: Pinned | None = None) -> dict:
+            pinned: Pinned | None = None, replayed: list[int] | None = None) -> dict:
     """The pass's report; the peaks are None when not estimated
     (``PassContext.estimates``); ``deferred``: the estimates without and with the
     updates deferred (``defer``), None if they were not; ``measured``: the step
     before and after, run (``--profile``), None if it was not; ``runtime``: the
     estimates before and after of the graph the runtime runs, None where not made
     (not shown, or a target with a model of its own); ``pinned``: the updates'
-    reads pinned before the backward pass (``pin``)."""
+    reads pinned before the backward pass (``pin``); ``replayed``: the estimates
+    before and after in the order TF ran the measured steps, None where none ran."""
     summary = auto.summary() if auto else []
     for e in entries:
         line = f"segment {e['segment']}: "
@@ -312,7 +339,10 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
         summary.extend(_orders_summary(first, last))
     if measured is not None:
         first, last = measured
-        summary.extend(_measured_summary(first, last))
+        summary.extend(_measured_summary(first, last, replayed))
+        if replayed:
+            extra.update(replayed_peak_bytes_before=replayed[0],
+                         replayed_peak_bytes_after=replayed[1])
         extra.update(measured_peak_bytes_before=first.peak_bytes,
                      measured_peak_bytes_after=last.peak_bytes, measured_source=last.source,
                      measured_records_peak_bytes_before=first.records_peak_bytes,
