@@ -191,25 +191,12 @@ def mobilenet_steps(tmp_path_factory) -> tuple[dict[str, Path], dict]:
 
 
 def _records_peaks(trace: Path) -> tuple[int, int]:
-    """The traced step's peak by its allocation records, with the events of one
-    microsecond taken frees first and allocations first (``step_stats.records_peak``
-    keeps them in the order the trace lists them)."""
+    """``step_stats.records_peak_bounds`` of a traced step."""
     import tensorflow as tf
 
-    from graphpass.inspect.step_stats import unrecorded_frees
+    from graphpass.inspect.step_stats import records_peak_bounds
 
-    stats = tf.compat.v1.RunMetadata.FromString(trace.read_bytes()).step_stats
-    events = [(record.alloc_micros, record.alloc_bytes) for device in stats.dev_stats
-              for node in device.node_stats for memory in node.memory
-              for record in memory.allocation_records] + unrecorded_frees(stats)
-    peaks = []
-    for sign in (1, -1):
-        live, peak = 0, 0
-        for _, size in sorted(events, key=lambda event: (event[0], sign * event[1])):
-            live += size
-            peak = max(peak, live)
-        peaks.append(peak)
-    return peaks[0], peaks[1]
+    return records_peak_bounds(tf.compat.v1.RunMetadata.FromString(trace.read_bytes()).step_stats)
 
 
 def _orders(graph: Path, trace: Path, onednn: bool) -> dict:

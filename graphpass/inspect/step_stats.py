@@ -55,17 +55,36 @@ def records_over_time(step_stats) -> list[tuple[int, int]]:
     allocation records merged by time, a node's own in their order (a stable sort,
     so records of one microsecond are not reordered to free first), with the frees
     of variables' old buffers that no record shows (module docstring)."""
+    timeline, live = [], 0
+    for micros, size in sorted(_events(step_stats), key=lambda event: event[0]):
+        live += size
+        timeline.append((micros, live))
+    return timeline
+
+
+def records_peak_bounds(step_stats) -> tuple[int, int]:
+    """The records' peak with the events of each microsecond taken frees first, and
+    allocations first: the trace does not say which came first where a kernel's
+    free and another's allocation share one, so the step's peak lies between."""
+    peaks = []
+    for sign in (1, -1):
+        live, peak = 0, 0
+        for _, size in sorted(_events(step_stats), key=lambda event: (event[0], sign * event[1])):
+            live += size
+            peak = max(peak, live)
+        peaks.append(peak)
+    return peaks[0], peaks[1]
+
+
+def _events(step_stats) -> list[tuple[int, int]]:
+    """``(micros, bytes)``: every allocation record (negative: a free), and the
+    frees of variables' old buffers that no record shows."""
     events = [(record.alloc_micros, record.alloc_bytes)
               for device in step_stats.dev_stats
               for node in device.node_stats
               for memory in node.memory
               for record in memory.allocation_records]
-    events += unrecorded_frees(step_stats)
-    timeline, live = [], 0
-    for micros, size in sorted(events, key=lambda event: event[0]):
-        live += size
-        timeline.append((micros, live))
-    return timeline
+    return events + unrecorded_frees(step_stats)
 
 
 def executed_order(step_stats) -> tuple[str, ...]:

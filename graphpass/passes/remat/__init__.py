@@ -123,20 +123,22 @@ class RematPass(Pass):
         # Deferring is part of the rewrite, so it is decided (estimated) when the
         # figures are not shown too: the output never depends on --quiet.
         deferred = defer_updates(graph, step, batch, None if auto else peak_after)
+        edited = changed or deferred is not None or pinned.changed
+        # The runtime's graph of the step as written, where asked already (the
+        # updates deferred after ``final`` was asked: not that one).
+        written = (None if deferred else final) if edited else view
         if runtime is not None:
-            runtime.append(_runtime_peak(graph, step, batch, None if deferred else final)
-                           if changed or deferred or pinned.changed else runtime[0])
+            runtime.append(_runtime_peak(graph, step, batch, written) if edited
+                           else runtime[0])
         if measured is not None:
             measured.append(ctx.profiler(graph, step.fetches))
         elif auto is not None and auto.measured is not None:
             measured = [auto.measured_before, auto.measured]
         if replayed is not None and measured is not None:
-            written = view if not (changed or deferred or pinned.changed) else \
-                None if deferred else final
             replayed.append(_replayed_peak(graph, step, batch, measured[1], written))
         self.report = _report(entries, skipped, step.dependency, peak_before, peak_after,
                               auto, deferred, measured, runtime, pinned, replayed)
-        return changed or deferred is not None or pinned.changed
+        return edited
 
     def estimates_memory(self, ctx: PassContext) -> bool:
         return ctx.estimates or self.options.auto
