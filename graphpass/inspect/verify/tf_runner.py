@@ -98,10 +98,14 @@ def _step_values(a: _TFRunner, b: _TFRunner, losses_a: list, losses_b: list,
 
 
 def session_config(xla: bool):
-    """One inter-op thread (a stable schedule for memory figures); XLA JIT ON_1 if asked."""
+    """One inter-op thread (a stable schedule for memory figures); XLA JIT ON_1 if asked.
+    The session gets a pool of its own: a session shares the process's pool by
+    default, which the process's first session sizes, so in a process that ran a
+    session before (a test, a user's script) kernels would run side by side."""
     import tensorflow as tf
 
-    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1)
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1,
+                                      use_per_session_threads=True)
     if xla:
         config.graph_options.optimizer_options.global_jit_level = \
             tf.compat.v1.OptimizerOptions.ON_1
