@@ -185,6 +185,33 @@ def test_auto_remat_pins_the_updates_in_the_step_function(saved, tmp_path):
     _assert_trains_like(tmp_path / "out", "mlp", saved.reference(source, "mlp"))
 
 
+def test_a_function_step_is_estimated_as_tf2_calls_it(saved, tmp_path):
+    """Weights that outweigh the activations: held to the end of the step, every
+    weight gradient would be alive at once. A v1 session that imports the step
+    runs it so in some processes; TF2 calls it with its variables as arguments,
+    and runs each update as its gradient appears. The original's estimate (and
+    the ratio printed) is of the call; the held figure is named beside it, and
+    the rewrite pins it away for sessions too (``test_pin``: a TF1 graph, where
+    the held figure is the estimate)."""
+    source = saved.get("mlp", "sgd", size_name="weights")
+    report = tmp_path / "report.json"
+    _rewrite(source, tmp_path / "out", "--recompute", "auto", "--report", str(report))
+    remat = json.loads(report.read_text())["passes"][0]["report"]
+    held = remat["estimated_peak_bytes_updates_held"]
+    low = remat["estimated_peak_bytes_updates_as_gradients_appear"]
+    weight = 512 * 512 * 4
+    assert held >= low + 2 * weight
+    assert remat["estimated_peak_bytes_before"] == low
+    assert remat["auto"]["estimated_peak_bytes_before"] == low
+    assert not remat["estimated_peak_bytes_before_is_held"]
+    assert remat["pinned_update_reads"] > 0
+    summary = " ".join(remat["summary"])
+    assert f"estimated peak {low / 2**20:.1f} MiB -> " in summary
+    assert ("a v1 session that imports a graph calling it holds every gradient to the end of "
+            f"the step in some processes: estimated {held / 2**20:.1f} MiB, which the "
+            "rewrite pins away") in summary
+
+
 @pytest.mark.slow
 def test_auto_plan_is_solved_again_where_the_estimate_disagrees(saved, monkeypatch):
     """On the Keras 3 transformer, with its segments not recomputed in turn, the

@@ -102,12 +102,14 @@ def step_timeline(graph: Graph, label: str, regions: RegionOptions | None = None
 def _held_mode(graph: Graph, regions, profile, batch_size: int | None,
                loop_trips: int | None) -> list[tuple[str, int]] | None:
     """The step's schedule with every update held to the end of the step, where it
-    is the higher estimate (``pin.worst_case``): the original's figure in
-    ``rewrite``'s summary; None where it is not, or the updates cannot be held."""
+    is the original's figure in ``rewrite``'s summary (``pin.worst_case``, where
+    ``pin.held_counts``); None where it is not, or the updates cannot be held."""
     from graphpass.passes.remat.auto import with_trips
-    from graphpass.passes.remat.pin import held_is_higher, held_updates_peak
+    from graphpass.passes.remat.pin import held_counts, held_is_higher, held_updates_peak
     from graphpass.passes.remat.rewrite import Step
 
+    if not held_counts(graph):
+        return None
     held = held_updates_peak(graph, Step.of(regions, "control", loop_trips), batch_size,
                              with_trips(memory_profile, loop_trips))
     return held.timeline if held_is_higher(profile.peak_bytes, held) else None

@@ -178,13 +178,7 @@ def _signature_worker(tf, path: Path, name: str, size: str) -> dict:
     from tools.fixtures.measure import peak_from_step_stats
 
     values = third_party.inputs(name, size)
-    function = tf.saved_model.load(str(path)).signatures["train"]
-    feed = {k: tf.constant(v) for k, v in values.items()}
-    function(**feed)
-    tf.config.experimental.reset_memory_stats("CPU:0")
-    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
-    loss = float(function(**feed)["loss"].numpy())
-    allocator = tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+    allocator, loss = third_party.call_peak(tf, path, name, size)
     tf1 = tf.compat.v1
     with tf.Graph().as_default() as graph:
         traced = tf.saved_model.load(str(path)).signatures["train"]

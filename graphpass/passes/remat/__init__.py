@@ -52,6 +52,7 @@ from graphpass.passes.remat.marks import marked_segments
 from graphpass.passes.remat.pin import (
     SHOWN_ABOVE,
     Pinned,
+    held_counts,
     held_is_higher,
     held_updates_peak,
     pin_updates,
@@ -87,8 +88,10 @@ class RematPass(Pass):
         low = _peak_before(graph, ctx, step, batch, profile) if estimate else None
         held = held_updates_peak(graph, step, batch, with_trips(profile, step.loop_trips)) \
             if estimate and profile is memory_profile else None
-        # The original as TF runs it in its worse processes; the rewrite is pinned.
-        peak_before = worst_case(low, held) if estimate else None
+        # The original as its runtime runs it in its worse processes; the rewrite
+        # is pinned.
+        counted = held_counts(graph)
+        peak_before = (worst_case(low, held) if counted else low) if estimate else None
         runtime = [_runtime_peak(graph, step, batch, view)] \
             if ctx.estimates and profile is memory_profile else None
         auto = measured = None
@@ -111,7 +114,8 @@ class RematPass(Pass):
         # pinned; not where they are all the rewrite would do, for nothing.
         ordered = changed or (auto is not None and _ordering_pays(auto, low, held))
         waiting = state_math_after_gradients(graph, step) if ordered else 0
-        pinned = Pinned(pin_updates(graph, step) if ordered else 0, held, low, waiting)
+        pinned = Pinned(pin_updates(graph, step) if ordered else 0, held, low, waiting,
+                        counted)
         # The figures shown are of the graph as written, in the order of its own
         # runtime graph (the planner placed its copies by rule: it cannot ask per plan).
         final = runtime_view(graph, step.fetches) \

@@ -24,8 +24,10 @@ pass), so each update is ready the moment its gradient is, in every process. It
 moves no value: optimizer state is read before the backward pass, where nothing
 writes it. The estimate (``analysis.memory``) schedules the
 updates that way, so for the original it is the lower of the two figures;
-:func:`held_updates_peak` is the other one, and the original's estimate is the
-higher (:func:`worst_case`): a budget judged on it holds in every process.
+:func:`held_updates_peak` is the other one, and for a graph a session runs the
+original's estimate is the higher (:func:`worst_case`): a budget judged on it
+holds in every process. A function body is the exception (:func:`held_counts`):
+TF2 calls it, and a call was never seen to hold its updates.
 
 A TF2 step function runs on the same executor (the session inlines it). There an
 update may also run while the backward pass still holds a read of the weight it
@@ -77,8 +79,20 @@ def worst_case(as_gradients_appear: int, held: MemoryProfile | None) -> int:
 
 
 def held_is_higher(as_gradients_appear: int, held: MemoryProfile | None) -> bool:
-    """Whether the held step is the original's estimate (:func:`worst_case`)."""
+    """Whether the held step is above the other by more than rounding."""
     return worst_case(as_gradients_appear, held) != as_gradients_appear
+
+
+def held_counts(graph: Graph) -> bool:
+    """Whether the held step is a mode of the runtime the graph is written for, so
+    that the original's estimate is the higher figure: yes for a graph a session
+    runs (TF1's), no for a function body. TF2 calls a function (a SavedModel's
+    signature, a ``tf.function``) through its eager runtime, and such a call ran
+    every update as its gradient appeared in every process measured
+    (docs/benchmarks.md); only a v1 session that imports the calling graph
+    inlines the body into its own executor and holds the updates in some
+    processes, which the summary still names."""
+    return not graph.dialect.in_function_body(graph)
 
 
 @dataclass(frozen=True)
@@ -93,6 +107,8 @@ class Pinned:
     as_gradients_appear: int | None = None
     #: Optimizer values computed from state alone made to wait for their gradients.
     waiting: int = 0
+    #: Whether the held figure is a mode of the graph's own runtime (:func:`held_counts`).
+    counted: bool = True
 
     @property
     def changed(self) -> bool:
@@ -100,20 +116,25 @@ class Pinned:
 
     @property
     def held_is_higher(self) -> bool:
-        """The original's estimate is the held figure (``worst_case``)."""
+        """The held figure is above the other (``worst_case``)."""
         low = self.as_gradients_appear
         return low is not None and held_is_higher(low, self.held)
+
+    @property
+    def held_is_estimate(self) -> bool:
+        """The original's estimate is the held figure."""
+        return self.counted and self.held_is_higher
 
     def original(self, figure: int) -> int:
         """``figure`` (an estimate of the original made another way: on the graph
         the runtime runs) as the original's estimate is: the held one where that
         is the planner's (``held_is_higher``) and above ``figure``."""
-        return worst_case(figure, self.held) if self.held_is_higher else figure
+        return worst_case(figure, self.held) if self.held_is_estimate else figure
 
     def summary(self, after: int | None = None) -> list[str]:
         """``after``: the rewrite's estimate, given as a ratio of the lower figure too."""
         lines = []
-        if self.held_is_higher:
+        if self.held_is_estimate:
             low = self.as_gradients_appear
             ratio = "" if after is None else f" ({after / low:.2f}x of it after the rewrite)"
             lines.append(
@@ -122,6 +143,13 @@ class Pinned:
                 f"behind the backward pass; in the others (the timing of its threads "
                 f"decides, not the graph) each update runs as its gradient appears: "
                 f"estimated {low / 2**20:.1f} MiB{ratio}")
+        elif self.held_is_higher:
+            lines.append(
+                f"the step is a function, estimated as TF2 calls it (each update runs as "
+                f"its gradient appears); a v1 session that imports a graph calling it "
+                f"holds every gradient to the end of the step in some processes: "
+                f"estimated {self.held.peak_bytes / 2**20:.1f} MiB"
+                f"{', which the rewrite pins away' if self.reads else ''}")
         if self.reads:
             lines.append(f"updates pinned next to their gradients: the backward pass waits "
                          f"for the {self.reads} inputs of optimizer state they read, in "
@@ -136,6 +164,7 @@ class Pinned:
         return {"pinned_update_reads": self.reads, "state_values_waiting": self.waiting,
                 "estimated_peak_bytes_updates_held":
                     None if self.held is None else self.held.peak_bytes,
+                "estimated_peak_bytes_before_is_held": self.held_is_estimate,
                 "estimated_peak_bytes_updates_as_gradients_appear": self.as_gradients_appear}
 
 
