@@ -24,7 +24,7 @@ from graphpass.analysis.runtime_memory import (
 from graphpass.dialects.tf_grappler import GRAPPLER
 from graphpass.dialects.tf_runtime import RUNTIME_ORDERS
 from graphpass.ir.names import Tensor
-from tools.fixtures import keras_models, tf_models, third_party
+from tools.fixtures import call_profile, keras_models, tf_models, third_party
 from tools.fixtures.measure import measure
 
 pytestmark = pytest.mark.slow  # every test here measures in subprocesses
@@ -43,6 +43,9 @@ ORDER_AGREEMENT = 0.98
 STABLE_TOLERANCE = 0.05
 #: The issue's bound for third-party models.
 THIRD_PARTY_TOLERANCE = 0.15
+#: A TF2 call's order against the estimate's, as the estimates' peaks (measured
+#: within 3% on ResNet50 at the test size, 2% at the benchmark's).
+CALL_ORDER_TOLERANCE = 0.05
 
 STABLE = {"mlp": lambda: tf_models.block_mlp(batch=256, width=256, optimizer="sgd"),
           "transformer": lambda: keras_models.transformer(size=32, batch=8, layers=2,
@@ -121,17 +124,26 @@ def test_a_cnn_step_function_is_estimated_as_tf2_calls_it(tmp_path):
     variables as arguments, and ran each update as its gradient appeared in every
     process measured: the original's estimate is of that step, within the issue's
     15% of the call's allocator peak (the median of three processes), and no
-    process came near the held figure."""
+    process came near the held figure. TF's profiler gives the order the call ran
+    its ops in; the estimate of the graph TF runs, replayed in it, is the
+    estimate's own within a few percent (the schedule modelled is the call's), and
+    the bytes the kernels asked for (the allocator records buffers of 256 KiB and
+    more) stay under it."""
     path, _ = third_party.build("resnet50", tmp_path, "test")
     report = graphpass.run_passes(graphpass.load(path), {"recompute": ["auto"]})[0].report
     estimate = report["estimated_peak_bytes_before"]
     held = report["estimated_peak_bytes_updates_held"]
     assert estimate == report["estimated_peak_bytes_updates_as_gradients_appear"]
     assert held > 1.3 * estimate
-    peaks = sorted(third_party.measure("resnet50", path, "test", called=True)["peak"]
-                   for _ in range(3))
+    calls = [call_profile.run("resnet50", path, "test") for _ in range(3)]
+    peaks = sorted(call["allocator_mib"] * 2**20 for call in calls)
     assert abs(estimate / peaks[1] - 1) <= THIRD_PARTY_TOLERANCE, (estimate, peaks)
     assert peaks[-1] < (estimate + held) / 2, (estimate, held, peaks)
+    for call in calls:
+        assert call["ops"] >= 1000 and call["chunks_mib"] == call["allocator_mib"], call
+        assert abs(call["estimate_in_call_order_mib"] / call["estimate_mib"] - 1) <= \
+            CALL_ORDER_TOLERANCE, call
+        assert call["requested_mib"] <= call["estimate_mib"], call
 
 
 def test_hand_model_where_grappler_refuses(stable):

@@ -40,7 +40,9 @@ the records are the larger: the figure ``--profile`` judges by) as a ratio to
 the original's; the estimate over the measured figure; the estimate of the graph
 Grappler returns (``runtime_estimate``: the figure the rewrite prints beside the
 planner's) and its ratio to the measured figure; for the budget its
-verdict (met/refused, the figure it was judged on) and measured over budget.
+verdict (met/refused, the figure it was judged on) and measured over budget. A
+variant the rewrite wrote unchanged is marked so: its measured ratio is the
+spread of the original's own processes.
 
     python -m tools.bench.third_party [--size test|bench] [--models lstm,encoder]
                                       [--variants auto,cheap,budget] [--repeats 3]
@@ -86,7 +88,8 @@ def build(name: str, work: Path, size: str) -> tuple[Path, list[str]]:
 
 
 def rewrite(source: Path, target: Path, args: list[str]) -> dict:
-    """The CLI's rewrite in its own process: its report's remat entry, or
+    """The CLI's rewrite in its own process: its report's remat entry (with
+    ``unchanged`` where the pass wrote the graph as it read it), or
     ``{"refused": <the exit-2 line>}``."""
     report = target.with_name(target.name + ".json")
     out = subprocess.run([sys.executable, "-m", "graphpass.cli", "rewrite", str(source), "-o",
@@ -96,7 +99,8 @@ def rewrite(source: Path, target: Path, args: list[str]) -> dict:
         return {"refused": out.stderr.strip().splitlines()[-1]}
     if out.returncode != 0:  # a crash is a row too: the table says what failed
         return {"failed": out.stderr.strip().splitlines()[-1]}
-    return json.loads(report.read_text())["passes"][0]["report"]
+    remat = json.loads(report.read_text())["passes"][0]
+    return {**remat["report"], "unchanged": not remat["changed"]}
 
 
 def measured(path: Path, fetches: list[str], repeats: int, model: str, size: str) -> dict:
@@ -237,7 +241,9 @@ def line(row: dict, base: dict) -> str:
     if auto.get("budget_bytes"):
         verdict = (f"{'met' if auto['budget_met'] else 'NOT met'} ({auto['budget_judged_on']}), "
                    f"measured {row['measured'] / auto['budget_bytes']:.2f}x of it")
-    return (f"| {row['model']} | {row['variant']} | {_mib(estimate)} | {printed} | "
+    # The same graph measured again: its ratio is the runtime's spread, not a plan's.
+    variant = f"{row['variant']} (unchanged)" if report.get("unchanged") else row["variant"]
+    return (f"| {row['model']} | {variant} | {_mib(estimate)} | {printed} | "
             f"{_mib(row['allocator'])} ±{_mib(row['spread'])} | {_mib(row['records'])} "
             f"±{_mib(row['records_spread'])} | {_mib(row['replayed'])} | "
             f"{row['replayed_fit']:.2f} | "
