@@ -27,7 +27,7 @@ updates that way, so for the original it is the lower of the two figures;
 :func:`held_updates_peak` is the other one, and for a graph a session runs the
 original's estimate is the higher (:func:`worst_case`): a budget judged on it
 holds in every process. A function body is the exception (:func:`held_counts`):
-TF2 calls it, and a call was never seen to hold its updates.
+TF2 calls it, and no call of Keras 3 ResNet50's step measured held its updates.
 
 A TF2 step function runs on the same executor (the session inlines it). There an
 update may also run while the backward pass still holds a read of the weight it
@@ -87,11 +87,13 @@ def held_counts(graph: Graph) -> bool:
     """Whether the held step is a mode of the runtime the graph is written for, so
     that the original's estimate is the higher figure: yes for a graph a session
     runs (TF1's), no for a function body. TF2 calls a function (a SavedModel's
-    signature, a ``tf.function``) through its eager runtime, and such a call ran
-    every update as its gradient appeared in every process measured
-    (docs/benchmarks.md); only a v1 session that imports the calling graph
-    inlines the body into its own executor and holds the updates in some
-    processes, which the summary still names."""
+    signature, a ``tf.function``) through its eager runtime, which passes the
+    variables in as arguments (inexpensive kernels, run inline as the step
+    starts), and such a call of Keras 3 ResNet50's step ran every update as its
+    gradient appeared in every process measured (docs/remat.md); a v1 session
+    that imports a graph calling the function inlines the body behind the
+    caller's ``VarHandleOp`` roots and holds the updates in some processes,
+    which the summary still names."""
     return not graph.dialect.in_function_body(graph)
 
 
@@ -128,7 +130,7 @@ class Pinned:
     def original(self, figure: int) -> int:
         """``figure`` (an estimate of the original made another way: on the graph
         the runtime runs) as the original's estimate is: the held one where that
-        is the planner's (``held_is_higher``) and above ``figure``."""
+        is the planner's (``held_is_estimate``) and above ``figure``."""
         return worst_case(figure, self.held) if self.held_is_estimate else figure
 
     def summary(self, after: int | None = None) -> list[str]:
