@@ -43,9 +43,11 @@ ORDER_AGREEMENT = 0.98
 STABLE_TOLERANCE = 0.05
 #: The issue's bound for third-party models.
 THIRD_PARTY_TOLERANCE = 0.15
-#: A TF2 call's order against the estimate's, as the estimates' peaks (measured
-#: within 3% on ResNet50 at the test size, 2% at the benchmark's).
-CALL_ORDER_TOLERANCE = 0.05
+#: Two estimates of one peak told apart from rounding: a replay in another order.
+SAME_PEAK = 0.02
+#: The allocator's records leave buffers under 256 KiB out (with oneDNN on), which
+#: the estimate counts: how far above the records' peak that may put it.
+SMALL_BUFFERS = 1.10
 
 STABLE = {"mlp": lambda: tf_models.block_mlp(batch=256, width=256, optimizer="sgd"),
           "transformer": lambda: keras_models.transformer(size=32, batch=8, layers=2,
@@ -122,28 +124,30 @@ def test_a_cnn_step_function_is_estimated_as_tf2_calls_it(tmp_path):
     with every update held to the end of the step (as a v1 session runs it in some
     processes) its peak would be far higher. TF2 calls the signature with its
     variables as arguments, and ran each update as its gradient appeared in every
-    process measured: the original's estimate is of that step, within the issue's
-    15% of the call's allocator peak (the median of three processes), and no
-    process came near the held figure. TF's profiler gives the order the call ran
-    its ops in; the estimate of the graph TF runs, replayed in it, is the
-    estimate's own within a few percent (the schedule modelled is the call's), and
-    the bytes the kernels asked for (the allocator records buffers of 256 KiB and
-    more) stay under it."""
+    process measured: the original's estimate is of that step.
+
+    TF's profiler gives the order each call ran its ops in. On a quiet machine
+    that is the estimate's schedule (its replay is the estimate within rounding);
+    under load some calls run a lower one (docs/benchmarks.md), so what is
+    asserted holds in either: no call exceeds the
+    estimate by more than the issue's 15% or comes near the held figure, none ran
+    an order the estimate puts above its own, and replayed in each call's order the
+    estimate is what the allocator was asked for, plus the buffers under 256 KiB
+    it leaves out of its records. The issue's 15% the other way round is the
+    benchmark's, on a quiet machine (docs/benchmarks.md)."""
     path, _ = third_party.build("resnet50", tmp_path, "test")
     report = graphpass.run_passes(graphpass.load(path), {"recompute": ["auto"]})[0].report
-    estimate = report["estimated_peak_bytes_before"]
-    held = report["estimated_peak_bytes_updates_held"]
-    assert estimate == report["estimated_peak_bytes_updates_as_gradients_appear"]
+    estimate = report["estimated_peak_bytes_before"] / 2**20
+    held = report["estimated_peak_bytes_updates_held"] / 2**20
+    assert estimate == report["estimated_peak_bytes_updates_as_gradients_appear"] / 2**20
     assert held > 1.3 * estimate
-    calls = [call_profile.run("resnet50", path, "test") for _ in range(3)]
-    peaks = sorted(call["allocator_mib"] * 2**20 for call in calls)
-    assert abs(estimate / peaks[1] - 1) <= THIRD_PARTY_TOLERANCE, (estimate, peaks)
-    assert peaks[-1] < (estimate + held) / 2, (estimate, held, peaks)
-    for call in calls:
+    for call in (call_profile.run("resnet50", path, "test") for _ in range(3)):
         assert call["ops"] >= 1000 and call["chunks_mib"] == call["allocator_mib"], call
-        assert abs(call["estimate_in_call_order_mib"] / call["estimate_mib"] - 1) <= \
-            CALL_ORDER_TOLERANCE, call
-        assert call["requested_mib"] <= call["estimate_mib"], call
+        assert call["allocator_mib"] <= (1 + THIRD_PARTY_TOLERANCE) * estimate, call
+        assert call["allocator_mib"] < (estimate + held) / 2, (held, call)
+        replayed = call["estimate_in_call_order_mib"]
+        assert replayed <= (1 + SAME_PEAK) * call["estimate_mib"], call
+        assert call["requested_mib"] <= replayed <= SMALL_BUFFERS * call["requested_mib"], call
 
 
 def test_hand_model_where_grappler_refuses(stable):
