@@ -141,12 +141,15 @@ def test_a_cnn_step_function_is_estimated_as_tf2_calls_it(tmp_path):
     held = report["estimated_peak_bytes_updates_held"] / 2**20
     assert estimate == report["estimated_peak_bytes_updates_as_gradients_appear"] / 2**20
     assert held > 1.3 * estimate
+    # The figures are compared with the call's own estimate, made with oneDNN on as
+    # the call ran (this process runs with the machine's default).
     for call in (call_profile.run("resnet50", path, "test") for _ in range(3)):
+        estimated = call["estimate_mib"]
         assert call["ops"] >= 1000 and call["chunks_mib"] == call["allocator_mib"], call
-        assert call["allocator_mib"] <= (1 + THIRD_PARTY_TOLERANCE) * estimate, call
-        assert call["allocator_mib"] < (estimate + held) / 2, (held, call)
+        assert call["allocator_mib"] <= (1 + THIRD_PARTY_TOLERANCE) * estimated, call
+        assert call["allocator_mib"] < (estimated + held) / 2, (held, call)
         replayed = call["estimate_in_call_order_mib"]
-        assert replayed <= (1 + SAME_PEAK) * call["estimate_mib"], call
+        assert replayed <= (1 + SAME_PEAK) * estimated, call
         assert call["requested_mib"] <= replayed <= SMALL_BUFFERS * call["requested_mib"], call
 
 
