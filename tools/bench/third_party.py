@@ -158,14 +158,12 @@ def _replayed(path: Path, step_stats) -> int:
     """graphpass's estimate of the graph TF runs, in the order TF started the nodes of
     the traced step (``memory_profile``'s replay): the buffers' model on this
     process's schedule, to set beside the records."""
-    import graphpass
-    from graphpass.analysis.manager import AnalysisManager
     from graphpass.analysis.runtime_memory import runtime_memory_profile
     from graphpass.inspect.step_stats import executed_order
+    from tools.fixtures.trace_order import load_step
 
-    graph = graphpass.load(path)
-    fetches = AnalysisManager().regions(graph).fetches
-    return runtime_memory_profile(graph, fetches,
+    graph, fetches, view = load_step(path)
+    return runtime_memory_profile(graph, fetches, view=view,
                                   replay=executed_order(step_stats)).peak_bytes
 
 
