@@ -21,16 +21,22 @@ def main(path: str, fetches: list[str]) -> dict:
     import graphpass
     from graphpass.analysis.buffers import scratch_bytes
     from graphpass.analysis.runtime_memory import runtime_memory_profile
-    from graphpass.dialects.tf_grappler import runtime_graph
-    from graphpass.dialects.tf_kernels import renamed_by_onednn
+    from graphpass.options import RuntimeConfig
+    from graphpass.runtimes import runtime_model
+    from graphpass.runtimes.tf_grappler import runtime_graph
+    from graphpass.runtimes.tf_kernels import host_onednn, renamed_by_onednn
 
+    # The configuration of the TF this process runs (the parent set oneDNN),
+    # so that the estimate can be checked against this process's records.
+    config = RuntimeConfig(onednn=host_onednn(), intra_op_threads=len(os.sched_getaffinity(0)))
+    runtime = runtime_model("tf", "tf", config)
     graph = graphpass.load(path)
-    profile = runtime_memory_profile(graph, fetches)
-    view = runtime_graph(graph, fetches).graph
-    temporaries = {n: b for n in view if (b := scratch_bytes(view, n))}
+    profile = runtime_memory_profile(graph, fetches, runtime=runtime)
+    view = runtime_graph(graph, fetches, config).graph
+    temporaries = {n: b for n in view if (b := scratch_bytes(view, n, runtime))}
     return {"model": profile.model, "estimate": profile.peak_bytes - profile.fed_bytes,
             "temporaries": temporaries,
-            "renamed": sorted(n for n in view if renamed_by_onednn(view, n))}
+            "renamed": sorted(n for n in view if renamed_by_onednn(view, n, config.onednn))}
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ def test_rewrite_reports_the_estimate_of_what_tf_runs(tmp_path, capsys):
 
     from graphpass.analysis.runtime_memory import runtime_memory_profile
     from graphpass.cli import main
-    from graphpass.dialects.tf_grappler import GRAPPLER
+    from graphpass.runtimes.tf_grappler import GRAPPLER
 
     source = graphpass.load(MLP.with_name("mlp_adam.meta"))
     step = AnalysisManager().regions(source)

@@ -10,7 +10,10 @@ import pytest
 
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.ir.verify import InvariantError, MalformedGraphError, verify
+from graphpass.options import RuntimeConfig
 from graphpass.passes.base import Pass, Pipeline
+from graphpass.passes.context import PassContext
+from graphpass.runtimes import runtime_for
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -197,12 +200,23 @@ def test_the_checker_catches_a_path_between_kernels_the_runtime_merges():
     that adds it broke the step (TF rejects it, or leaves it unrun); an input
     graph is left as exported."""
     graph = _filter_and_bias_gradients()
-    assert graph.dialect.merged_with(graph, "filter_grad") == ["bias_grad"]
+    assert runtime_for(graph).merged_with(graph, "filter_grad") == ["bias_grad"]
     Pipeline([_Edit(lambda g: g.add_control_input("bias_grad", "x"))]).run(graph)
     with pytest.raises(InvariantError, match="after pass 'edit': node 'filter_grad' depends "
                                              "on 'bias_grad', which the runtime runs with it"):
         Pipeline([_Edit(lambda g: g.add_control_input("x_again", "bias_grad"))]).run(graph)
     verify(graph)  # as input, the same graph: left to the exporter
+
+
+def test_kernels_merged_only_with_onednn_are_checked_only_for_a_target_with_onednn():
+    """The check is the target runtime's (``RuntimeModel.ir_checks``), under the
+    configuration the options give: without oneDNN the two gradients are two
+    kernels, and the same edge is no cycle anywhere."""
+    graph = _filter_and_bias_gradients()
+    off = PassContext(runtime_config=RuntimeConfig(onednn=False))
+    assert off.runtime(graph).merged_with(graph, "filter_grad") == []
+    assert Pipeline([_Edit(lambda g: g.add_control_input("x_again", "bias_grad"))]).run(
+        graph, off)[0].changed
 
 
 def test_an_input_built_with_a_bad_port_is_refused_before_any_pass():

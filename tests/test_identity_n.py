@@ -14,9 +14,10 @@ import pytest
 
 from graphpass.analysis.memory import _known_before, memory_profile
 from graphpass.analysis.runtime_memory import runtime_memory_profile
-from graphpass.dialects.tf_runtime import GrapplerView
 from graphpass.formats.tf_io import graph_from_graph_def
 from graphpass.ir.graph import Tensor
+from graphpass.runtimes import runtime_for
+from graphpass.runtimes.tf_order import GrapplerView
 from tools.fixtures.measure import measure
 from tools.fixtures.tf_models import Model, export_model
 
@@ -68,8 +69,9 @@ def test_the_gradients_identity_n_is_bypassed():
     ``grads``, so nothing waits for the last gradient."""
     graph = graph_from_graph_def(_step().graph_def, {})
     needed = graph.ancestors(["train", "loss"]) | {"train", "loss"}
-    known = _known_before(graph, needed, None)
-    execution = graph.dialect.execution(graph, needed, known, frozenset({"train", "loss"}))
+    known = _known_before(graph, needed, None, runtime_for(graph))
+    execution = runtime_for(graph).executions(graph, needed, known,
+                                              frozenset({"train", "loss"}))[0]
     assert "grads" not in execution.order
     for k, gradient in enumerate(graph.inputs("grads")):
         assert execution.read(Tensor("grads", k)) == gradient

@@ -21,7 +21,7 @@ import pytest
 from graphpass import load
 from graphpass.analysis.manager import AnalysisManager
 from graphpass.analysis.memory import memory_profile
-from graphpass.dialects.tf_grappler import GRAPPLER
+from graphpass.runtimes.tf_grappler import GRAPPLER
 from tools.fixtures import tf_models, trace_order
 from tools.fixtures.measure import measure
 
@@ -122,7 +122,7 @@ def test_grappler_is_asked_on_the_graph_placed_as_a_session_places_it(tmp_path):
     the batch open)."""
     import tensorflow as tf
 
-    from graphpass.dialects.tf_grappler import runtime_graph
+    from graphpass.runtimes.tf_grappler import runtime_graph
 
     tf_models.conv_bias_signature(tmp_path / "step")
     graph = load(tmp_path / "step")

@@ -26,6 +26,7 @@ from graphpass.analysis.memory import (
 from graphpass.errors import GraphpassError
 from graphpass.formats.tf_io import graph_from_graph_def
 from graphpass.ir.graph import Tensor
+from graphpass.runtimes import runtime_for
 from tools.fixtures import keras_models, memory_models
 from tools.fixtures.measure import measure
 
@@ -202,11 +203,11 @@ def test_schedule_follows_the_graph_grappler_hands_the_executor():
     constant folding makes ``f`` (and the ``Shape`` it reads) run first, waiting on
     nothing; the fetched ``total`` is kept."""
     from graphpass.analysis.memory import _known_before
-    from graphpass.dialects.tf_runtime import GrapplerView
+    from graphpass.runtimes.tf_order import GrapplerView
 
     graph = _tuple_graph()
     needed = graph.ancestors(["total"]) | {"total"}
-    known = _known_before(graph, needed, None)
+    known = _known_before(graph, needed, None, runtime_for(graph))
     assert {"shape", "f"} <= known
     members = [n for n in graph if n in needed]
     view = GrapplerView(graph, members, known, frozenset({"total"}),
@@ -219,7 +220,7 @@ def test_schedule_follows_the_graph_grappler_hands_the_executor():
     assert ("a", False) in view.inputs["add"] and ("b", True) in view.inputs["add"]
     assert successors["b"][0] == "assign"  # data edges first, then control edges
     assert view.inputs["f"] == [] and view.inputs["shape"] == []
-    execution = graph.dialect.execution(graph, needed, known, frozenset({"total"}))
+    execution = runtime_for(graph).executions(graph, needed, known, frozenset({"total"}))[0]
     assert sorted(execution.order) == sorted(needed - bypassed)  # bypassed: run nowhere
     assert execution.read(Tensor("pair/control_dependency", 0)) == Tensor("a", 0)
     assert execution.read(Tensor("pair/control_dependency_1", 0)) == Tensor("b", 0)

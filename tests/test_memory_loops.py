@@ -101,7 +101,7 @@ def test_lowered_loops_keep_the_hand_model(lstm):
     TensorList accumulators the estimate cannot follow; the figure the user reads
     stays the hand model's, which counts them, and says why."""
     from graphpass.analysis.runtime_memory import runtime_memory_profile
-    from graphpass.dialects.tf_grappler import HAND_MODEL, runtime_graph
+    from graphpass.runtimes.tf_grappler import HAND_MODEL, runtime_graph
 
     graph = _graph(lstm)
     lowered = memory_profile(runtime_graph(graph, FETCHES).graph, FETCHES)
@@ -115,7 +115,7 @@ def test_v1_loops_stay_on_grapplers_graph():
     """A v1 loop is in the exported graph already: Grappler keeps its frames, and
     the trip count read from them is the graph's."""
     from graphpass.analysis.runtime_memory import runtime_memory_profile
-    from graphpass.dialects.tf_grappler import GRAPPLER
+    from graphpass.runtimes.tf_grappler import GRAPPLER
 
     graph = _graph(loop_models.rnn_v1(seq=8, batch=4, units=16))
     profile = runtime_memory_profile(graph, FETCHES)

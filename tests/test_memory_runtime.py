@@ -21,9 +21,9 @@ from graphpass.analysis.runtime_memory import (
     follow_runtime_order,
     runtime_memory_profile,
 )
-from graphpass.dialects.tf_grappler import GRAPPLER
-from graphpass.dialects.tf_runtime import RUNTIME_ORDERS
 from graphpass.ir.names import Tensor
+from graphpass.runtimes.tf_grappler import GRAPPLER
+from graphpass.runtimes.tf_order import RUNTIME_ORDERS
 from tools.fixtures import call_profile, keras_models, tf_models, third_party
 from tools.fixtures.measure import measure
 
@@ -156,7 +156,7 @@ def test_a_cnn_step_function_is_estimated_as_tf2_calls_it(tmp_path):
 def test_hand_model_where_grappler_refuses(stable):
     """Where TF cannot give its graph (here: a fetch the graph lacks), the estimate is
     the hand model's, and says so and why."""
-    from graphpass.dialects.tf_grappler import HAND_MODEL, runtime_graph
+    from graphpass.runtimes.tf_grappler import HAND_MODEL, runtime_graph
 
     path, fetches, _ = stable["mlp"]
     graph = graphpass.load(path)
@@ -170,8 +170,8 @@ def _grappler_graph(graph, fetches):
     """Grappler's graph of ``graph``, without the im2col buffers a oneDNN-off process
     adds to it (``tf_kernels``; the hand model leaves them out by design): the
     same figure whatever the machine's oneDNN default."""
-    from graphpass.dialects.tf_grappler import runtime_graph
-    from graphpass.dialects.tf_kernels import META_KEY
+    from graphpass.runtimes.tf_grappler import runtime_graph
+    from graphpass.runtimes.tf_kernels import META_KEY
 
     view = runtime_graph(graph, fetches)
     assert view.model.startswith(GRAPPLER)

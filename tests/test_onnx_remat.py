@@ -19,9 +19,10 @@ import pytest
 import graphpass
 from graphpass.cli import main
 from graphpass.formats.onnx_io import graph_from_model
-from graphpass.formats.onnx_order import READ_INDEX, SOURCE_OPS, file_order, ort_schedule
+from graphpass.formats.onnx_order import READ_INDEX, SOURCE_OPS, file_order
 from graphpass.passes.remat.defer import DEFER_SCOPE
 from graphpass.passes.remat.marks import SCOPE
+from graphpass.runtimes.ort import ort_schedule
 from tools.fixtures import onnx_models
 
 MARKS = {"block_mlp": "block[1-7]/", "conv_net": "conv[12]/"}

@@ -132,7 +132,7 @@ def test_contrib_op_artifacts_train_bit_for_bit(case, tmp_path):
 
 def test_verify_without_the_training_build_says_what_it_needs(tmp_path, capsys):
     """The main environment has plain onnxruntime: no training kernels."""
-    from graphpass.runtimes import MissingRuntime, require_onnxruntime_training
+    from graphpass.installed import MissingRuntime, require_onnxruntime_training
 
     try:
         require_onnxruntime_training()
@@ -250,7 +250,7 @@ def test_a_rewritten_step_returning_gradients_gives_the_same_gradients(tmp_path)
 def test_verify_of_a_step_returning_gradients_says_it_needs_the_training_build(tmp_path,
                                                                                 capsys):
     """Its gradient ops are onnxruntime-training's kernels, as an artifact's are."""
-    from graphpass.runtimes import MissingRuntime, require_onnxruntime_training
+    from graphpass.installed import MissingRuntime, require_onnxruntime_training
 
     try:
         require_onnxruntime_training()

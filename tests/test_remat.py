@@ -15,6 +15,7 @@ from graphpass.cli import main
 from graphpass.errors import GraphpassError
 from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
 from graphpass.passes.remat.marks import KEPT_SCOPE, SCOPE
+from graphpass.runtimes import runtime_for
 from tests.kernel_parity import ROOT, child_env
 from tools.fixtures import tf_models
 
@@ -164,7 +165,7 @@ def test_segments_wait_in_turn_for_the_weight_gradients_before_them(tmp_path):
     assert sum(e["waits_for_gradients"] for e in report["segments"]) == len(extra)
     for source, read in extra:
         assert source in backward
-        assert not graph.dialect.rewritten_with_neighbours(graph, source), source
+        assert not runtime_for(graph).rewritten_with_neighbours(graph, source), source
         assert read not in graph.ancestors([source])  # no cycle: checked by the pipeline too
     assert "segments recomputed in turn" in " ".join(report["summary"])
     _verify_exact(model, graph, tmp_path)

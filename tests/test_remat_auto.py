@@ -24,6 +24,7 @@ from graphpass.cli import main
 from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
 from graphpass.passes.remat.marks import SCOPE
 from graphpass.passes.remat.plan import _Prefix, model_peak, solve_budget, solve_min_peak
+from graphpass.runtimes import runtime_for
 from graphpass.units import format_bytes
 from tools.fixtures import keras_models, tf_models
 
@@ -155,7 +156,7 @@ def test_generous_budget_changes_nothing(model, estimates):
     """A budget the original meets with the allocator's headroom to spare: nothing is
     recomputed, and the updates are not pinned either (the original has no held
     mode above its estimate here: the pins would buy nothing)."""
-    headroom = graph_from_graph_def(model.graph_def, {}).dialect.allocator_headroom
+    headroom = runtime_for(graph_from_graph_def(model.graph_def, {})).allocator_headroom
     budget = math.ceil(estimates["before"] * (1 + headroom))
     graph, result = _rewrite(model, recompute=["auto"], memory_budget_bytes=budget)
     assert result.report["auto"]["segments"] == [] and not _copies(graph)
@@ -406,7 +407,7 @@ def test_segments_in_turn_never_wait_on_a_gradient_merged_with_one_that_reads_th
     assert json.loads(report.read_text())["passes"][0]["report"]["segment_order_edges"] > 0
     graph = graphpass.load(out)
     pairs = [(name, sibling) for name in graph
-             for sibling in graph.dialect.merged_with(graph, name)]
+             for sibling in runtime_for(graph).merged_with(graph, name)]
     assert len(pairs) >= 50
     assert not [pair for pair in pairs if pair[1] in graph.descendants([pair[0]])]
     for onednn in (True, False):
@@ -429,7 +430,7 @@ def test_merged_gradients_wait_on_the_same_edges(tmp_path):
     graph = graphpass.load(path)
     graphpass.run_passes(graph, {"recompute": ["auto"]})
     pairs = [(name, sibling) for name in graph if graph.node(name).op == "Conv2DBackpropFilter"
-             for sibling in graph.dialect.merged_with(graph, name)]
+             for sibling in runtime_for(graph).merged_with(graph, name)]
     assert len(pairs) >= 50
     assert any(graph.control_inputs(name) for name, _ in pairs)
     for name, sibling in pairs:

@@ -18,8 +18,8 @@ from graphpass import load
 from graphpass.analysis.manager import AnalysisManager
 from graphpass.analysis.memory import memory_profile
 from graphpass.analysis.runtime_memory import follow_runtime_order, runtime_view
-from graphpass.dialects.tf_runtime import CALLED_POSITION, RUNTIME_POSITION
 from graphpass.formats.tf_io import graph_from_graph_def
+from graphpass.runtimes.tf_order import CALLED_POSITION, RUNTIME_POSITION
 from tools.fixtures import tf_models, trace_order
 
 

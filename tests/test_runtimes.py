@@ -35,7 +35,7 @@ def test_version_names_each_runtime_without_importing_it():
 
 
 def test_version_says_not_installed(monkeypatch, capsys):
-    from graphpass import runtimes
+    from graphpass import installed as runtimes
 
     monkeypatch.setattr(runtimes, "installed", lambda runtime: runtime.module != "tensorflow")
     assert main(["--version"]) == 0
@@ -72,7 +72,7 @@ def test_a_missing_onnxruntime_names_the_onnx_extra_for_verify():
 
 def test_the_runtimes_are_found_by_import_name(monkeypatch):
     """onnxruntime-training provides the module ``onnxruntime``: what counts is the module."""
-    from graphpass import runtimes
+    from graphpass import installed as runtimes
 
     monkeypatch.setattr(runtimes.importlib.util, "find_spec",
                         lambda name: object() if name == "onnxruntime" else None)

@@ -11,13 +11,15 @@ Rules (ROOT defaults to the repository holding this file):
 
    ============ ==========================================================
    ir           ``graphpass.ir.*`` and the leaves every layer may read:
-                ``graphpass.errors``, ``graphpass.units``, ``graphpass.runtimes``
+                ``graphpass.errors``, ``graphpass.units``, ``graphpass.installed``
                 (which runtimes are installed) and ``graphpass.options*`` (the
                 one typed options object: data and validation only)
    op tables    ``graphpass.dialects.*_ops`` (leaves: op kinds, dtypes, OpDef lookups)
    formats,     ``graphpass.formats.*``, ``graphpass.dialects.*`` (one level);
    dialects     a format may import op tables but never a dialect module;
                 a dialect may import formats
+   runtimes     ``graphpass.runtimes.*``: one model per runtime behind the
+                ``RuntimeModel`` protocol (so the IR and the dialects import none)
    analysis     ``graphpass.analysis.*``
    passes       ``graphpass.passes.*``
    inspect      ``graphpass.inspect.*``
@@ -26,8 +28,10 @@ Rules (ROOT defaults to the repository holding this file):
 
    A module in no layer is a problem too: a new file says where it belongs.
 3. **No module in graphpass/ over 450 lines**, no exceptions.
-4. **Passes are format-blind**: nothing in ``graphpass/passes/`` imports
-   tensorflow, onnx or onnxruntime, reads the format's own record
+4. **Passes are format-blind and runtime-blind**: nothing in ``graphpass/passes/``
+   imports tensorflow, onnx or onnxruntime, or a runtime model's own module (the
+   analyses and passes reach a runtime through the protocol and the registry:
+   ``graphpass.runtimes`` and ``graphpass.runtimes.base`` only), reads the format's own record
    (``graph.format_state``) or ``meta`` keys (``x.meta["key"]``,
    ``x.meta.get("key")``, ...), or spells a TF colocation
    (``"loc:@"``); they ask the ``Dialect`` protocol instead.
@@ -52,8 +56,10 @@ MAX_LINES = 450
 RUNTIMES = {"tensorflow", "onnx", "onnxruntime"}
 META_METHODS = {"get", "setdefault", "pop"}
 #: Layers, lowest first; "formats" and "dialects" share a level (see the docstring).
-LEVELS = {"ir": 0, "op tables": 1, "formats": 2, "dialects": 2, "analysis": 3,
-          "passes": 4, "inspect": 5, "cli": 6}
+LEVELS = {"ir": 0, "op tables": 1, "formats": 2, "dialects": 2, "runtimes": 3,
+          "analysis": 4, "passes": 5, "inspect": 6, "cli": 7}
+#: What the analyses and passes may import of the runtime layer: its protocol.
+RUNTIME_PROTOCOL = {"graphpass.runtimes", "graphpass.runtimes.base"}
 
 
 def modules(root: Path, package: str) -> dict[str, Path]:
@@ -72,11 +78,11 @@ def layer(name: str) -> str | None:
     parts = name.split(".")
     top = parts[1] if len(parts) > 1 else ""
     if top in ("ir", "options") or name in ("graphpass.errors", "graphpass.units",
-                                             "graphpass.runtimes"):
+                                             "graphpass.installed"):
         return "ir"
     if top == "dialects":
         return "op tables" if parts[-1].endswith("_ops") else "dialects"
-    if top in ("formats", "analysis", "passes", "inspect"):
+    if top in ("formats", "runtimes", "analysis", "passes", "inspect"):
         return top
     if name == "graphpass" or top.startswith("cli"):
         return "cli"
@@ -193,6 +199,11 @@ def layer_problems(root: Path) -> list[str]:
             elif own == "formats" and other == "dialects":
                 problems.append(f"{where}:{line}: {name} (formats) imports the dialect module "
                                 f"{target}; a format may import op tables (*_ops) only")
+            elif own in ("analysis", "passes") and other == "runtimes" and \
+                    target not in RUNTIME_PROTOCOL:
+                problems.append(f"{where}:{line}: {name} ({own}) imports the runtime model "
+                                f"{target}; reach a runtime through graphpass.runtimes "
+                                f"(the RuntimeModel protocol)")
     return problems
 
 

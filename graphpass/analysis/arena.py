@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from graphpass.analysis.memory import MemoryProfile, _fetch_nodes, _known_before, tensor_bytes
 from graphpass.analysis.shapes import infer_shapes
 from graphpass.ir.graph import Graph, Tensor
+from graphpass.runtimes import RuntimeModel, runtime_for
 
 #: ``kDefaultTensorAlignment``: every tensor's offset in the arena is a multiple of it.
 TENSOR_ALIGNMENT = 64
@@ -149,20 +150,22 @@ def _align(offset: int) -> int:
     return -(-offset // TENSOR_ALIGNMENT) * TENSOR_ALIGNMENT
 
 
-def arena_profile(graph: Graph, fetches: list[str], batch_size: int | None = None
-                  ) -> MemoryProfile:
+def arena_profile(graph: Graph, fetches: list[str], batch_size: int | None = None,
+                  runtime: RuntimeModel | None = None) -> MemoryProfile:
     """The step ``fetches`` run, as TFLite's arena would hold it: every op the
-    fetches need in the converter's order (``_converted_order``), outputs that
+    fetches need in the converter's order (``runtime``'s schedule, default
+    TFLite's), outputs that
     alias an input (Identity, Reshape) as that input, constants and what folds
     into them (``_folded``) outside the arena. ``peak_bytes`` is the arena's size;
     ``timeline`` the bytes of tensors alive at each op (what the planner's
     refinement reads positions from).
     """
+    runtime = runtime or runtime_for(graph, "litert")
     infer_shapes(graph)
     dialect = graph.dialect
     targets = _fetch_nodes(graph, fetches)
     needed = graph.ancestors(targets) | set(targets)
-    folded = _folded(graph, needed, batch_size)
+    folded = _folded(graph, needed, batch_size, runtime)
     # data fed to the step (a function body's resource handles are arguments too)
     fed = [n for n in dialect.graph_inputs(graph)
            if n in needed and tensor_bytes(graph, Tensor(n, 0), batch_size) is not None]
@@ -174,7 +177,7 @@ def arena_profile(graph: Graph, fetches: list[str], batch_size: int | None = Non
         return tensor
 
     ops, order, scratch = [], [], {}
-    for name in _converted_order(graph, needed):
+    for name in runtime.schedule(graph, needed):
         if name not in needed or name in fed or name in targets or (
                 name in folded and not dialect.is_variable_value(graph, name)):
             continue
@@ -183,7 +186,7 @@ def arena_profile(graph: Graph, fetches: list[str], batch_size: int | None = Non
         slots = graph.input_slots(name)
         outputs = []
         for port in graph.used_ports(name):
-            alias = dialect.output_alias(graph, name, port)
+            alias = runtime.output_alias(graph, name, port)
             if alias is not None and alias in slots:
                 names[Tensor(name, port)] = slots[alias]
             else:
@@ -205,12 +208,13 @@ def arena_profile(graph: Graph, fetches: list[str], batch_size: int | None = Non
     return _profile(plan, order)
 
 
-def _folded(graph: Graph, needed: set[str], batch_size: int | None) -> frozenset[str]:
+def _folded(graph: Graph, needed: set[str], batch_size: int | None,
+            runtime: RuntimeModel) -> frozenset[str]:
     """What the converter makes constants: what the runtime folds (``_known_before``)
     and, as its shapes are static, what reads only a shape (``ZerosLike``, ``Shape``)
     and everything computed from those alone."""
     dialect = graph.dialect
-    known = _known_before(graph, needed, batch_size)
+    known = _known_before(graph, needed, batch_size, runtime)
     folded = {n for n in known if not (dialect.is_source(graph, n)
                                        or dialect.is_variable_value(graph, n))}
     for name in graph.topological_order():
@@ -218,33 +222,10 @@ def _folded(graph: Graph, needed: set[str], batch_size: int | None) -> frozenset
                 dialect.is_shape_only(graph, name) and all(
                     tensor_bytes(graph, Tensor(name, p), batch_size) is not None
                     for p in graph.used_ports(name))
-                or dialect.is_foldable(graph, name) and graph.inputs(name)
+                or runtime.is_foldable(graph, name) and graph.inputs(name)
                 and all(t.node in folded for t in graph.inputs(name))):
             folded.add(name)
     return frozenset(folded | known)
-
-
-def _converted_order(graph: Graph, needed: set[str]) -> list[str]:
-    """The converter's op order as far as it matters to the arena: each op as
-    soon as its inputs are there, the most recently readied first (a depth-first
-    list schedule; ties in the graph's order). The converter hoists what does not
-    wait for the gradients (variable reads, a momentum times its slot, the masks
-    of activation gradients) next to what it reads, which this reproduces; the
-    graph's own order would keep activations alive until their gradient's turn."""
-    order = [n for n in graph.topological_order() if n in needed]
-    position = {n: i for i, n in enumerate(order)}
-    waiting = {n: sum(1 for p in set(graph.producers(n)) if p in position) for n in order}
-    ready = [n for n in reversed(order) if not waiting[n]]
-    scheduled = []
-    while ready:
-        name = ready.pop()
-        scheduled.append(name)
-        users = [u for u in set(graph.users(name)) if u in position]
-        for user in sorted(users, key=position.get, reverse=True):
-            waiting[user] -= 1
-            if not waiting[user]:
-                ready.append(user)
-    return scheduled
 
 
 def _batch_matmul(graph: Graph, name: str) -> bool:

@@ -9,9 +9,10 @@ import math
 from dataclasses import dataclass, field
 from functools import cache
 
-from graphpass.dialects.base import Execution, LoopFacts
+from graphpass.dialects.base import LoopFacts
 from graphpass.ir.dtypes import np_dtype
 from graphpass.ir.graph import Graph, Tensor
+from graphpass.runtimes import FREE_LIST, Execution, RuntimeModel
 
 
 def tensor_bytes(graph: Graph, tensor: Tensor, batch_size: int | None = None) -> int | None:
@@ -54,17 +55,17 @@ class MemoryProfile:
     loops: list[LoopFacts] = field(default_factory=list)
     #: What was simulated (``runtime_memory.runtime_memory_profile``); empty: the graph as given.
     model: str = ""
-    #: The peak in each order the runtime may run the step in (``Dialect.executions``),
+    #: The peak in each order the runtime may run the step in (``RuntimeModel.executions``),
     #: where it may take more than one; ``peak_bytes`` is the highest of them.
     order_peaks: tuple[int, ...] = ()
 
 
-def scratch_bytes(graph: Graph, name: str) -> int:
+def scratch_bytes(graph: Graph, name: str, runtime: RuntimeModel) -> int:
     """Bytes of the temporaries ``name``'s kernel holds while it runs
-    (``Dialect.scratch_shapes``), on top of its inputs and outputs."""
+    (``RuntimeModel.scratch_shapes``), on top of its inputs and outputs."""
     dialect = graph.dialect
     total = 0
-    for tensor, shape in dialect.scratch_shapes(graph, name):
+    for tensor, shape in runtime.scratch_shapes(graph, name):
         dtype = dialect.dtype(graph, tensor)
         itemsize = element_size(dtype) if dtype is not None else None
         if itemsize is not None and all(d is not None and d >= 0 for d in shape):
@@ -87,8 +88,10 @@ class Simulation:
     (the model: ``graphpass.analysis.memory``'s module docstring)."""
 
     def __init__(self, graph: Graph, execution: Execution, targets: list[str],
-                 constant: frozenset[str], kept: set[Tensor], batch_size: int | None) -> None:
+                 constant: frozenset[str], kept: set[Tensor], batch_size: int | None,
+                 runtime: RuntimeModel) -> None:
         self.graph, self.dialect, self.order = graph, graph.dialect, execution.order
+        self.runtime = runtime
         self.kept, self.batch_size = kept, batch_size
         self.kept_of: dict[str, list[Tensor]] = {}
         for tensor in sorted(kept):
@@ -113,7 +116,7 @@ class Simulation:
         self.stacks_at: dict[str, list[Tensor]] = {}  # a v1 loop: its pushes
         # Planned reuse: shape key -> freed buffers (most recent last), and the step
         # after which each waiting buffer was freed.
-        self.planned = self.dialect.reuses_freed_buffers
+        self.planned = runtime.heap == FREE_LIST
         self.free: dict[tuple, list[_Buffer]] = {}
         self.freed_at: dict[_Buffer, int] = {}
 
@@ -164,7 +167,7 @@ class Simulation:
         """Bytes of the fed values the runtime holds for the step (module docstring)."""
         needed = set(self.order)
         return sum(self._bytes(Tensor(name, 0))
-                   for name in self.dialect.runtime_fed(self.graph) if name in needed)
+                   for name in self.runtime.runtime_fed(self.graph) if name in needed)
 
     def run(self) -> MemoryProfile:
         profile = MemoryProfile(fed_bytes=self._fed_bytes(),
@@ -183,7 +186,7 @@ class Simulation:
                 self._output(name, tensor, {})
             self._copy_shared_variables(name)
             self.ran.add(name)
-            running = self.live + scratch_bytes(self.graph, name) + \
+            running = self.live + scratch_bytes(self.graph, name, self.runtime) + \
                 (self.loops[name][1] if name in self.loops else 0)
             profile.timeline.append((name, running))
             if running > profile.peak_bytes:
@@ -204,7 +207,7 @@ class Simulation:
         shares (``Dialect.copied_on_update``), the runtime writes a copy, which is
         the variable from then on: the old buffer is the step's now, freed with
         the last of those values (or written into by an op that forwards it)."""
-        for reads in self.dialect.copied_on_update(self.graph, name):
+        for reads in self.runtime.copied_on_update(self.graph, name):
             pending = [t for read in reads for t in self._sharing(read)
                        if self.readers.get(t) and t not in self.buffers]
             if not pending:
@@ -225,7 +228,7 @@ class Simulation:
                     continue
                 slots = self.slots[user]
                 for port in self.graph.used_ports(user):
-                    slot = self.dialect.output_alias(self.graph, user, port)
+                    slot = self.runtime.output_alias(self.graph, user, port)
                     if slot is not None and slots.get(slot) == tensor:
                         found.append(Tensor(user, port))
                         stack.append(Tensor(user, port))
@@ -247,7 +250,7 @@ class Simulation:
 
     def _output(self, name: str, tensor: Tensor, inputs: dict[int, Tensor]) -> None:
         """Give ``tensor`` a buffer: its aliased input's, a forwarded input's, or new."""
-        slot = self.dialect.output_alias(self.graph, name, tensor.port)
+        slot = self.runtime.output_alias(self.graph, name, tensor.port)
         if slot is not None and slot in inputs:
             buffer = self.buffers.get(inputs[slot])
             if buffer is None:  # aliases a stored value: not the step's memory
@@ -268,7 +271,7 @@ class Simulation:
     def _forwarded(self, name: str, size: int, inputs: dict[int, Tensor]) -> _Buffer | None:
         """An input buffer ``name`` may write into: same size, and this read is the
         last reference to it (no other reader, fetch or alias holds it)."""
-        for slot in self.dialect.forwardable_inputs(self.graph, name):
+        for slot in self.runtime.forwardable_inputs(self.graph, name):
             tensor = inputs.get(slot)
             buffer = self.buffers.get(tensor) if tensor is not None else None
             if buffer is not None and buffer.size == size and buffer.holders == 1 \

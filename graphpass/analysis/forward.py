@@ -25,7 +25,7 @@ meaningless names analyse alike:
   their share by the bytes of the variables its ops read (a unit reading a
   quarter of the parameters gets a quarter of them); a variable read by several
   units goes to the first, where its gradient is complete.
-* **Kernel temporaries** (``Dialect.scratch_shapes``: onnxruntime's ``Where``,
+* **Kernel temporaries** (``RuntimeModel.scratch_shapes``: onnxruntime's ``Where``,
   a ReLU gradient, holds two more tensors of its output's size while it runs)
   are charged to the unit whose gradient runs them: the earliest unit whose
   values the gradient op reads, directly or through other gradient ops. What
@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from graphpass.analysis.buffers import scratch_bytes
 from graphpass.analysis.cost import Sizes
 from graphpass.ir.graph import Graph, Tensor
+from graphpass.runtimes import RuntimeModel, runtime_for
 
 #: Fewest cuts wanted before the cut width is raised (a plan needs choices).
 MIN_CUTS = 16
@@ -116,22 +117,25 @@ def computed_forward(graph: Graph, forward: set[str]) -> list[str]:
 
 
 def forward_chain(graph: Graph, nodes: list[str], backward: set[str],
-                  sizes: Sizes, ignore_reader=lambda name: False) -> ForwardChain:
+                  sizes: Sizes, ignore_reader=lambda name: False,
+                  runtime: RuntimeModel | None = None) -> ForwardChain:
     """Segment ``nodes`` (the computed forward ops) into units at narrow cuts.
 
-    ``ignore_reader(name)`` leaves readers out (nodes a pass generated)."""
+    ``ignore_reader(name)`` leaves readers out (nodes a pass generated);
+    ``runtime``: what may be recomputed and what kernels hold (default: the
+    format's runtime)."""
+    runtime = runtime or runtime_for(graph)
     order = _as_late_as_possible(graph, nodes)
     if not order:  # nothing computed forward: no unit, nothing saved
         return ForwardChain(order, [], 0, [])
     position = {n: i for i, n in enumerate(order)}
-    dialect = graph.dialect
     saved: list[SavedValue] = []
     saved_at = [0] * len(order)
     pinned_at = [0] * len(order)
     flops_at = [0] * len(order)
     crossing = []  # (producer position, last forward reader position, bytes, saved)
     for i, name in enumerate(order):
-        recomputable = dialect.is_recomputable(graph, name)
+        recomputable = runtime.recomputable(graph, name)
         if recomputable:
             flops_at[i] = sizes.flops(name)
         for port in graph.used_ports(name):
@@ -159,7 +163,7 @@ def forward_chain(graph: Graph, nodes: list[str], backward: set[str],
         units.append(unit)
         start = end + 1
     _charge_returned(graph, order, units, sizes)
-    _charge_scratch(graph, order, units, backward)
+    _charge_scratch(graph, order, units, backward, runtime)
     saved.sort(key=lambda v: (-v.bytes, position[v.tensor.node], v.tensor.port))
     return ForwardChain(order, [u for u in units if u.end > u.start], width, saved)
 
@@ -184,12 +188,12 @@ def _charge_returned(graph: Graph, order: list[str], units: list[Unit], sizes: S
 
 
 def _charge_scratch(graph: Graph, order: list[str], units: list[Unit],
-                    backward: set[str]) -> None:
-    """Charge each unit the largest temporaries (``Dialect.scratch_shapes``) of the
+                    backward: set[str], runtime: RuntimeModel) -> None:
+    """Charge each unit the largest temporaries (``RuntimeModel.scratch_shapes``) of the
     gradient ops that run once the backward pass has reached it: an op reading
     forward values of several units, directly or through other gradient ops, goes
     to the earliest of them, the last one the backward reaches."""
-    scratch = {n: b for n in backward if (b := scratch_bytes(graph, n))}
+    scratch = {n: b for n in backward if (b := scratch_bytes(graph, n, runtime))}
     if not scratch:
         return
     unit_of = {}

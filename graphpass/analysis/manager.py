@@ -16,6 +16,7 @@ from typing import Any
 
 from graphpass.ir.graph import Graph
 from graphpass.options import RegionOptions
+from graphpass.runtimes import RuntimeModel
 
 REGIONS, SHAPES, PEAK = "regions", "shapes", "peak_bytes"
 
@@ -47,13 +48,15 @@ class AnalysisManager:
 
         self._get(graph, SHAPES, lambda: infer_shapes(graph))
 
-    def peak_bytes(self, graph: Graph, fetches: Iterable[str]) -> int:
-        """The liveness estimate of the step that runs ``fetches`` (``analysis/memory.py``)."""
-        from graphpass.analysis.memory import estimated_peak_bytes
+    def peak_bytes(self, graph: Graph, fetches: Iterable[str], runtime: RuntimeModel) -> int:
+        """The estimate of the step that runs ``fetches`` on ``runtime``
+        (``analysis/estimate.py``), cached per runtime model and configuration."""
+        from graphpass.analysis.estimate import step_profile
 
         fetches = list(fetches)
-        return self._get(graph, (PEAK, tuple(fetches)),
-                         lambda: estimated_peak_bytes(graph, fetches))
+        key = (PEAK, tuple(fetches), type(runtime).__name__, runtime.config)
+        return self._get(graph, key,
+                         lambda: step_profile(graph, fetches, runtime=runtime).peak_bytes)
 
     def invalidate(self, graph: Graph, preserved: Iterable[str] = ()) -> None:
         """Drop every cached result for ``graph`` but the ``preserved`` analyses."""

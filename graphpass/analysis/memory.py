@@ -1,15 +1,15 @@
 """Static tensor sizes and a simulation of the runtime's memory over one step.
 
 The estimate replays the step as the runtime runs it: in the dialect's schedule
-(``Dialect.execution``: for TF the executor's own order with one inter-op
+(``RuntimeModel.executions``: for TF the executor's own order with one inter-op
 thread, on the graph Grappler hands it, where the values known before the step
 run first and a node Grappler bypasses is not run, its readers reading what it
 passed on; for ONNX onnxruntime's order), over only the nodes the fetches need,
 in each order the runtime may take where the graph does not decide it
-(``Dialect.executions``: a TF2 step's, which its caller decides), keeping the
+(``RuntimeModel.executions``: a TF2 step's, which its caller decides), keeping the
 highest peak, and counts what the runtime really allocates:
 
-* fed values the runtime copies into buffers of its own (``Dialect.runtime_fed``:
+* fed values the runtime copies into buffers of its own (``RuntimeModel.runtime_fed``:
   TF's placeholders without a default) are live for the whole step, as the
   runtime holds them until the step returns: they are part of the peak the CPU
   allocator measures (``MemoryProfile.fed_bytes``; TF's per-kernel allocation
@@ -19,10 +19,10 @@ highest peak, and counts what the runtime really allocates:
   constants, including what the runtime folds into constants (ops whose inputs
   are all constant, up to ``MAX_FOLDED_BYTES``, as TF's and Grappler's constant
   folding do);
-* a kernel's temporaries (``Dialect.scratch_shapes``: onnxruntime's ``Where``)
+* a kernel's temporaries (``RuntimeModel.scratch_shapes``: onnxruntime's ``Where``)
   count at its own step only;
 * an update of a variable whose buffer a value still to be read shares (a
-  forward read the backward pass holds) writes a copy (``Dialect.copied_on_update``:
+  forward read the backward pass holds) writes a copy (``RuntimeModel.copied_on_update``:
   TF's resource variables): the old buffer is the step's until the last of those
   values' readers has run;
 * an output that aliases an input (Identity, Reshape, ...) shares its buffer;
@@ -32,7 +32,7 @@ highest peak, and counts what the runtime really allocates:
 * a buffer is freed when its last holder's last reader has run; fetched
   values and the values the dialect says the step returns whatever is fetched
   (``Dialect.returned_values``: ONNX's graph outputs) live to the end of the step;
-* a runtime that plans its buffers ahead (``Dialect.reuses_freed_buffers``:
+* a runtime that plans its buffers ahead (``RuntimeModel.reuses_freed_buffers``:
   onnxruntime's allocation planner) puts a freed buffer on a free list instead,
   most recently freed first; the next value of exactly its shape and element size
   (not a returned value, not a scalar) takes it over, and it stays allocated
@@ -63,9 +63,10 @@ from dataclasses import replace
 
 from graphpass.analysis.buffers import MemoryProfile, Simulation, element_size, tensor_bytes
 from graphpass.analysis.shapes import infer_shapes
-from graphpass.dialects.base import Execution, LoopFacts
+from graphpass.dialects.base import LoopFacts
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
+from graphpass.runtimes import Execution, RuntimeModel, runtime_for
 
 __all__ = ["MemoryProfile", "check_batch_size", "estimated_peak_bytes", "format_bytes",
            "memory_profile", "memory_timeline", "step_loop_facts", "tensor_bytes"]
@@ -99,9 +100,10 @@ def check_batch_size(graph: Graph, fetches: list[str], batch_size: int | None) -
 
 
 def estimated_peak_bytes(graph: Graph, fetches: list[str], batch_size: int | None = None,
-                         loop_trips: int | None = None) -> int:
+                         loop_trips: int | None = None,
+                         runtime: RuntimeModel | None = None) -> int:
     """Peak bytes the runtime allocates at once while running ``fetches``."""
-    return memory_profile(graph, fetches, batch_size, loop_trips).peak_bytes
+    return memory_profile(graph, fetches, batch_size, loop_trips, runtime=runtime).peak_bytes
 
 
 def memory_timeline(graph: Graph, fetches: list[str],
@@ -112,23 +114,27 @@ def memory_timeline(graph: Graph, fetches: list[str],
 
 def memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = None,
                    loop_trips: int | None = None,
-                   replay: Sequence[str] | None = None) -> MemoryProfile:
-    """Simulate one step running ``fetches`` (``node`` or ``node:port`` names);
-    ``loop_trips``: the trip count of loops whose count the graph does not fix;
-    ``replay``: node names in the order a runtime reported starting them (a traced
-    step), simulated in that order instead of the dialect's (:func:`replayed`)."""
+                   replay: Sequence[str] | None = None,
+                   runtime: RuntimeModel | None = None) -> MemoryProfile:
+    """Simulate one step running ``fetches`` (``node`` or ``node:port`` names) on
+    ``runtime`` (default: the graph's format's runtime under the default
+    configuration); ``loop_trips``: the trip count of loops whose count the graph
+    does not fix; ``replay``: node names in the order a runtime reported starting
+    them (a traced step), simulated in that order instead of the runtime model's
+    (:func:`replayed`)."""
+    runtime = runtime or runtime_for(graph)
     infer_shapes(graph)
     targets = _fetch_nodes(graph, fetches)
     needed = graph.ancestors(targets) | set(targets)
-    known = _known_before(graph, needed, batch_size)
-    executions = graph.dialect.executions(graph, needed, known, frozenset(targets))
+    known = _known_before(graph, needed, batch_size, runtime)
+    executions = runtime.executions(graph, needed, known, frozenset(targets))
     if replay is not None:
         executions = [replayed(graph, executions[0], replay)]
-    loops = _loops(graph, executions[0].order, batch_size, loop_trips)
+    loops = _loops(graph, executions[0].order, batch_size, loop_trips, runtime)
     kept = _kept(graph, fetches)
     profiles = []
     for execution in executions:  # the runtime may take any of them: the worst counts
-        simulation = Simulation(graph, execution, targets, known, kept, batch_size)
+        simulation = Simulation(graph, execution, targets, known, kept, batch_size, runtime)
         simulation.add_loops(loops)
         profiles.append(simulation.run())
     worst = max(profiles, key=lambda profile: profile.peak_bytes)
@@ -169,7 +175,7 @@ def placed_in(graph: Graph, ran: Sequence[str]) -> dict[str, int]:
 
 
 def _loops(graph: Graph, order: list[str], batch_size: int | None,
-           loop_trips: int | None) -> dict[str, tuple[LoopFacts, int]]:
+           loop_trips: int | None, runtime: RuntimeModel) -> dict[str, tuple[LoopFacts, int]]:
     """The loops the step runs, each with what it holds at its own step only: its
     body's peak over one iteration (the body estimated as a step of its own; the
     values passed in are not its) and what the iterations in flight at once add
@@ -182,7 +188,8 @@ def _loops(graph: Graph, order: list[str], batch_size: int | None,
             continue
         body = 0
         if facts.body is not None:
-            inner = memory_profile(facts.body, list(facts.body_fetches), batch_size, loop_trips)
+            inner = memory_profile(facts.body, list(facts.body_fetches), batch_size, loop_trips,
+                                   runtime=runtime)
             body = inner.peak_bytes - inner.fed_bytes
         loops[name] = (facts, body + _in_flight_bytes(facts))
     return loops
@@ -212,7 +219,8 @@ def _in_flight_bytes(facts: LoopFacts) -> int:
     return max(0, ahead * (facts.pending_bytes - facts.popped_bytes))
 
 
-def _known_before(graph: Graph, needed: set[str], batch_size: int | None) -> frozenset[str]:
+def _known_before(graph: Graph, needed: set[str], batch_size: int | None,
+                  runtime: RuntimeModel) -> frozenset[str]:
     """Nodes whose outputs exist before the step: stored, fed or folded values
     (module docstring), found forward from the constants (a node folds once the
     last of its inputs is known). The runtime's schedule treats them as run first."""
@@ -223,7 +231,7 @@ def _known_before(graph: Graph, needed: set[str], batch_size: int | None) -> fro
     stack = list(known)
     while stack:
         for user in graph.data_users(stack.pop()):
-            if user in needed and user not in known and dialect.is_foldable(graph, user) \
+            if user in needed and user not in known and runtime.is_foldable(graph, user) \
                     and all(t.node in known for t in graph.inputs(user)) and all(
                         (tensor_bytes(graph, Tensor(user, p), batch_size) or 0)
                         <= MAX_FOLDED_BYTES for p in graph.used_ports(user)):

@@ -33,7 +33,7 @@ class VersionAction(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         import graphpass
         from graphpass.cli.text import version_text
-        from graphpass.runtimes import versions
+        from graphpass.installed import versions
 
         print(version_text(graphpass.__version__, versions()))
         parser.exit()

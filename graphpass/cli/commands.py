@@ -219,7 +219,7 @@ class Verify(Command):
 
     def run(self, args):
         from graphpass.inspect.verify import VerifyOptions, format_report, verify_files
-        from graphpass.runtimes import runtimes_required
+        from graphpass.installed import runtimes_required
 
         if args.steps < 1:
             raise GraphpassError(f"--steps must be at least 1, not {args.steps}")

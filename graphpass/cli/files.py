@@ -27,7 +27,7 @@ def load(path, **kwargs):
     objects are still freed when their last reference goes; ``main`` unfreezes
     when the command ends."""
     import graphpass
-    from graphpass.runtimes import runtimes_required
+    from graphpass.installed import runtimes_required
 
     with runtimes_required("reading"):
         graph = graphpass.load(path, **kwargs)

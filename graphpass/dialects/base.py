@@ -54,22 +54,6 @@ class LoopFacts:
         return self.per_trip[port] * (self.trips or 0)
 
 
-@dataclass(frozen=True)
-class Execution:
-    """What the runtime runs of a step: ``order``, its nodes in the order the runtime
-    runs them; ``forwarded``: reads the runtime rewires past a node it removes
-    before running (TF's dependency optimizer bypassing an ``Identity``: its users
-    read its input), each value to the value really read. Removed nodes are not
-    in ``order``: they run nowhere and hold nothing."""
-
-    order: list[str]
-    forwarded: dict[Tensor, Tensor] = field(default_factory=dict)
-
-    def read(self, tensor: Tensor) -> Tensor:
-        """The value the runtime really reads for ``tensor``."""
-        return self.forwarded.get(tensor, tensor)
-
-
 class Dialect(ABC):
     """Format-specific knowledge, behind one interface."""
 
@@ -81,47 +65,11 @@ class Dialect(ABC):
     #: All train ops form one training step (ONNX: each updated parameter is a graph
     #: output of its own, with no op grouping them); else each train op is a step.
     single_train_step: bool = False
-    #: The runtime plans buffers ahead as onnxruntime does: a freed buffer waits, still
-    #: allocated, for the next value of its exact shape, and returned values never share
-    #: one (the memory estimate models it; see ``analysis.memory``).
-    reuses_freed_buffers: bool = False
-    #: What the runtime's allocator holds beyond the bytes it is asked for, as a
-    #: fraction of them (fragmentation: a freed block too big for the next request
-    #: is handed out whole, regions grow in steps). The estimate counts requests, so
-    #: a memory budget is planned to ``budget / (1 + allocator_headroom)`` of them
-    #: (``passes.remat.auto``) for the allocator's own peak to meet it.
-    allocator_headroom: float = 0.0
-
     # -- structure ---------------------------------------------------------
 
     def is_back_edge(self, graph: Graph, src: str, dst: str) -> bool:
         """True for loop back-edges, which topological orders ignore."""
         return False
-
-    def schedule(self, graph: Graph, nodes: set[str] | None = None,
-                 known: frozenset[str] = frozenset(), fetched: frozenset[str] = frozenset()
-                 ) -> list[str]:
-        """``nodes`` (default: every node), in the order the format's runtime executes
-        them when only those run (the memory estimate walks it): here topological,
-        ties broken by graph order, so nodes a pass appended run as late as their
-        users allow. ``known``: nodes whose values exist before the step (stored,
-        constant, folded), ``fetched``: the step's targets; a runtime that rewrites
-        the graph before running it (TF's Grappler) needs them, others ignore them."""
-        order = graph.topological_order(ignore_edge=lambda s, d: self.is_back_edge(graph, s, d))
-        return order if nodes is None else [n for n in order if n in nodes]
-
-    def execution(self, graph: Graph, nodes: set[str], known: frozenset[str],
-                  fetched: frozenset[str]) -> Execution:
-        """What the runtime runs of ``nodes`` (``schedule``'s arguments), for the memory
-        estimate: here the schedule itself, nothing rewired."""
-        return Execution(self.schedule(graph, nodes, known, fetched))
-
-    def executions(self, graph: Graph, nodes: set[str], known: frozenset[str],
-                   fetched: frozenset[str]) -> list[Execution]:
-        """Every order the runtime may run ``nodes`` in (``execution``'s arguments),
-        where which one it takes is decided outside the graph: the memory estimate
-        runs each and keeps the highest peak. Here the one ``execution``."""
-        return [self.execution(graph, nodes, known, fetched)]
 
     def loop_facts(self, graph: Graph, name: str, batch_size: int | None = None,
                    loop_trips: int | None = None) -> LoopFacts | None:
@@ -186,64 +134,10 @@ class Dialect(ABC):
         inputs = graph.inputs(name)
         return Tensor(name, 0), inputs[1], 1
 
-    # -- runtime memory (graphpass.analysis.memory) ---------------------------
-
-    #: The executor queues ready kernels newest first (TF's, with its Eigen pool),
-    #: so a kernel that became ready early may wait under all later work
-    #: (``passes/remat/pin``).
-    queues_newest_first: bool = False
-
     def is_constant(self, graph: Graph, name: str) -> bool:
         """``name``'s value is known before the step runs (a constant, or the shape of
-        a fully static tensor): the runtime may fold the ops it feeds."""
+        a fully static tensor): a runtime may fold the ops it feeds."""
         return False
-
-    def is_foldable(self, graph: Graph, name: str) -> bool:
-        """The runtime replaces ``name`` by a constant when all its inputs are."""
-        return False
-
-    def output_alias(self, graph: Graph, name: str, port: int) -> int | None:
-        """The input slot whose buffer output ``port`` shares (Identity, Reshape), or None."""
-        return None
-
-    def fuses_into_producer(self, graph: Graph, name: str, slot: int) -> bool:
-        """The runtime's graph optimizer folds ``name`` into the op producing its
-        input ``slot`` (onnxruntime: a MatMul's result scaled by a constant, or
-        added to, as one Gemm): a value put between the two would change how the
-        fused op rounds, so passes that gate a value gate the fused one."""
-        return False
-
-    def rewritten_with_neighbours(self, graph: Graph, name: str) -> bool:
-        """The runtime's graph optimizer may rewrite ``name`` together with the ops
-        around it (TF: Grappler's arithmetic optimizer on elementwise math and
-        reshapes), which a control edge out of it stops: a pass that orders work
-        takes its edge from another node. Here: no such rewrites."""
-        return False
-
-    def merged_with(self, graph: Graph, name: str) -> list[str]:
-        """Nodes the runtime merges with ``name`` into one kernel only while they all
-        wait on the same control inputs (TF with oneDNN: a convolution's filter
-        gradient and the bias gradient of the same incoming gradient): a pass that
-        gives ``name`` a control input gives it to these too. Here: none."""
-        return []
-
-    def scratch_shapes(self, graph: Graph, name: str) -> list[tuple[Tensor, tuple]]:
-        """Temporary tensors ``name``'s kernel allocates while it runs, besides its
-        outputs, each as ``(tensor whose dtype it has, shape)``; freed when it returns."""
-        return []
-
-    def copied_on_update(self, graph: Graph, name: str) -> list[list[Tensor]]:
-        """For each variable ``name`` updates in place: the values that read the
-        variable's buffer without copying it. Where one of them is still to be read
-        when ``name`` runs, the runtime first copies the variable (TF's resource
-        variables, which never write a buffer another tensor still holds), and the
-        old buffer lives on until that value's last reader has run."""
-        return []
-
-    def forwardable_inputs(self, graph: Graph, name: str) -> tuple[int, ...]:
-        """Input slots whose buffer ``name`` may reuse for its output 0 when it is
-        their last reader (elementwise kernels writing in place)."""
-        return ()
 
     def is_variable(self, graph: Graph, name: str) -> bool:
         """A trainable or optimizer state variable."""
@@ -278,12 +172,6 @@ class Dialect(ABC):
 
     def graph_inputs(self, graph: Graph) -> list[str]:
         """What the graph is fed (TF placeholders, ONNX graph inputs)."""
-        return []
-
-    def runtime_fed(self, graph: Graph) -> list[str]:
-        """The inputs whose fed values the runtime copies into buffers of its own,
-        held for the whole step (so they count in its peak memory). None by
-        default: onnxruntime's Python binding borrows a fed numpy array's memory."""
         return []
 
     def graph_outputs(self, graph: Graph) -> list[str]:

@@ -5,8 +5,6 @@ read by ``graphpass.formats.onnx_io``), answered from the modules beside it:
 * ``onnx_shapes``: dtypes, static shapes and constant values of tensors, from
   ``onnx.shape_inference`` run once over the whole model and recorded per node
   in ``node.meta["dtypes"]`` / ``node.meta["shapes"]``;
-* ``onnx_runtime``: onnxruntime's runtime model (aliasing, in-place kernels, the
-  MatMul fusions, scratch tensors) for the memory estimate;
 * ``onnx_builders``: the small ops passes insert, constants as initializers;
 * ``onnx_attrs``: attributes, and the ``_``-keyed annotations (``_recompute_hint``)
   kept in the NodeProto's ``metadata_props``, since the checker refuses
@@ -35,7 +33,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from graphpass.dialects import onnx_builders as builders
-from graphpass.dialects import onnx_runtime as runtime
 from graphpass.dialects.base import Dialect
 from graphpass.dialects.onnx_attrs import get_attr, set_attr
 from graphpass.dialects.onnx_ops import (
@@ -54,7 +51,7 @@ from graphpass.dialects.onnx_ops import (
 from graphpass.dialects.onnx_shapes import constant_value, inferred, shape_source
 from graphpass.dialects.onnx_shapes import infer_types as _infer_types
 from graphpass.errors import GraphpassError
-from graphpass.formats.onnx_order import INPUT, SOURCE_OPS, ort_schedule
+from graphpass.formats.onnx_order import INPUT, SOURCE_OPS
 from graphpass.formats.ort_artifacts import EVAL, MS_DOMAIN, OPTIMIZER, not_a_step
 from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
 
@@ -67,7 +64,6 @@ class ONNXDialect(Dialect):
     allows_empty_input_slots = True
     dependency_modes = ("data",)
     single_train_step = True
-    reuses_freed_buffers = True
 
     def __init__(self) -> None:
         self._updates_cache: tuple | None = None
@@ -76,14 +72,6 @@ class ONNXDialect(Dialect):
 
     def num_outputs(self, graph: Graph, name: str) -> int | None:
         return len(graph.node(name).outputs)
-
-    def schedule(self, graph: Graph, nodes: set[str] | None = None,
-                 known: frozenset[str] = frozenset(), fetched: frozenset[str] = frozenset()
-                 ) -> list[str]:
-        """onnxruntime's default order for the model the writer emits (a DFS from the
-        leaves; see ``onnx_order.ort_schedule``), not a plain topological order."""
-        order = ort_schedule(graph)
-        return order if nodes is None else [n for n in order if n in nodes]
 
     def parse_tensor(self, graph: Graph, text: str) -> Tensor:
         """An ONNX tensor name first (what users see in Netron), then a node's name
@@ -113,12 +101,6 @@ class ONNXDialect(Dialect):
             return self._dropout_trains(graph, name)
         return node.op in RANDOM_OPS or node.op in CONTROL_FLOW_OPS
 
-    def is_recomputable(self, graph: Graph, name: str) -> bool:
-        """Not what onnxruntime would rewrite differently as a copy than as the
-        original (``onnx_runtime.fused_unlike_its_copy``)."""
-        return super().is_recomputable(graph, name) and \
-            not runtime.fused_unlike_its_copy(graph, name)
-
     def _dropout_trains(self, graph: Graph, name: str) -> bool:
         if self.opset(graph) < 7:  # is_test, default 0: training unless set
             return self.get_attr(graph, name, "is_test", 0) == 0
@@ -139,20 +121,6 @@ class ONNXDialect(Dialect):
         """An input or initializer that the step updates: a trained parameter or
         optimizer state; frozen weights of an inference model are constants."""
         return graph.node(name).op in SOURCE_OPS and name in self.updates(graph).variables
-
-    # -- onnxruntime's runtime model (onnx_runtime) ----------------------------
-
-    def output_alias(self, graph: Graph, name: str, port: int) -> int | None:
-        return runtime.output_alias(graph, name, port)
-
-    def fuses_into_producer(self, graph: Graph, name: str, slot: int) -> bool:
-        return runtime.fuses_into_producer(graph, name, slot)
-
-    def scratch_shapes(self, graph: Graph, name: str) -> list[tuple[Tensor, tuple]]:
-        return runtime.scratch_shapes(graph, name)
-
-    def forwardable_inputs(self, graph: Graph, name: str) -> tuple[int, ...]:
-        return runtime.forwardable_inputs(graph, name)
 
     # -- graph inputs and outputs --------------------------------------------
 

@@ -1,7 +1,8 @@
 """The TensorFlow dialect: what passes and analyses ask of a TF graph (op kinds,
-dtypes, shapes, training structure, TF's runtime), answered from TF's own op
-registry (``tf_ops``), its shape inference (``tf_shapes``), a model of its
-runtime (``tf_runtime``) and the optimizer-update recognisers (``tf_updates``).
+dtypes, shapes, training structure), answered from TF's own op registry
+(``tf_ops``), its shape inference (``tf_shapes``) and the optimizer-update
+recognisers (``tf_updates``). What TF's runtime does with the graph is the
+runtime models' (``graphpass.runtimes``).
 
 The builders and the stale pass's conditionals are a mixin (``tf_builders``);
 XLA support is ``tf_xla``. This module answers questions; it reads no file.
@@ -13,15 +14,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from graphpass.dialects import (
-    tf_kernels,
     tf_loops,
     tf_loops_v1,
-    tf_runtime,
     tf_shapes,
     tf_updates,
     tf_xla,
 )
-from graphpass.dialects.base import Dialect, Execution, LoopFacts
+from graphpass.dialects.base import Dialect, LoopFacts
 from graphpass.dialects.capabilities import ConditionalBuilder, TargetLowering
 from graphpass.dialects.tf_builders import TFBuilders
 from graphpass.dialects.tf_ops import (
@@ -46,7 +45,6 @@ from graphpass.dialects.tf_ops import (
     output_count,
     required_count,
 )
-from graphpass.dialects.tf_runtime import ALIAS_OPS, FORWARD_SLOTS
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 
@@ -58,15 +56,6 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
                   "conv": CONV_FORWARD_OPS | CONV_INPUT_GRAD_OPS | CONV_FILTER_GRAD_OPS,
                   "cheap": CHEAP_OPS}
     constant_folded_ops = frozenset({"Mul", "RealDiv", "Div"})
-    #: TF's CPU allocator with oneDNN (a best-fit-with-coalescing allocator, as on
-    #: GPUs) hands a request a whole free block up to twice its size and grows in
-    #: doubling regions, so its peak exceeds the step's allocation records; which
-    #: blocks a step gets depends on every earlier request, so an allowance is
-    #: declared instead of a model (``python -m tools.bench.planner`` measures it;
-    #: docs/benchmarks.md).
-    allocator_headroom = 0.18
-    queues_newest_first = True
-
     # -- structure ---------------------------------------------------------
 
     def is_back_edge(self, graph: Graph, src: str, dst: str) -> bool:
@@ -197,42 +186,9 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
     def graph_inputs(self, graph: Graph) -> list[str]:
         return [n.name for n in graph.nodes() if n.op.startswith("Placeholder")]
 
-    def runtime_fed(self, graph: Graph) -> list[str]:
-        """Placeholders without a default: ``Session.run`` copies a fed array into a
-        tensor from TF's CPU allocator unless numpy's buffer happens to have
-        Eigen's 64-byte alignment (large numpy arrays do not), and holds it until
-        the call returns, however early its last reader runs."""
-        return [n.name for n in graph.nodes()
-                if n.op == "Placeholder" and self.get_attr(graph, n.name, "dtype") != "resource"]
-
     def is_shape_only(self, graph: Graph, name: str) -> bool:
         """Reads only the shape of its input (how TF seeds gradients from the loss)."""
         return graph.node(name).op in SHAPE_ONLY_OPS
-
-    # -- runtime memory ----------------------------------------------------
-
-    def schedule(self, graph: Graph, nodes: set[str] | None = None,
-                 known: frozenset[str] = frozenset(), fetched: frozenset[str] = frozenset()
-                 ) -> list[str]:
-        """The executor's order with one inter-op thread on the graph Grappler hands
-        it (``tf_runtime.execution``): the nodes Grappler bypasses are not in it."""
-        nodes = set(graph) if nodes is None else nodes
-        return self.execution(graph, nodes, known, fetched).order
-
-    def execution(self, graph: Graph, nodes: set[str], known: frozenset[str],
-                  fetched: frozenset[str],
-                  order_key: str = tf_runtime.RUNTIME_POSITION) -> Execution:
-        return tf_runtime.execution(graph, nodes, known, fetched,
-                                    lambda s, d: self.is_back_edge(graph, s, d),
-                                    lambda n: self.is_stateful(graph, n), order_key)
-
-    def executions(self, graph: Graph, nodes: set[str], known: frozenset[str],
-                   fetched: frozenset[str]) -> list[Execution]:
-        """One per order of Grappler's output the nodes record
-        (``tf_runtime.RUNTIME_ORDERS``: the step as written, and as called from a
-        graph where it is a function), else the one in the graph's order."""
-        keys = tf_runtime.recorded_orders(graph, nodes) or [tf_runtime.RUNTIME_POSITION]
-        return [self.execution(graph, nodes, known, fetched, key) for key in keys]
 
     def is_constant(self, graph: Graph, name: str) -> bool:
         node = graph.node(name)
@@ -242,39 +198,6 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
             return False
         shapes = [self.shape(graph, t) for t in graph.inputs(name)]
         return all(s is not None and None not in s for s in shapes)
-
-    def is_foldable(self, graph: Graph, name: str) -> bool:
-        return bool(graph.inputs(name)) and not self.is_stateful(graph, name) \
-            and not self.is_source(graph, name)
-
-    def output_alias(self, graph: Graph, name: str, port: int) -> int | None:
-        op = graph.node(name).op
-        if op == "IdentityN":
-            return port
-        if op == "Switch":
-            return 0
-        return 0 if op in ALIAS_OPS and port == 0 else None
-
-    def scratch_shapes(self, graph: Graph, name: str) -> list[tuple[Tensor, tuple]]:
-        """Only where TF was asked which kernels it runs (``tf_kernels``, on
-        Grappler's output): the hand model's graph carries none, so plans made on
-        it do not depend on this machine's kernels."""
-        return graph.node(name).meta.get(tf_kernels.META_KEY, [])
-
-    def copied_on_update(self, graph: Graph, name: str) -> list[list[Tensor]]:
-        return tf_runtime.copied_on_update(graph, name)
-
-    def merged_with(self, graph: Graph, name: str) -> list[str]:
-        return tf_runtime.merged_gradients(graph, name)
-
-    def rewritten_with_neighbours(self, graph: Graph, name: str) -> bool:
-        return graph.node(name).op in tf_runtime.REWRITTEN_WITH_NEIGHBOURS
-
-    def forwardable_inputs(self, graph: Graph, name: str) -> tuple[int, ...]:
-        node = graph.node(name)
-        if node.op == "AddN":
-            return tuple(range(len(graph.inputs(name))))
-        return FORWARD_SLOTS.get(node.op, ())
 
     # -- training structure -------------------------------------------------
 

@@ -236,8 +236,9 @@ def plain_updates(graph: Graph, *, strict: bool = True,
     backward = _computed_backward(graph, applied or [], forward)
     # Whatever is computed from the gradient computation is no constant.
     constants: dict[str, bool] = dict.fromkeys(backward, False)
-    step_values = forward | accesses.reads | accesses.written | set(
-        graph.dialect.runtime_fed(graph))
+    fed = {n.name for n in graph.nodes() if n.op == "Placeholder"
+           and graph.dialect.get_attr(graph, n.name, "dtype") != "resource"}
+    step_values = forward | accesses.reads | accesses.written | fed
     updates = {}
     for variable in sorted(trainable - set(skip)):
         for write in accesses.writes[variable]:

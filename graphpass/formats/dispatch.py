@@ -17,8 +17,8 @@ from pathlib import Path
 from graphpass.errors import GraphpassError
 from graphpass.formats.container import detect
 from graphpass.formats.files import ONNX
+from graphpass.installed import require_onnx, require_tensorflow
 from graphpass.ir.graph import Graph
-from graphpass.runtimes import require_onnx, require_tensorflow
 
 
 def load(path: str | os.PathLike, *, tag: str | None = None, signature: str | None = None,

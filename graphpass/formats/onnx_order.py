@@ -1,4 +1,5 @@
-"""The order of an ONNX graph's nodes: the file's, and onnxruntime's schedule.
+"""The order of an ONNX graph's nodes in the file (onnxruntime's schedule of it is
+the runtime model's: ``runtimes/ort``).
 
 The reader and writer (``onnx_io``) and the dialect share the conventions
 defined here (the source ops standing for inputs and initializers, the read
@@ -70,34 +71,6 @@ def file_order(graph: Graph) -> list[str]:
     if any(READ_INDEX not in n.meta for n in graph.nodes() if n.op not in SOURCE_OPS):
         order = ort_leaf_order(graph, order)
     return order
-
-
-def ort_schedule(graph: Graph) -> list[str]:
-    """The order onnxruntime runs the written model in, by default: a depth-first
-    walk from the leaves, the last leaf of the file first, each node's producers
-    latest-in-file first, a node running once its producers have (its
-    ``GraphViewer`` order). Source nodes come first. ORT's own rewrites (fusions)
-    can move a few nodes; the order of the rest stands."""
-    order = file_order(graph)
-    index = {name: i for i, name in enumerate(order)}
-    sources = [n for n in order if graph.node(n).op in SOURCE_OPS]
-    source_set = set(sources)
-    stack = [(n, False) for n in order if n not in source_set and not graph.users(n)]
-    visited: set[str] = set()
-    schedule = []
-    while stack:
-        name, leaving = stack.pop()
-        if leaving:
-            schedule.append(name)
-            continue
-        if name in visited:
-            continue
-        visited.add(name)
-        stack.append((name, True))
-        producers = sorted((p for p in graph.producers(name) if graph.node(p).op not in SOURCE_OPS),
-                           key=index.__getitem__)
-        stack.extend((p, False) for p in producers if p not in visited)
-    return sources + schedule
 
 
 def ort_leaf_order(graph: Graph, order: list[str]) -> list[str]:

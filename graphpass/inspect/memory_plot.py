@@ -24,11 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from graphpass.analysis.memory import format_bytes, memory_profile
+from graphpass.analysis.estimate import step_profile
+from graphpass.analysis.memory import format_bytes
 from graphpass.analysis.runtime_memory import follow_runtime_order, runtime_view
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
 from graphpass.options import RegionOptions
+from graphpass.runtimes import RuntimeModel, runtime_for
 
 #: matplotlib settings that make the SVG the same bytes on every run.
 _DETERMINISTIC_SVG = {
@@ -68,9 +70,10 @@ class MemoryTimeline:
 
 def step_timeline(graph: Graph, label: str, regions: RegionOptions | None = None,
                   measured_peak_bytes: int | None = None,
-                  batch_size: int | None = None, loop_trips: int | None = None
-                  ) -> MemoryTimeline:
-    """The estimated live bytes of ``graph``'s training step, node by node.
+                  batch_size: int | None = None, loop_trips: int | None = None,
+                  runtime: RuntimeModel | None = None) -> MemoryTimeline:
+    """The estimated live bytes of ``graph``'s training step, node by node, on
+    ``runtime`` (default: the format's runtime under the default configuration).
 
     The step is what region analysis finds (with the user's overrides); a graph
     without one is the caller's error, said in one line. ``batch_size`` stands
@@ -85,9 +88,10 @@ def step_timeline(graph: Graph, label: str, regions: RegionOptions | None = None
     except GraphpassError as exc:
         raise GraphpassError(f"no memory plot for {label}: it needs the training step "
                              f"({exc})") from None
+    runtime = runtime or runtime_for(graph)
     # The order of the graph the runtime runs, as the remat pass estimates it.
-    follow_runtime_order(graph, runtime_view(graph, step.fetches))
-    profile = memory_profile(graph, step.fetches, batch_size, loop_trips)
+    follow_runtime_order(graph, runtime_view(graph, step.fetches, runtime), runtime)
+    profile = step_profile(graph, step.fetches, batch_size, loop_trips, runtime)
     points = profile.timeline
     if not points:
         raise GraphpassError(f"no memory plot for {label}: its training step computes nothing")
@@ -96,22 +100,22 @@ def step_timeline(graph: Graph, label: str, regions: RegionOptions | None = None
         measured_peak_bytes += profile.fed_bytes
     return MemoryTimeline(label, points, backward[0] if backward else None,
                           measured_peak_bytes, profile.fed_bytes,
-                          _held_mode(graph, step, profile, batch_size, loop_trips))
+                          _held_mode(graph, step, profile, batch_size, loop_trips, runtime))
 
 
 def _held_mode(graph: Graph, regions, profile, batch_size: int | None,
-               loop_trips: int | None) -> list[tuple[str, int]] | None:
+               loop_trips: int | None, runtime: RuntimeModel) -> list[tuple[str, int]] | None:
     """The step's schedule with every update held to the end of the step, where it
     is the original's figure in ``rewrite``'s summary (``pin.worst_case``, where
     ``pin.held_counts``); None where it is not, or the updates cannot be held."""
-    from graphpass.passes.remat.auto import with_trips
+    from graphpass.passes.remat.auto import step_estimator
     from graphpass.passes.remat.pin import held_counts, held_is_higher, held_updates_peak
     from graphpass.passes.remat.rewrite import Step
 
-    if not held_counts(graph):
+    if not held_counts(graph) or not runtime.holds_updates:
         return None
-    held = held_updates_peak(graph, Step.of(regions, "control", loop_trips), batch_size,
-                             with_trips(memory_profile, loop_trips))
+    step = Step.of(regions, "control", runtime, loop_trips)
+    held = held_updates_peak(graph, step, batch_size, step_estimator(step))
     return held.timeline if held_is_higher(profile.peak_bytes, held) else None
 
 

@@ -39,8 +39,8 @@ from graphpass.inspect.verify.tf_runner import (
     _TFRunner,
     session_config,
 )
+from graphpass.installed import require_tensorflow
 from graphpass.ir.graph import Graph
-from graphpass.runtimes import require_tensorflow
 
 
 class TFProfiler:

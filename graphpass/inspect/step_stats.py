@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 
 from graphpass.dialects.tf_ops import READ_MODIFY_WRITE_OP
-from graphpass.dialects.tf_runtime import ALIAS_OPS
+from graphpass.runtimes.tf_order import ALIAS_OPS
 
 ASSIGN = "AssignVariableOp"
 _LABEL = re.compile(r"^(?:\[[^\]]*\] )?(?P<name>\S+) = (?P<op>[\w>]+)\((?P<inputs>.*)\)$")

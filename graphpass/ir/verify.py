@@ -14,7 +14,7 @@ code's: it raises :class:`MalformedGraphError`, a user error (exit 2).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
@@ -35,13 +35,16 @@ class MalformedGraphError(GraphpassError):
     """The graph read from a file breaks an invariant (a cycle, a port it lacks)."""
 
 
-def verify(graph: Graph, after: str = "input", nodes: Iterable[str] | None = None) -> None:
-    """Check: acyclic (loop back-edges aside, and after a pass also with the
-    runtime's merged kernels), ports valid, node data complete.
+def verify(graph: Graph, after: str = "input", nodes: Iterable[str] | None = None,
+           checks: Sequence[Callable[[Graph], str | None]] = ()) -> None:
+    """Check: acyclic (loop back-edges aside), ports valid, node data complete, and
+    after a pass the ``checks`` the target's runtime model adds (its merged
+    kernels on no path: ``RuntimeModel.ir_checks``); the IR knows no runtime.
 
     ``nodes``: check the data, slots and ports of those alone (the nodes a pass
     added or rewired, ``Graph.take_edited``: nothing else can have broken them);
-    acyclicity is checked over the whole graph either way."""
+    acyclicity is checked over the whole graph either way. ``checks`` run after
+    passes only: an input graph is as its exporter made it."""
     is_input = after == "input"
     where = "in the input graph" if is_input else f"after pass {after!r}"
     error = MalformedGraphError if is_input else InvariantError
@@ -54,9 +57,10 @@ def verify(graph: Graph, after: str = "input", nodes: Iterable[str] | None = Non
         _check_acyclic(graph)
     except ValueError as exc:
         raise error(f"{where}: {exc}{fix}") from None
-    merged = None if is_input else _merged_on_a_path(graph)
-    if merged:
-        raise error(f"{where}: {merged}")
+    for check in () if is_input else checks:
+        problem = check(graph)
+        if problem:
+            raise error(f"{where}: {problem}")
 
 
 def _node_problem(graph: Graph, names: list[str]) -> str | None:
@@ -85,25 +89,6 @@ def _check_acyclic(graph: Graph) -> None:
     except ValueError:
         graph.topological_order(
             ignore_edge=lambda s, d: graph.dialect.is_back_edge(graph, s, d))
-
-
-def _merged_on_a_path(graph: Graph) -> str | None:
-    """The first pair of nodes the runtime runs as one kernel
-    (``Dialect.merged_with``: oneDNN's filter and bias gradients) that a path
-    joins: merged, the kernel would wait on itself, and TF rejects the step (a
-    cycle) or never runs it. Checked after passes only: an input graph is as
-    its exporter made it, and runs where the runtime does not merge."""
-    dialect = graph.dialect
-    for name in graph:
-        partners = dialect.merged_with(graph, name)
-        if not partners:
-            continue
-        after = graph.descendants([name])
-        for other in partners:
-            if other in after:
-                return (f"node {other!r} depends on {name!r}, which the runtime runs "
-                        f"with it as one kernel: a cycle there")
-    return None
 
 
 def port_problem(graph: Graph) -> str | None:

@@ -26,6 +26,7 @@ from graphpass.options.types import (
     DEPENDENCIES,
     DEVICES,
     MIN_PEAK,
+    ONEDNN,
     POLICIES,
     TARGETS,
     XLA_CLUSTERS,
@@ -34,11 +35,13 @@ from graphpass.options.types import (
     RegionOptions,
     RematOptions,
     RewriteOptions,
+    RuntimeConfig,
     StaleOptions,
 )
 
 __all__ = ["AUTO", "BUDGET", "CHEAP", "COMMAND_OPTIONS", "DEPENDENCIES", "DEVICES",
-           "MIN_PEAK", "OPTIONS", "POLICIES", "REWRITE_OPTIONS", "TARGETS", "XLA_CLUSTERS",
-           "LowerOptions", "Option", "PipelineOptions", "RegionOptions", "RematOptions",
-           "RewriteOptions", "StaleOptions", "config_values", "options_for",
+           "MIN_PEAK", "ONEDNN", "OPTIONS", "POLICIES", "REWRITE_OPTIONS", "TARGETS",
+           "XLA_CLUSTERS", "LowerOptions", "Option", "PipelineOptions", "RegionOptions",
+           "RematOptions", "RewriteOptions", "RuntimeConfig", "StaleOptions", "config_values",
+           "options_for",
            "pipeline_options", "positive_batch_size", "rewrite_options"]

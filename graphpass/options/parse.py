@@ -22,6 +22,7 @@ from graphpass.options.types import (
     RegionOptions,
     RematOptions,
     RewriteOptions,
+    RuntimeConfig,
     StaleOptions,
 )
 from graphpass.units import parse_bytes
@@ -80,6 +81,7 @@ def pipeline_options(values: Mapping) -> PipelineOptions:
     return PipelineOptions(
         target=target,
         device=given.get("device"),
+        runtime=_runtime(given),
         regions=RegionOptions(loss=given.get("loss"),
                               train_ops=tuple(given.get("train_op") or ()),
                               global_step=given.get("global_step")),
@@ -87,6 +89,15 @@ def pipeline_options(values: Mapping) -> PipelineOptions:
         lower=_lower(given, target),
         stale=_stale(given),
     )
+
+
+def _runtime(given: dict) -> RuntimeConfig:
+    """The target runtime's configuration: the options given, else the documented
+    defaults (never this machine's)."""
+    default = RuntimeConfig()
+    threads = positive_batch_size(given.get("intra_op_threads"), "--intra-op-threads")
+    return RuntimeConfig(onednn=given.get("onednn", "on" if default.onednn else "off") == "on",
+                         intra_op_threads=threads or default.intra_op_threads)
 
 
 def _check_port(key: str, text: object) -> None:

@@ -16,6 +16,7 @@ from graphpass.errors import GraphpassError
 from graphpass.options.types import (
     DEPENDENCIES,
     DEVICES,
+    ONEDNN,
     POLICIES,
     TARGET_ALIASES,
     TARGETS,
@@ -93,6 +94,13 @@ OPTIONS: tuple[Option, ...] = (
            choices=TARGETS + tuple(TARGET_ALIASES)),
     Option("--device", "lower", "device type for the step's nodes without one",
            choices=DEVICES),
+    Option("--onednn", "runtime", "whether the training machine's TF runs oneDNN's CPU "
+           "kernels, which the memory estimate and plan follow (default on, TF's default "
+           "on CPUs with avx512_vnni; never read from this machine)", choices=ONEDNN,
+           commands=(REWRITE, INSPECT)),
+    Option("--intra-op-threads", "runtime", "threads per kernel on the training machine, "
+           "for the temporaries of TF's convolution gradients with oneDNN off (default 8)",
+           metavar="N", integer=True, commands=(REWRITE, INSPECT)),
     Option("--xla-cluster", "lower", "mark the training step for XLA (default step with "
            "--target xla) or leave clustering to the runtime", choices=XLA_CLUSTERS),
     Option("--drop-stale", "stale", "apply a step's gradients only if global_step advanced "

@@ -19,6 +19,29 @@ TARGET_ALIASES = {"tflite": "litert"}
 DEVICES = ("cpu", "gpu", "tpu")
 DEPENDENCIES = ("control", "data")
 XLA_CLUSTERS = ("step", "none")
+#: ``--onednn`` values.
+ONEDNN = ("on", "off")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """The configuration of the runtime the plan targets, which the runtime models
+    (``graphpass.runtimes``) read instead of the build machine: whether TF runs
+    oneDNN's CPU kernels (on by default, as TF does on the x86 CPUs with
+    avx512_vnni that training hosts have; its layout pass renames and reorders
+    kernels and merges gradients) and how many threads each kernel gets (TF's
+    im2col convolution-gradient kernels, used with oneDNN off, size their buffers
+    by them). The same input and options give the same output on any machine."""
+
+    onednn: bool = True
+    intra_op_threads: int = 8
+
+    def __str__(self) -> str:
+        return f"oneDNN {'on' if self.onednn else 'off'}, " \
+               f"{self.intra_op_threads} intra-op threads"
+
+    def to_json(self) -> dict:
+        return {"onednn": self.onednn, "intra_op_threads": self.intra_op_threads}
 
 
 @dataclass(frozen=True)
@@ -65,11 +88,12 @@ class StaleOptions:
 @dataclass(frozen=True)
 class PipelineOptions:
     """What the passes run with: the resolved target (``--device tpu`` implies xla;
-    ``tflite`` is ``litert``),
+    ``tflite`` is ``litert``), the target runtime's configuration,
     the region overrides, and one options object per requested pass (None: not run)."""
 
     target: str = "tf"
     device: str | None = None
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     regions: RegionOptions = field(default_factory=RegionOptions)
     remat: RematOptions | None = None
     lower: LowerOptions | None = None

@@ -55,7 +55,8 @@ class PassResult:
 
 
 class Pipeline:
-    """Runs passes in order with one context, verifying the IR between them."""
+    """Runs passes in order with one context, verifying the IR between them (with
+    the checks the target's runtime model adds)."""
 
     def __init__(self, passes: list[Pass]) -> None:
         self.passes = list(passes)
@@ -77,7 +78,8 @@ class Pipeline:
             if changed:
                 graph.forget_source()
                 ctx.analyses.invalidate(graph, pass_.preserves)
-                verify(graph, after=pass_.name, nodes=graph.take_edited())
+                verify(graph, after=pass_.name, nodes=graph.take_edited(),
+                       checks=ctx.runtime(graph).ir_checks())
             for instrument in ctx.instruments:
                 instrument.after_pass(pass_, graph, changed, seconds)
             results.append(PassResult(pass_.name, changed, seconds, dict(pass_.report)))

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 
 from graphpass.analysis.manager import AnalysisManager
 from graphpass.analysis.measured import Profiler
-from graphpass.options import PipelineOptions
+from graphpass.ir.graph import Graph
+from graphpass.options import PipelineOptions, RuntimeConfig
 from graphpass.passes.instrument import Instrument
+from graphpass.runtimes import RuntimeModel, runtime_for
 
 
 @dataclass(frozen=True)
@@ -30,10 +32,12 @@ class PassContext:
     as nobody would see the estimates and they cost real time on big graphs. A pass
     that plans by the estimate (``--recompute auto``) estimates regardless.
     ``profiler``: ``--profile``'s runner of the step (``analysis.measured``), or None:
-    then nothing runs."""
+    then nothing runs. ``runtime_config``: the target runtime's configuration
+    (oneDNN, threads), which :meth:`runtime` hands the runtime model."""
 
     target: str = "tf"
     device: str | None = None
+    runtime_config: RuntimeConfig = field(default_factory=RuntimeConfig)
     dependency: str | None = None
     instruments: tuple[Instrument, ...] = ()
     analyses: AnalysisManager = field(default_factory=AnalysisManager)
@@ -45,7 +49,13 @@ class PassContext:
                      estimates: bool = True, profiler: Profiler | None = None
                      ) -> PassContext:
         return cls(target=options.target, device=options.device,
+                   runtime_config=options.runtime,
                    dependency="data" if options.target in ("xla", "litert") else None,
                    instruments=tuple(instruments),
                    analyses=AnalysisManager(options.regions), estimates=estimates,
                    profiler=profiler)
+
+    def runtime(self, graph: Graph) -> RuntimeModel:
+        """The model of the runtime ``graph`` is written for (``graphpass.runtimes``):
+        the target's, under the configuration the options give."""
+        return runtime_for(graph, self.target, self.runtime_config)

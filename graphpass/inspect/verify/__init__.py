@@ -21,7 +21,7 @@ from pathlib import Path
 from graphpass.errors import GraphpassError
 from graphpass.formats.ort_artifacts import GRADIENTS, TRAINING, artifact_kind
 from graphpass.inspect.verify.report import VerifyOptions, VerifyReport, format_report
-from graphpass.runtimes import (
+from graphpass.installed import (
     require_onnx,
     require_onnxruntime,
     require_onnxruntime_training,

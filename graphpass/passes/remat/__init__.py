@@ -33,9 +33,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from graphpass.analysis.arena import arena_profile
 from graphpass.analysis.measured import ALLOCATOR, StepMeasurement
-from graphpass.analysis.memory import MemoryProfile, estimated_peak_bytes, memory_profile
+from graphpass.analysis.memory import MemoryProfile
 from graphpass.analysis.runtime_memory import (
     follow_runtime_order,
     runtime_memory_profile,
@@ -46,7 +45,7 @@ from graphpass.ir.graph import Graph
 from graphpass.options import RematOptions
 from graphpass.passes.base import Pass
 from graphpass.passes.context import PassContext
-from graphpass.passes.remat.auto import Estimator, auto_plan, with_trips
+from graphpass.passes.remat.auto import auto_plan, step_estimator
 from graphpass.passes.remat.defer import defer_updates
 from graphpass.passes.remat.marks import marked_segments
 from graphpass.passes.remat.pin import (
@@ -61,6 +60,7 @@ from graphpass.passes.remat.pin import (
 )
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
 from graphpass.passes.remat.verdict import AutoPlan
+from graphpass.runtimes import RuntimeModel
 
 if TYPE_CHECKING:
     from graphpass.analysis.runtime_memory import RuntimeGraph
@@ -79,25 +79,24 @@ class RematPass(Pass):
         step = self._analyze(graph, ctx)
         batch = self.options.batch_size
         estimate = self.estimates_memory(ctx)
-        profile = estimator(ctx)
+        runtime = step.runtime
         # Every estimate from here on (the planner's included) runs the nodes in
         # the order of the graph the runtime runs, where it can be asked.
-        view = runtime_view(graph, step.fetches) \
-            if estimate and profile is memory_profile else None
-        follow_runtime_order(graph, view)
-        low = _peak_before(graph, ctx, step, batch, profile) if estimate else None
-        held = held_updates_peak(graph, step, batch, with_trips(profile, step.loop_trips)) \
-            if estimate and profile is memory_profile else None
+        view = runtime_view(graph, step.fetches, runtime) \
+            if estimate and runtime.has_oracle else None
+        follow_runtime_order(graph, view, runtime)
+        low = _peak_before(graph, ctx, step, batch) if estimate else None
+        held = held_updates_peak(graph, step, batch, step_estimator(step)) \
+            if estimate and runtime.holds_updates else None
         # The original as its runtime runs it in its worse processes; the rewrite
         # is pinned.
         counted = held_counts(graph)
         peak_before = (worst_case(low, held) if counted else low) if estimate else None
-        runtime = [_runtime_peak(graph, step, batch, view)] \
-            if ctx.estimates and profile is memory_profile else None
+        shown = [_runtime_peak(graph, step, batch, view)] \
+            if ctx.estimates and runtime.has_oracle else None
         auto = measured = None
         if self.options.auto:
-            auto, segments = auto_plan(graph, step, self.options, peak_before, profile,
-                                       ctx.profiler)
+            auto, segments = auto_plan(graph, step, self.options, peak_before, ctx.profiler)
             skipped = []
         else:
             segments, skipped = marked_segments(graph, self.options, step.forward,
@@ -106,7 +105,7 @@ class RematPass(Pass):
                 measured = [ctx.profiler(graph, step.fetches)]
         ran_before = measured[0] if measured else auto and auto.measured_before
         replayed = [_replayed_peak(graph, step, batch, ran_before, view)] \
-            if ran_before and profile is memory_profile else None
+            if ran_before and runtime.has_oracle else None
         entries = rewrite_segments(graph, segments, step,
                                    self.options.tupleize_grads, released_bytes=estimate)
         changed = any(e["copied"] for e in entries)
@@ -118,11 +117,11 @@ class RematPass(Pass):
                         counted)
         # The figures shown are of the graph as written, in the order of its own
         # runtime graph (the planner placed its copies by rule: it cannot ask per plan).
-        final = runtime_view(graph, step.fetches) \
-            if runtime is not None and (changed or pinned.changed) else None
-        follow_runtime_order(graph, final)
+        final = runtime_view(graph, step.fetches, runtime) \
+            if shown is not None and (changed or pinned.changed) else None
+        follow_runtime_order(graph, final, runtime)
         peak_after = _peak_after(graph, step, batch, changed or waiting > 0, low,
-                                 None if final else auto, profile) if estimate else None
+                                 None if final else auto) if estimate else None
         # auto's estimate already has the updates deferred where that is lower.
         # Deferring is part of the rewrite, so it is decided (estimated) when the
         # figures are not shown too: the output never depends on --quiet.
@@ -131,9 +130,8 @@ class RematPass(Pass):
         # The runtime's graph of the step as written, where asked already (the
         # updates deferred after ``final`` was asked: not that one).
         written = (None if deferred else final) if edited else view
-        if runtime is not None:
-            runtime.append(_runtime_peak(graph, step, batch, written) if edited
-                           else runtime[0])
+        if shown is not None:
+            shown.append(_runtime_peak(graph, step, batch, written) if edited else shown[0])
         if measured is not None:
             measured.append(ctx.profiler(graph, step.fetches))
         elif auto is not None and auto.measured is not None:
@@ -141,7 +139,7 @@ class RematPass(Pass):
         if replayed is not None and measured is not None:
             replayed.append(_replayed_peak(graph, step, batch, measured[1], written))
         self.report = _report(entries, skipped, step.dependency, peak_before, peak_after,
-                              auto, deferred, measured, runtime, pinned, replayed)
+                              auto, deferred, measured, shown, pinned, replayed, runtime)
         return edited
 
     def estimates_memory(self, ctx: PassContext) -> bool:
@@ -158,23 +156,16 @@ class RematPass(Pass):
                 f"--dependency {dependency} is not possible for {graph.format} graphs "
                 f"(they support: {', '.join(modes)})"
             )
-        return Step.of(ctx.analyses.regions(graph), dependency, self.options.loop_trips)
+        return Step.of(ctx.analyses.regions(graph), dependency, ctx.runtime(graph),
+                       self.options.loop_trips)
 
 
-def estimator(ctx: PassContext) -> Estimator:
-    """The estimate the target's memory is planned and reported by: TFLite's static
-    arena for litert (``analysis.arena``), else the runtime's executor."""
-    return arena_profile if ctx.target == "litert" else memory_profile
-
-
-def _peak_before(graph: Graph, ctx: PassContext, step: Step, batch: int | None,
-                 profile: Estimator = memory_profile) -> int:
-    """The estimate of the original step (shared with other passes without a batch)."""
-    if profile is not memory_profile or step.loop_trips is not None:
-        return with_trips(profile, step.loop_trips)(graph, step.fetches, batch).peak_bytes
-    if batch is None:
-        return ctx.analyses.peak_bytes(graph, step.fetches)
-    return estimated_peak_bytes(graph, step.fetches, batch, step.loop_trips)
+def _peak_before(graph: Graph, ctx: PassContext, step: Step, batch: int | None) -> int:
+    """The estimate of the original step (shared with other passes without a batch
+    or loop trips: the analysis manager caches it)."""
+    if batch is None and step.loop_trips is None:
+        return ctx.analyses.peak_bytes(graph, step.fetches, step.runtime)
+    return step_estimator(step)(graph, step.fetches, batch).peak_bytes
 
 
 def _ordering_pays(auto: AutoPlan, low: int, held: MemoryProfile | None) -> bool:
@@ -188,8 +179,7 @@ def _ordering_pays(auto: AutoPlan, low: int, held: MemoryProfile | None) -> bool
 
 
 def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
-                unchanged: int, auto: AutoPlan | None,
-                profile: Estimator = memory_profile) -> int:
+                unchanged: int, auto: AutoPlan | None) -> int:
     """The estimate after the rewrite (``unchanged``: the estimate where nothing was
     recomputed, the original's with its updates run as their gradients appear, as
     pinned). The planner estimated this very rewrite (the same segments,
@@ -199,7 +189,7 @@ def _peak_after(graph: Graph, step: Step, batch: int | None, changed: bool,
         return unchanged
     if auto is not None:
         return auto.estimate
-    return with_trips(profile, step.loop_trips)(graph, step.fetches, batch).peak_bytes
+    return step_estimator(step)(graph, step.fetches, batch).peak_bytes
 
 
 def _runtime_peak(graph: Graph, step: Step, batch: int | None,
@@ -209,7 +199,8 @@ def _runtime_peak(graph: Graph, step: Step, batch: int | None,
     reads. The planner weighs its candidates under the fast hand model instead
     (in the runtime graph's node order): asking TF costs a Grappler run of the
     whole step each time."""
-    return runtime_memory_profile(graph, step.fetches, batch, step.loop_trips, view)
+    return runtime_memory_profile(graph, step.fetches, batch, step.loop_trips, view,
+                                  runtime=step.runtime)
 
 
 def _replayed_peak(graph: Graph, step: Step, batch: int | None, ran: StepMeasurement,
@@ -220,7 +211,7 @@ def _replayed_peak(graph: Graph, step: Step, batch: int | None, ran: StepMeasure
     the model's, and the estimate's distance from it the schedule's (TF's executor
     runs one graph in different orders from process to process)."""
     return runtime_memory_profile(graph, step.fetches, batch, step.loop_trips, view,
-                                  replay=ran.order).peak_bytes
+                                  replay=ran.order, runtime=step.runtime).peak_bytes
 
 
 def _orders_summary(first: MemoryProfile, last: MemoryProfile) -> list[str]:
@@ -270,12 +261,13 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
             auto: AutoPlan | None = None,
             deferred: tuple[int, MemoryProfile] | None = None,
             measured: list[StepMeasurement] | None = None,
-            runtime: list[MemoryProfile] | None = None,
-            pinned: Pinned | None = None, replayed: list[int] | None = None) -> dict:
+            shown: list[MemoryProfile] | None = None,
+            pinned: Pinned | None = None, replayed: list[int] | None = None,
+            runtime: RuntimeModel | None = None) -> dict:
     """The pass's report; the peaks are None when not estimated
     (``PassContext.estimates``); ``deferred``: the estimates without and with the
     updates deferred (``defer``), None if they were not; ``measured``: the step
-    before and after, run (``--profile``), None if it was not; ``runtime``: the
+    before and after, run (``--profile``), None if it was not; ``shown``: the
     estimates before and after of the graph the runtime runs, None where not made
     (not shown, or a target with a model of its own); ``pinned``: the updates'
     reads pinned before the backward pass (``pin``); ``replayed``: the estimates
@@ -326,12 +318,17 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
     if peak_before:
         summary.append(f"estimated peak {peak_before / 2**20:.1f} MiB -> "
                        f"{peak_after / 2**20:.1f} MiB ({peak_after / peak_before:.2f}x)")
+        if runtime is not None and runtime.reads_config:
+            summary.append(f"  for {runtime.title}, {runtime.config} (the target's runtime "
+                           f"configuration: --onednn, --intra-op-threads; not this machine's)")
     extra = {"auto": auto.to_json()} if auto else {}
+    if runtime is not None:
+        extra["runtime"] = runtime.describe()
     if pinned is not None:
         summary.extend(pinned.summary(peak_after))
         extra.update(pinned.to_json())
-    if runtime is not None and runtime[0].model:
-        first, last = runtime
+    if shown is not None and shown[0].model:
+        first, last = shown
         # The original in its worse processes there too, as the planner's figure.
         before = first.peak_bytes if pinned is None else pinned.original(first.peak_bytes)
         summary.append(f"estimated peak on {first.model}: "

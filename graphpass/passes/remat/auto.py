@@ -10,13 +10,13 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from graphpass.analysis.cost import Sizes
+from graphpass.analysis.estimate import step_profile
 from graphpass.analysis.forward import ForwardChain, computed_forward, forward_chain
 from graphpass.analysis.measured import Profiler
 from graphpass.analysis.memory import (
     MemoryProfile,
     check_batch_size,
     format_bytes,
-    memory_profile,
     step_loop_facts,
 )
 from graphpass.errors import GraphpassError
@@ -43,26 +43,24 @@ from graphpass.passes.remat.profiled import profiled_plan
 from graphpass.passes.remat.refine import refine_min_peak
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
 from graphpass.passes.remat.verdict import AutoPlan, over_budget_message
+from graphpass.runtimes import RuntimeModel
 
-#: The estimate a plan is judged by: ``memory_profile`` (the runtime's executor),
-#: or a target's own (``analysis.arena.arena_profile`` for TFLite's arena).
+#: The estimate a plan is judged by: the step's graph, its fetches and the batch size.
 Estimator = Callable[[Graph, list[str], "int | None"], MemoryProfile]
 
 
-def with_trips(profile: Estimator, loop_trips: int | None) -> Estimator:
-    """``profile``, given the user's ``--loop-trips`` where it is the executor's
-    estimate (the one that models loops)."""
-    if profile is not memory_profile or loop_trips is None:
-        return profile
-    return lambda graph, fetches, batch: memory_profile(graph, fetches, batch, loop_trips)
+def step_estimator(step: Step) -> Estimator:
+    """The estimate of ``step``'s runtime (``analysis.estimate.step_profile``), with
+    the user's ``--loop-trips``."""
+    return lambda graph, fetches, batch: step_profile(graph, fetches, batch, step.loop_trips,
+                                                      step.runtime)
 
 
 def auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
-              profile: Estimator = memory_profile, profiler: Profiler | None = None
-              ) -> tuple[AutoPlan, list[Segment]]:
+              profiler: Profiler | None = None) -> tuple[AutoPlan, list[Segment]]:
     """The planner (``plan``) on the forward chain; a plan is rewritten on a copy
-    of the graph and estimated once (by ``profile``), never per candidate. With a ``profiler``
-    (``--profile``) the original step and the plans are measured too, and the
+    of the graph and estimated once (on the step's runtime), never per candidate. With a
+    ``profiler`` (``--profile``) the original step and the plans are measured too, and the
     budget judged on the measured figure (``profiled``). The cyclic collector
     is paused meanwhile: the trial copies and their estimates are millions of
     containers and no cycles (a trial is freed when its last reference goes),
@@ -71,15 +69,14 @@ def auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
         if profiler is not None:
             measured = profiler(graph, step.fetches)
             return profiled_plan(
-                lambda target, policy: _auto_plan(graph, step, options, before, profile,
-                                                  target, policy, measured.peak_bytes),
+                lambda target, policy: _auto_plan(graph, step, options, before, target, policy,
+                                                  measured.peak_bytes),
                 lambda segments: profiler(written(graph, step, options, segments),
                                           step.fetches),
                 measured, budget_option(options))
-        plan, segments = _auto_plan(graph, step, options, before, profile)
+        plan, segments = _auto_plan(graph, step, options, before)
         if plan.met is False:  # the lowest chain plan misses the budget: the cheap one?
-            cheap, cheap_segments = _auto_plan(graph, step, options, before, profile,
-                                                  policy=CHEAP)
+            cheap, cheap_segments = _auto_plan(graph, step, options, before, policy=CHEAP)
             if cheap.met:
                 cheap.policy = BUDGET
                 cheap.notes.append(f"no chain plan meets the budget (lowest estimate "
@@ -107,7 +104,7 @@ def written(graph: Graph, step: Step, options: RematOptions,
 
 
 def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
-               profile: Estimator, target: int | None = None, policy: str | None = None,
+               target: int | None = None, policy: str | None = None,
                measured_before: int | None = None) -> tuple[AutoPlan, list[Segment]]:
     """The plan of ``policy`` (default: the options'); ``target``: what the estimate
     must meet in place of the budget less the allocator's headroom (``--profile``
@@ -115,11 +112,11 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
     the original's measured peak, which a relative budget (``0.6x``) is then of."""
     start = time.perf_counter()
     policy = policy or options.policy
-    run = with_trips(profile, options.loop_trips)
+    run = step_estimator(step)
     check_batch_size(graph, step.fetches, options.batch_size)
     sizes = Sizes(graph, options.batch_size)
     chain = forward_chain(graph, computed_forward(graph, step.forward), step.backward,
-                          sizes, ignore_reader=is_generated)
+                          sizes, ignore_reader=is_generated, runtime=step.runtime)
     budget = options.memory_budget_bytes
     if options.memory_budget_fraction is not None:
         budget = int(options.memory_budget_fraction * (measured_before or before))
@@ -143,7 +140,7 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
         deferred = defer_updates(copy, step, options.batch_size, peak)
         return peak if deferred is None else deferred[1].peak_bytes
 
-    ordered = graph.dialect.queues_newest_first and step.dependency == "control"
+    ordered = step.runtime.queues_newest_first and step.dependency == "control"
 
     def turns(segments: list[Segment], in_turn: int | None = None
               ) -> tuple[list[Segment], int]:
@@ -174,9 +171,8 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
     written = estimate([]) if waits or update_reads(graph, step) else before
     plan = AutoPlan(policy, budget, len(chain.units), chain.width, "none", 0.0,
                     before, written, max(0, written - model_peak(chain.units, ())),
-                    # a static arena (TFLite's) is what it is planned to be: no allocator
-                    headroom=graph.dialect.allocator_headroom if profile is memory_profile
-                    else 0.0, loops=_loop_notes(graph, step, options))
+                    headroom=step.runtime.allocator_headroom,
+                    loops=_loop_notes(graph, step, options))
     if policy != BUDGET:
         target = None
     elif target is None:
@@ -186,10 +182,10 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
         plan.solver = "none (already rematerialized by graphpass)"
         segments = []
     elif policy == CHEAP:
-        segments = _plan_cheap(graph, chain, sizes, plan, turns)
+        segments = _plan_cheap(graph, chain, sizes, plan, turns, step.runtime)
     else:
         segments = _plan_chain(chain, plan, target, options, estimate, trial,
-                               can_defer(graph, step), turns)
+                               can_defer(graph, step), turns, step.runtime)
     if segments and not segments[0].in_turn:
         plan.notes.append("segments not recomputed in turn: the estimate is lower with each "
                           "waiting only for its own trigger")
@@ -220,19 +216,19 @@ def _loop_notes(graph: Graph, step: Step, options: RematOptions) -> list[str]:
 
 def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
                 options: RematOptions, estimate, trial, deferrable: bool,
-                turns) -> list[Segment]:
+                turns, runtime: RuntimeModel) -> list[Segment]:
     """``min-peak`` or ``budget``: solve the chain for the lowest peak, checked
     against the estimate (``refine``: rounds where the model was wrong). A
     budget plan is searched by bisection over the model's budget, between the
     lowest plan (known to fit) and the budget less the model's offset, keeping
     the cheapest plan whose estimate fits; ``ROUNDS`` estimates at most.
-    ``budget`` is what the estimate must meet (the user's less the dialect's
+    ``budget`` is what the estimate must meet (the user's less the runtime's
     allocator headroom: the estimate counts requests, the allocator's peak is
     what must meet the budget); where the lowest plan misses it, that plan is
     the answer, and the caller judges it (``verdict``)."""
     units, unplanned = chain.units, plan.estimate  # the step as written, no segment
     chosen, estimated, plan.rounds = refine_min_peak(units, plan.model_offset, trial,
-                                                     options.batch_size, budget)
+                                                     runtime, options.batch_size, budget)
     in_turn = True
     if estimated < unplanned and (deferrable or len(chosen.runs) > 1):
         # the plan as written: its updates deferred where that is lower (the
@@ -265,12 +261,12 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
 
 
 def _plan_cheap(graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,
-                turns) -> list[Segment]:
+                turns, runtime: RuntimeModel) -> list[Segment]:
     """``cheap``: keep what one min cut says; recompute the rest per unit, each value
     once where that costs at most ``SHARED_COPY_ALLOWANCE`` of the peak (a shared
     copy lives from the first group's trigger to the last reader; estimated both
     ways)."""
-    keep = frozenset(cheap_keep(graph, chain, sizes))
+    keep = frozenset(cheap_keep(graph, chain, sizes, runtime))
 
     def grouped(share: bool) -> list[tuple[str, list[Tensor]]]:
         return cheap_groups(graph, chain, keep, share)

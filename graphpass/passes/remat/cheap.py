@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from graphpass.analysis.forward import ForwardChain
 from graphpass.ir.graph import Graph, Tensor
+from graphpass.runtimes import RuntimeModel
 
 #: A value this many times smaller than its op's inputs is not worth recomputing.
 REDUCTION = 4
@@ -24,7 +25,7 @@ REDUCTION = 4
 SHARED_COPY_ALLOWANCE = 0.01
 
 
-def cheap_keep(graph: Graph, chain: ForwardChain, sizes) -> set[Tensor]:
+def cheap_keep(graph: Graph, chain: ForwardChain, sizes, runtime: RuntimeModel) -> set[Tensor]:
     """The forward values to keep when only cheap ops may be recomputed: one minimum
     cut (source: values that must be computed in the forward pass; sink: values
     gradient ops read; capacity: bytes). Values computed from shapes and stored
@@ -42,7 +43,7 @@ def cheap_keep(graph: Graph, chain: ForwardChain, sizes) -> set[Tensor]:
     static = _static(graph, chain.order)
     flow = nx.DiGraph()
     for name in chain.order:
-        banned = name in static or not dialect.is_recomputable(graph, name) or \
+        banned = name in static or not runtime.recomputable(graph, name) or \
             dialect.op_class(graph, name) != "cheap" or _folds_constant(graph, name)
         inputs = [t for t in graph.inputs(name) if t.node in members]
         read = sum(sizes.bytes(t) for t in graph.inputs(name))

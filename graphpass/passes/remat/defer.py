@@ -44,18 +44,20 @@ def defer_updates(graph: Graph, step: Step, batch_size: int | None = None,
     (``peak_bytes``: the estimate as the graph is, estimated here if not given)
     by ``MIN_GAIN_FRACTION`` at least. Returns the peak without and the profile
     with, or None when the graph is left as it is."""
-    gradients = [_gate_point(graph, t, step.optimizer) for t in _deferrable(graph, step)]
+    gradients = [_gate_point(graph, t, step) for t in _deferrable(graph, step)]
     if not gradients:
         return None
     if peak_bytes is None:
-        peak_bytes = estimated_peak_bytes(graph, step.fetches, batch_size, step.loop_trips)
-    position = {name: i for i, name in enumerate(graph.dialect.schedule(graph))}
+        peak_bytes = estimated_peak_bytes(graph, step.fetches, batch_size, step.loop_trips,
+                                          step.runtime)
+    position = {name: i for i, name in enumerate(step.runtime.schedule(graph))}
     computed = sorted(gradients, key=lambda t: position[t.node])
     best, chosen = None, None
     for order in (computed, computed[::-1]):
         trial = graph.copy()
         _gate(trial, order, step.optimizer)
-        profile = memory_profile(trial, step.fetches, batch_size, step.loop_trips)
+        profile = memory_profile(trial, step.fetches, batch_size, step.loop_trips,
+                                 runtime=step.runtime)
         bar = best.peak_bytes if best else peak_bytes - int(MIN_GAIN_FRACTION * peak_bytes)
         if profile.peak_bytes < bar:
             best, chosen = profile, order
@@ -84,17 +86,16 @@ def _deferrable(graph: Graph, step: Step) -> list[Tensor]:
     return list(step.gradients)
 
 
-def _gate_point(graph: Graph, gradient: Tensor, optimizer: set[str]) -> Tensor:
+def _gate_point(graph: Graph, gradient: Tensor, step: Step) -> Tensor:
     """Where to gate ``gradient``: past the optimizer ops that the runtime fuses
-    into the op computing it (``Dialect.fuses_into_producer``: onnxruntime folds
+    into the op computing it (``RuntimeModel.fuses_into_producer``: onnxruntime folds
     SGD's ``lr * g`` into the weight gradient's MatMul, and momentum's
     ``mu * v + g`` with it into one Gemm). Gating between them would leave
     them unfused, which rounds differently from the original step."""
-    dialect = graph.dialect
     while True:
         readers = graph.consumers(gradient)
-        if len(readers) != 1 or readers[0][0] not in optimizer or \
-                not dialect.fuses_into_producer(graph, *readers[0]):
+        if len(readers) != 1 or readers[0][0] not in step.optimizer or \
+                not step.runtime.fuses_into_producer(graph, *readers[0]):
             return gradient
         gradient = Tensor(readers[0][0], 0)
 

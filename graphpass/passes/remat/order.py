@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.passes.remat.marks import SCOPE, scope_of, unique
+from graphpass.runtimes import RuntimeModel
 
 
 @dataclass(frozen=True)
@@ -65,11 +66,12 @@ def order_by_control(graph: Graph, copy_of: dict[str, str], triggers: list[Tenso
     return len(gated), [t.node for t in gated.values()] + waiting_copies
 
 
-def order_segments(graph: Graph, segments: list[Recomputed], gradients: list[str]) -> list[int]:
+def order_segments(graph: Graph, segments: list[Recomputed], gradients: list[str],
+                   runtime: RuntimeModel) -> list[int]:
     """Each segment recomputed after another in the backward pass waits also for
     the parameters' gradients that depend on the other one's copies (control
     edges into its nodes that wait for its trigger), where the runtime's executor
-    queues ready kernels newest first (TF's: ``Dialect.queues_newest_first``).
+    queues ready kernels newest first (TF's: ``RuntimeModel.queues_newest_first``).
 
     That executor follows the path to the next trigger and queues the rest: a
     weight's gradient off that path (a convolution's filter gradient, a batch
@@ -79,7 +81,7 @@ def order_segments(graph: Graph, segments: list[Recomputed], gradients: list[str
     finish the gradients the updates read (``rewrite._gradients_done``); not the
     updates, which Keras makes depend on every gradient through one
     ``IdentityN``. Each edge goes only where it closes no cycle, in the graph or
-    in the runtime's once it merges kernels (``Dialect.merged_with``: with oneDNN,
+    in the runtime's once it merges kernels (``RuntimeModel.merged_with``: with oneDNN,
     a convolution's filter gradient and its bias gradient run as one, so an edge
     out of one of them into copies the other reads would deadlock). Returns the
     edges added per segment."""
@@ -96,7 +98,7 @@ def order_segments(graph: Graph, segments: list[Recomputed], gradients: list[str
         waiting = segments[after].waiting
         cycle = graph.descendants(waiting) | set(waiting)
         for gradient in gradients:
-            merged = {gradient, *dialect.merged_with(graph, gradient)}
+            merged = {gradient, *runtime.merged_with(graph, gradient)}
             if gradient in depends and not merged & cycle:
                 for name in waiting:
                     graph.add_control_input(name, gradient)
@@ -104,9 +106,9 @@ def order_segments(graph: Graph, segments: list[Recomputed], gradients: list[str
     return added
 
 
-def computed_by(graph: Graph, tensor: Tensor) -> Tensor:
+def computed_by(graph: Graph, tensor: Tensor, runtime: RuntimeModel) -> Tensor:
     """The tensor ``tensor`` aliases, through ops that pass an input on."""
-    while (port := graph.dialect.output_alias(graph, tensor.node, tensor.port)) is not None \
+    while (port := runtime.output_alias(graph, tensor.node, tensor.port)) is not None \
             and port < len(graph.inputs(tensor.node)):
         tensor = graph.inputs(tensor.node)[port]
     return tensor

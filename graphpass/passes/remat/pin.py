@@ -1,5 +1,5 @@
 """Pinning the parameter updates next to their gradients, for runtimes whose
-executor queues ready kernels newest first (``Dialect.queues_newest_first``:
+executor queues ready kernels newest first (``RuntimeModel.queues_newest_first``:
 TF's executor with its Eigen pool).
 
 An update (``ResourceApplyAdam``, or Keras' assign ops) reads its gradient and
@@ -217,7 +217,7 @@ def state_math_waits(graph: Graph, step: Step) -> dict[str, set[str]]:
     after_backward = graph.descendants(step.backward) | step.backward
     waits: dict[str, set[str]] = {}
     for gradient in step.gradients:
-        producer = computed_by(graph, gradient).node
+        producer = computed_by(graph, gradient, step.runtime).node
         if producer not in outside or producer not in step.backward:
             continue
         for value in _state_values(graph, step, gradient, after_backward):
@@ -269,12 +269,12 @@ def _gradients_after_weight_readers(graph: Graph, step: Step, outside: set[str])
         size = tensor_bytes(graph, gradients[0])
         if size is None or size < ORDERED_WEIGHT_BYTES:
             continue
-        producer = computed_by(graph, gradients[0]).node
+        producer = computed_by(graph, gradients[0], step.runtime).node
         if producer not in outside:
             continue
         # The ops the runtime merges with the gradient's op wait on the same edges
-        # (``Dialect.merged_with``), else it computes each apart, rounding otherwise.
-        waiting = [producer, *dialect.merged_with(graph, producer)]
+        # (``RuntimeModel.merged_with``), else it computes each apart, rounding otherwise.
+        waiting = [producer, *step.runtime.merged_with(graph, producer)]
         later = graph.descendants(set(waiting)) | set(waiting)
         for reader in _weight_readers(graph, inputs[0].node, step):
             if reader in outside and reader not in later:
@@ -296,7 +296,7 @@ def _weight_readers(graph: Graph, variable: str, step: Step) -> list[str]:
             if user in seen:
                 continue
             seen.add(user)
-            if any(dialect.output_alias(graph, user, port) is not None
+            if any(step.runtime.output_alias(graph, user, port) is not None
                    for port in graph.used_ports(user)):
                 holding.append(user)
     return [n for n in graph if n in seen and n in step.backward]
@@ -309,8 +309,7 @@ def update_reads(graph: Graph, step: Step) -> list[str]:
     queue newest first, where the step orders by data (XLA and TFLite schedule
     themselves), or once pinned (a second run changes nothing). Inputs inside a
     v1 ``while_loop`` frame are left alone: the gate runs in the root frame."""
-    dialect = graph.dialect
-    if not dialect.queues_newest_first or step.dependency != "control" or \
+    if not step.runtime.queues_newest_first or step.dependency != "control" or \
             any(n.startswith(PIN_SCOPE) for n in graph):
         return []
     after_backward = graph.descendants(step.backward) | step.backward

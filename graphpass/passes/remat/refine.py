@@ -35,6 +35,7 @@ from graphpass.analysis.forward import Unit
 from graphpass.analysis.memory import MemoryProfile, tensor_bytes
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.passes.remat.plan import ROUNDS, ChainPlan, model_peak, solve_min_peak
+from graphpass.runtimes import RuntimeModel
 
 #: The estimate may exceed the model's figure by this fraction before it is refined.
 TOLERANCE = 0.05
@@ -44,7 +45,7 @@ TOLERANCE = 0.05
 Trial = Callable[[tuple[tuple[int, int], ...]], tuple[Graph, list[list[str]], MemoryProfile]]
 
 
-def refine_min_peak(units: list[Unit], offset: int, trial: Trial,
+def refine_min_peak(units: list[Unit], offset: int, trial: Trial, runtime: RuntimeModel,
                     batch_size: int | None = None, enough: int | None = None
                     ) -> tuple[ChainPlan, int, int]:
     """The min-peak plan with the lowest estimate found (module docstring); its
@@ -72,7 +73,7 @@ def refine_min_peak(units: list[Unit], offset: int, trial: Trial,
         if not chosen.runs or miss <= TOLERANCE * estimated or \
                 (enough is not None and best[0] <= enough):
             break
-        found = _leftovers(graph, chosen.runs, copies, profile, batch_size)
+        found = _leftovers(graph, chosen.runs, copies, profile, batch_size, runtime)
         new = {last: held for last, held in found.items() if held > leftovers.get(last, 0)}
         leftovers.update(new)
         if not new:
@@ -91,11 +92,11 @@ def _charged(units: list[Unit], leftovers: dict[int, int], per_run: int) -> list
 
 
 def _leftovers(graph: Graph, runs: tuple[tuple[int, int], ...], copies: list[list[str]],
-               profile: MemoryProfile, batch_size: int | None) -> dict[int, int]:
+               profile: MemoryProfile, batch_size: int | None,
+               runtime: RuntimeModel) -> dict[int, int]:
     """Per run (by its last unit): bytes of its copies computed before the backward
     pass starts recomputing the run before it and read after that."""
     position = {name: i for i, (name, _) in enumerate(profile.timeline)}
-    dialect = graph.dialect
     found = {}
     for k in range(1, len(runs)):
         starts = [position[c] for c in copies[k - 1] if c in position]
@@ -107,7 +108,7 @@ def _leftovers(graph: Graph, runs: tuple[tuple[int, int], ...], copies: list[lis
             if position.get(copy, boundary) >= boundary:
                 continue
             for port in graph.used_ports(copy):
-                if dialect.output_alias(graph, copy, port) is not None:
+                if runtime.output_alias(graph, copy, port) is not None:
                     continue
                 tensor = Tensor(copy, port)
                 if any(position.get(c, -1) > boundary for c, _ in graph.consumers(tensor)):

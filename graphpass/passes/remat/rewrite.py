@@ -29,6 +29,7 @@ from graphpass.passes.remat.order import (
     order_segments,
     tupleize,
 )
+from graphpass.runtimes import RuntimeModel
 
 
 @dataclass(frozen=True)
@@ -44,17 +45,22 @@ class Step:
     #: gradient, and finding them again costs a walk of the whole graph.
     updates: dict[str, list[Tensor]]
     optimizer: set[str]
+    #: The runtime the graph is written for (``graphpass.runtimes``): what it
+    #: merges, fuses and queues decides how copies are ordered.
+    runtime: RuntimeModel
     #: The memory estimate's trip count of loops whose count the graph does not fix.
     loop_trips: int | None = None
 
     @classmethod
-    def of(cls, regions, dependency: str, loop_trips: int | None = None) -> Step:
+    def of(cls, regions, dependency: str, runtime: RuntimeModel,
+           loop_trips: int | None = None) -> Step:
         """The step region analysis found (``analysis.regions``' result)."""
         return cls(forward=set(regions.nodes("forward")),
                    backward=set(regions.nodes("backward")),
                    fetches=regions.fetches, dependency=dependency,
                    updates={a: g for s in regions.steps for a, g in s.updates.items()},
-                   optimizer=set(regions.nodes("optimizer")), loop_trips=loop_trips)
+                   optimizer=set(regions.nodes("optimizer")), runtime=runtime,
+                   loop_trips=loop_trips)
 
     @property
     def gradients(self) -> list[Tensor]:
@@ -86,7 +92,7 @@ def rewrite_segments(graph: Graph, segments: list[Segment], step: Step,
     holders = _Holders(graph, [f for f in step.fetches if f not in step.forward])
     recomputed: dict[int, Recomputed] = {}
     for segment in segments:
-        segment_plan = _plan(graph, segment, step.forward, step.backward, reach)
+        segment_plan = _plan(graph, segment, step, reach)
         entry, waiting = _apply(graph, segment, segment_plan, step.dependency,
                                 tupleize_grads, released_bytes, holders)
         entries.append(entry)
@@ -97,9 +103,9 @@ def rewrite_segments(graph: Graph, segments: list[Segment], step: Step,
         if waiting and segment.in_turn:
             recomputed[len(entries) - 1] = Recomputed(
                 unique(t.node for t in segment_plan.triggers), waiting, entry["copies"])
-    if graph.dialect.queues_newest_first and len(recomputed) > 1:
+    if step.runtime.queues_newest_first and len(recomputed) > 1:
         added = order_segments(graph, list(recomputed.values()),
-                               _gradients_done(graph, step))
+                               _gradients_done(graph, step), step.runtime)
         for index, count in zip(recomputed, added):
             entries[index]["waits_for_gradients"] = count
     return entries
@@ -109,13 +115,13 @@ def _gradients_done(graph: Graph, step: Step) -> list[str]:
     """The ops after which the parameters' gradients take only small steps more,
     that an ordering edge may leave: the op computing each gradient an update
     reads, or, where the runtime rewrites that op together with its neighbours
-    (``Dialect.rewritten_with_neighbours``: an edge out of it would stop that),
+    (``RuntimeModel.rewritten_with_neighbours``: an edge out of it would stop that),
     the nearest ops above it that it does not (a batch norm's scale gradient
     scales a ``Sum``: the ``Sum``). Backward ops in the root frame only: an edge
     from there into a v1 ``while_loop`` frame other than into its ``Enter`` is
     one TF rejects."""
     dialect = graph.dialect
-    pending = unique(computed_by(graph, t).node for t in step.gradients)
+    pending = unique(computed_by(graph, t, step.runtime).node for t in step.gradients)
     if not pending:
         return []
     found, seen = [], set(pending)
@@ -123,7 +129,7 @@ def _gradients_done(graph: Graph, step: Step) -> list[str]:
         name = pending.pop()
         if name not in step.backward:
             continue
-        if not dialect.rewritten_with_neighbours(graph, name):
+        if not step.runtime.rewritten_with_neighbours(graph, name):
             found.append(name)
             continue
         for producer in graph.producers(name):
@@ -232,13 +238,12 @@ class _Holders:
         return [f for f in self.fetches if name in self.ancestors[f]]
 
 
-def _plan(graph: Graph, segment: Segment, forward: set[str], backward: set[str],
-          reach: _Reach | None = None) -> _Plan:
+def _plan(graph: Graph, segment: Segment, step: Step, reach: _Reach | None = None) -> _Plan:
     """Decide copies, rewires and triggers for one segment (graph untouched).
     ``reach``: shared by the segments of one rewrite (made here if not given)."""
-    dialect = graph.dialect
+    forward, backward, runtime = step.forward, step.backward, step.runtime
     if segment.kept is None:
-        recomputable = {n for n in segment.nodes if dialect.is_recomputable(graph, n)}
+        recomputable = {n for n in segment.nodes if runtime.recomputable(graph, n)}
         released = _internal_values(graph, segment, recomputable, forward)
 
         def recompute(tensor: Tensor) -> bool:
@@ -248,7 +253,7 @@ def _plan(graph: Graph, segment: Segment, forward: set[str], backward: set[str],
 
         def recompute(tensor: Tensor) -> bool:
             return tensor not in segment.kept and tensor.node in forward \
-                and not is_generated(tensor.node) and dialect.is_recomputable(graph, tensor.node)
+                and not is_generated(tensor.node) and runtime.recomputable(graph, tensor.node)
     rewires = [(consumer, slot, tensor) for tensor in released
                for consumer, slot in graph.consumers(tensor)
                if consumer in backward and not is_generated(consumer)]

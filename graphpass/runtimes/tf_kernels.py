@@ -1,6 +1,6 @@
-"""Temporaries TF's own CPU kernels allocate while they run, where the graph TF
-runs (``dialects/tf_grappler``) was asked in this process, so the kernels TF
-picks here are known.
+"""Temporaries TF's own CPU kernels allocate while they run, on the graph TF runs
+(``tf_grappler``), for the kernels TF picks under the target's configuration
+(``RuntimeConfig``: oneDNN on or off, intra-op threads).
 
 With oneDNN's kernels off (``TF_ENABLE_ONEDNN_OPTS=0``, and the default on CPUs
 without the instructions oneDNN wants), ``Conv2DBackpropFilter`` and
@@ -20,11 +20,11 @@ the allocation records of a run.
 
 from __future__ import annotations
 
-import os
 from functools import cache
 
 from graphpass.ir.dtypes import np_dtype
 from graphpass.ir.graph import Graph, Tensor
+from graphpass.options import RuntimeConfig
 
 #: The working set the custom kernels size their im2col buffer to, in bytes.
 WORKING_SET_BYTES = 30 << 20
@@ -65,45 +65,38 @@ BIAS_FUSED_OPS = frozenset({"Conv2D", "MatMul", "DepthwiseConv2dNative"})
 
 
 @cache
-def onednn_enabled() -> bool:
+def host_onednn() -> bool:
     """Whether this process's TF runs oneDNN's kernels (``TF_ENABLE_ONEDNN_OPTS``,
-    else TF's default for this CPU), as TF itself decides it."""
+    else TF's default for this CPU), as TF itself decides it: the oracle asks
+    Grappler in this process only where this is the target's setting."""
     from tensorflow.python.util import _pywrap_util_port
 
     return bool(_pywrap_util_port.IsMklEnabled())
 
 
-def renamed_by_onednn(graph: Graph, name: str) -> bool:
+def renamed_by_onednn(graph: Graph, name: str, onednn: bool) -> bool:
     """Whether oneDNN's layout pass replaces node ``name`` of Grappler's graph with
-    a new node in this process. The new node is added to TF's graph after every
-    node Grappler returned (the partition graphs a run reports end with them), and
-    the executor's first ready nodes and each node's successors follow the order
-    nodes were added: it reaches them after their peers."""
+    a new node where TF runs oneDNN's kernels (``onednn``). The new node is added
+    to TF's graph after every node Grappler returned (the partition graphs a run
+    reports end with them), and the executor's first ready nodes and each node's
+    successors follow the order nodes were added: it reaches them after their
+    peers."""
     op = graph.node(name).op
     if op == "BiasAdd":
         producer = graph.input_slots(name).get(0)
         fused = producer is not None and graph.node(producer.node).op in BIAS_FUSED_OPS
     else:
         fused = False
-    return onednn_enabled() and (fused or op in ONEDNN_RENAMED_OPS) and \
+    return onednn and (fused or op in ONEDNN_RENAMED_OPS) and \
         graph.dialect.dtype(graph, Tensor(name, 0)) in ONEDNN_DTYPES
 
 
-def intra_op_threads() -> int:
-    """The threads a session's default config gives each kernel: TF's setting where
-    one was made in this process, else the CPUs this process may run on."""
-    import tensorflow as tf
-
-    return tf.config.threading.get_intra_op_parallelism_threads() or \
-        len(os.sched_getaffinity(0))
-
-
-def mark_temporaries(graph: Graph) -> int:
-    """Record on each node of ``graph`` (a graph TF runs in this process) the
-    temporaries its kernel allocates here; the number of nodes marked."""
-    if onednn_enabled():
+def mark_temporaries(graph: Graph, config: RuntimeConfig) -> int:
+    """Record on each node of ``graph`` (a graph TF runs) the temporaries its kernel
+    allocates under ``config``; the number of nodes marked."""
+    if config.onednn:
         return 0
-    threads = intra_op_threads()
+    threads = config.intra_op_threads
     marked = 0
     for node in graph.nodes():
         if node.op in (FILTER_GRAD, INPUT_GRAD) and \

@@ -1,16 +1,21 @@
-"""The graph TF's executor runs, asked from TF instead of modelled: Grappler's meta
-optimizer (``tf_optimizer.OptimizeGraph``) run on the step with a session's default
-``RewriterConfig``, its fetches in the ``train_op`` collection so that nothing they
-need is pruned, read back into the IR.
+"""The graph TF's executor runs, asked from TF instead of modelled (the TF runtime
+model's oracle): Grappler's meta optimizer (``tf_optimizer.OptimizeGraph``) run on
+the step with a session's default ``RewriterConfig``, its fetches in the
+``train_op`` collection so that nothing they need is pruned, read back into the IR.
 
-Its nodes carry the temporaries TF's kernels allocate in this process
-(``dialects/tf_kernels``). This is the graph a ``Session`` hands its executor,
+Grappler's remapper fuses differently with oneDNN on and off, and TF reads that
+setting once per process: where this process's setting is not the target's
+(``RuntimeConfig.onednn``), Grappler is asked in a child process started with
+the target's, so the answer never depends on the build machine.
+
+Its nodes carry the temporaries TF's kernels allocate under the target's
+configuration (``tf_kernels``). This is the graph a ``Session`` hands its executor,
 less what runs after Grappler (the graph optimization passes: oneDNN's
 ``MklLayoutRewritePass`` replaces nodes with its kernels', which only a run shows,
 in ``RunMetadata``'s partition graphs; the order its new nodes take in the
 executor is modelled, ``tf_kernels.renamed_by_onednn``). Where TF is not
 installed, or refuses the graph, :func:`runtime_graph` says why, and callers keep
-the hand model (``tf_runtime.GrapplerView``).
+the hand model (``tf_order.GrapplerView``).
 
 It reads the graph and never edits it; node names Grappler keeps are the IR's
 (Grappler renames only what it creates or folds), so the result maps back by name.
@@ -19,14 +24,18 @@ It reads the graph and never edits it; node names Grappler keeps are the IR's
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
+import subprocess
+import sys
 
-from graphpass.dialects.tf_kernels import mark_temporaries
-from graphpass.dialects.tf_runtime import CALLED_POSITION, RUNTIME_ORDERS, RUNTIME_POSITION
 from graphpass.formats.tf_function import library_functions, outer_graph_def
 from graphpass.formats.tf_io import graph_def_from_graph, graph_from_graph_def
+from graphpass.installed import TENSORFLOW, installed
 from graphpass.ir.graph import Graph
-from graphpass.runtimes import TENSORFLOW, installed
+from graphpass.options import RuntimeConfig
+from graphpass.runtimes.base import RuntimeGraph
+from graphpass.runtimes.tf_kernels import host_onednn, mark_temporaries
+from graphpass.runtimes.tf_order import CALLED_POSITION, RUNTIME_ORDERS, RUNTIME_POSITION
 
 #: The most elements a tensor attr may have for Grappler to be asked: TF's constant
 #: folding makes none larger than 10 MiB, and reading a larger one (a splat of an
@@ -44,23 +53,16 @@ GRAPPLER = "the graph Grappler hands TF's executor"
 HAND_MODEL = "graphpass's model of Grappler"
 
 
-@dataclass
-class RuntimeGraph:
-    """``graph``: the graph to estimate; ``model``: :data:`GRAPPLER` or
-    :data:`HAND_MODEL`; ``reason``: why TF was not asked (empty when it was)."""
-
-    graph: Graph
-    model: str
-    reason: str = ""
-
-
-def runtime_graph(graph: Graph, fetches: list[str]) -> RuntimeGraph:
-    """The graph TF runs for ``fetches`` (``node`` or ``node:port``), or ``graph``
-    itself under the hand model, with the reason, where TF cannot be asked."""
+def runtime_graph(graph: Graph, fetches: list[str],
+                  config: RuntimeConfig | None = None) -> RuntimeGraph:
+    """The graph TF runs for ``fetches`` (``node`` or ``node:port``) under ``config``
+    (default: ``RuntimeConfig()``), or ``graph`` itself under the hand model, with
+    the reason, where TF cannot be asked."""
+    config = config or RuntimeConfig()
     if not installed(TENSORFLOW):
         return RuntimeGraph(graph, HAND_MODEL, "TensorFlow is not installed")
     try:
-        optimized = optimize(graph_def_from_graph(graph), _fetch_nodes(fetches))
+        optimized = optimize(graph_def_from_graph(graph), _fetch_nodes(fetches), config.onednn)
     except Exception as exc:  # noqa: BLE001 - any refusal of TF's keeps the hand model
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return RuntimeGraph(graph, HAND_MODEL, f"Grappler refused the graph: {first}")
@@ -68,14 +70,14 @@ def runtime_graph(graph: Graph, fetches: list[str]) -> RuntimeGraph:
     _keep_shapes(graph, result)
     for position, node in enumerate(result.nodes()):  # oneDNN's layout pass reorders it
         node.meta[RUNTIME_POSITION] = position
-    for name, position in called_positions(graph).items():
+    for name, position in called_positions(graph, config.onednn).items():
         if name in result:
             result.node(name).meta[CALLED_POSITION] = position
-    marked = mark_temporaries(result)
+    marked = mark_temporaries(result, config)
     if not marked:
         return RuntimeGraph(result, GRAPPLER)
     return RuntimeGraph(result, f"{GRAPPLER}, with the im2col buffers of its {marked} "
-                        f"convolution gradients (oneDNN off in this process)")
+                        f"convolution gradients (oneDNN off)")
 
 
 def record_order(graph: Graph, view: RuntimeGraph) -> bool:
@@ -97,7 +99,7 @@ def record_order(graph: Graph, view: RuntimeGraph) -> bool:
     return True
 
 
-def called_positions(graph: Graph) -> dict[str, int]:
+def called_positions(graph: Graph, onednn: bool) -> dict[str, int]:
     """Each node of a step that is a function (a TF2 SavedModel signature's) to its
     position in the graph Grappler returns for a graph calling it, as a session
     or an eager call runs it: the call inlined, the variables as handles. Empty
@@ -113,7 +115,7 @@ def called_positions(graph: Graph) -> dict[str, int]:
     if function is None:
         return {}
     try:
-        optimized = optimize(_calling_graph_def(graph), [CALL])
+        optimized = optimize(_calling_graph_def(graph), [CALL], onednn)
     except Exception:  # noqa: BLE001 - any refusal of TF's leaves the function's own order
         return {}
     prefix = CALL + "/"
@@ -183,16 +185,14 @@ def _keep_shapes(graph: Graph, optimized: Graph) -> None:
                                for ir, mine in zip(shapes, own)] + own[len(shapes):]
 
 
-def optimize(graph_def, fetch_nodes: list[str]):
+def optimize(graph_def, fetch_nodes: list[str], onednn: bool):
     """Grappler's output for ``graph_def`` with ``fetch_nodes`` fetched, as a
     ``Session`` with a default ``ConfigProto`` runs it: on the graph placed first
     (a session places before it optimizes; the remapper fuses a convolution or
     matrix product with its ``BiasAdd`` only on a node placed on the CPU), with
-    the same optimizers, and oneDNN's remapper fusions where this process has
-    oneDNN on."""
+    the same optimizers, and oneDNN's remapper fusions where ``onednn``."""
     import tensorflow as tf
-    from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
-    from tensorflow.python.grappler import tf_optimizer
+    from tensorflow.core.protobuf import meta_graph_pb2
 
     # Grappler's C++ aborts the process on a tensor it cannot read (a CHECK in
     # Tensor::FromProto) where TF's Python refuses it with an exception: every
@@ -205,7 +205,31 @@ def optimize(graph_def, fetch_nodes: list[str]):
     for node_def in meta.graph_def.node:
         node_def.device = node_def.device or LOCAL_CPU
     meta.collection_def["train_op"].node_list.value.extend(fetch_nodes)
+    if host_onednn() == onednn:
+        return _optimize_meta(meta)
+    return _optimize_in_child(meta, onednn)
+
+
+def _optimize_meta(meta):
+    from tensorflow.core.protobuf import config_pb2
+    from tensorflow.python.grappler import tf_optimizer
+
     return tf_optimizer.OptimizeGraph(config_pb2.ConfigProto(), meta)
+
+
+def _optimize_in_child(meta, onednn: bool):
+    """:func:`_optimize_meta` in a child process whose TF runs with ``onednn``
+    (TF reads ``TF_ENABLE_ONEDNN_OPTS`` once, as it starts)."""
+    from tensorflow.core.framework import graph_pb2
+
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1" if onednn else "0",
+               TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, "-m", __name__], input=meta.SerializeToString(),
+                          capture_output=True, env=env, check=False)
+    if done.returncode != 0:
+        lines = done.stderr.decode(errors="replace").strip().splitlines()
+        raise RuntimeError(lines[-1] if lines else f"exit status {done.returncode}")
+    return graph_pb2.GraphDef.FromString(done.stdout)
 
 
 def _check_tensors(graph_def) -> None:
@@ -240,3 +264,15 @@ def _fetch_nodes(fetches: list[str]) -> list[str]:
     names = (f.lstrip("^").rsplit(":", 1)[0] if f.rsplit(":", 1)[-1].isdigit()
              else f.lstrip("^") for f in fetches)
     return list(dict.fromkeys(names))
+
+
+def _child() -> None:
+    """Read a MetaGraphDef on stdin, write Grappler's GraphDef on stdout."""
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    meta = meta_graph_pb2.MetaGraphDef.FromString(sys.stdin.buffer.read())
+    sys.stdout.buffer.write(_optimize_meta(meta).SerializeToString())
+
+
+if __name__ == "__main__":
+    _child()

@@ -1,7 +1,7 @@
-"""A model of TF's runtime for the memory estimate: which kernels alias or
-forward their inputs' buffers, the graph Grappler hands the executor
-(``GrapplerView``) and the order the executor runs it in with one inter-op
-thread (``executor_order``).
+"""TF's executor order and kernel tables (``tf_executor`` assembles them into the
+runtime model): which kernels alias or forward their inputs' buffers, the graph
+Grappler hands the executor (``GrapplerView``) and the order the executor runs
+it in with one inter-op thread (``executor_order``).
 
 It reads the graph and never edits it; op kinds come from ``tf_ops``.
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from graphpass.dialects.base import Execution
-from graphpass.dialects.tf_kernels import renamed_by_onednn
 from graphpass.dialects.tf_ops import READ_MODIFY_WRITE_OP, VARIABLE_OPS
 from graphpass.dialects.tf_updates import resource_variable
 from graphpass.ir.graph import Graph, Tensor
+from graphpass.runtimes.base import Execution
+from graphpass.runtimes.tf_kernels import renamed_by_onednn
 
 # Kernels whose IsExpensive() is false: the executor runs them inline, on the thread
 # that made them ready, before it takes up the next expensive node.
@@ -102,7 +102,7 @@ RUNTIME_ORDERS = (RUNTIME_POSITION, CALLED_POSITION)
 
 def execution(graph: Graph, nodes: set[str], known: frozenset[str], fetched: frozenset[str],
               is_back_edge: Callable[[str, str], bool],
-              is_stateful: Callable[[str], bool],
+              is_stateful: Callable[[str], bool], onednn: bool,
               order_key: str = RUNTIME_POSITION) -> Execution:
     """The executor's order with one inter-op thread (``executor.cc``) on the graph
     Grappler hands it (``GrapplerView``), and the reads Grappler rewires past the
@@ -114,8 +114,9 @@ def execution(graph: Graph, nodes: set[str], known: frozenset[str], fetched: fro
     Roots (variable handles, constants) are taken as run first: TF interleaves
     them with the forward pass, but they allocate nothing, and an update that
     waits for its slot variable's handle would hold its gradient to the end.
+    ``onednn``: whether TF runs oneDNN's kernels (``runtime_ordered``);
     ``order_key``: which of the runtime's orders (:data:`RUNTIME_ORDERS`) to follow."""
-    members = runtime_ordered(graph, nodes, is_back_edge, order_key)
+    members = runtime_ordered(graph, nodes, is_back_edge, onednn, order_key)
     view = GrapplerView(graph, members, known, fetched, is_back_edge, is_stateful)
     view.optimize()
     order = executor_order([n for n in members if n not in view.bypassed],
@@ -130,7 +131,7 @@ def recorded_orders(graph: Graph, nodes: set[str]) -> list[str]:
 
 
 def runtime_ordered(graph: Graph, nodes: set[str], is_back_edge: Callable[[str, str], bool],
-                    order_key: str = RUNTIME_POSITION) -> list[str]:
+                    onednn: bool, order_key: str = RUNTIME_POSITION) -> list[str]:
     """``nodes`` in the order of the graph TF's executor runs, where the nodes
     carry their place in Grappler's output (``order_key``: :data:`RUNTIME_POSITION`
     or :data:`CALLED_POSITION`), else in the graph's order.
@@ -155,7 +156,7 @@ def runtime_ordered(graph: Graph, nodes: set[str], is_back_edge: Callable[[str, 
             position = max((placed[p] for p in graph.producers(name)
                             if p in placed and not is_back_edge(p, name)), default=-1)
         placed[name] = position
-    return sorted(nodes, key=lambda n: (renamed_by_onednn(graph, n), placed[n], n in added,
+    return sorted(nodes, key=lambda n: (renamed_by_onednn(graph, n, onednn), placed[n], n in added,
                                         index[n]))
 
 

@@ -1,0 +1,204 @@
+"""The runtime-model protocol: what one runtime does with a step, in one place.
+
+A :class:`RuntimeModel` answers what the memory estimate and the rewrite must know
+of the runtime that will run the graph, and nothing about the file format (that is
+the ``Dialect``'s):
+
+* **schedules**: the order it runs a step's nodes in, one :class:`Execution` per
+  order it may take where the graph does not decide which (``executions``);
+* **a heap policy**: how freed buffers are reused (:data:`BEST_FIT`: TF's
+  allocator, a buffer freed is free; :data:`FREE_LIST`: onnxruntime's planner,
+  a freed buffer waits for the next value of its shape; :data:`ARENA`: TFLite's
+  static arena), and what the allocator holds beyond its requests
+  (``allocator_headroom``), as XLA's ``HeapSimulator`` takes a ``HeapAlgorithm``;
+* **kernel facts**: aliasing, in-place outputs, scratch, copies made on update,
+  constant folding, fed values the runtime copies;
+* **ordering constraints** a rewrite must respect: kernels the runtime merges
+  (``merged_with``: a path between them is a cycle there), ops it rewrites with
+  their neighbours, ops it fuses into their producer, copies it would compile
+  differently from their original (``recomputable``), and the dependency mode
+  that orders work for it (``dependency``);
+* **an oracle** (optional): the graph the real runtime runs, asked from it.
+
+It never edits the graph and reads the host nowhere: the runtime's own settings
+(oneDNN, threads) come from :class:`~graphpass.options.RuntimeConfig`, an
+explicit option, so a plan is the same on every build machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from graphpass.ir.graph import Graph, Tensor
+from graphpass.options import RuntimeConfig
+
+#: Heap policies (``RuntimeModel.heap``).
+BEST_FIT, FREE_LIST, ARENA = "best-fit", "free-list", "arena"
+
+#: An extra IR check a runtime adds to the pipeline's verifier: the first problem
+#: it finds in the graph, as one line, or None.
+IRCheck = Callable[[Graph], "str | None"]
+
+
+@dataclass(frozen=True)
+class Execution:
+    """What the runtime runs of a step: ``order``, its nodes in the order the runtime
+    runs them; ``forwarded``: reads the runtime rewires past a node it removes
+    before running (TF's dependency optimizer bypassing an ``Identity``: its users
+    read its input), each value to the value really read. Removed nodes are not
+    in ``order``: they run nowhere and hold nothing."""
+
+    order: list[str]
+    forwarded: dict[Tensor, Tensor] = field(default_factory=dict)
+
+    def read(self, tensor: Tensor) -> Tensor:
+        """The value the runtime really reads for ``tensor``."""
+        return self.forwarded.get(tensor, tensor)
+
+
+@dataclass
+class RuntimeGraph:
+    """An oracle's answer: ``graph``, the graph to estimate (the runtime's own, or
+    the graph given where the runtime could not be asked); ``model``: what it is,
+    for people; ``reason``: why the runtime was not asked (empty when it was)."""
+
+    graph: Graph
+    model: str
+    reason: str = ""
+
+
+class RuntimeModel:
+    """A runtime's behaviour on a step under one configuration. The defaults
+    describe a runtime that runs the graph as written, in topological order, with
+    no aliasing, fusion or folding, freeing each buffer after its last reader."""
+
+    #: Short name (``tf``, ``xla``, ``onnxruntime``, ``litert``) for reports.
+    name: str = ""
+    #: What the estimate simulates, for people ("TF's executor").
+    title: str = ""
+    #: The dependency mode a rewrite orders work with for this runtime (None: the
+    #: format's first mode).
+    dependency: str | None = None
+    heap: str = BEST_FIT
+    #: What the allocator holds beyond the bytes it is asked for, as a fraction of
+    #: them (fragmentation); a memory budget is planned to ``budget / (1 + this)``.
+    allocator_headroom: float = 0.0
+    #: The executor queues ready kernels newest first (TF's, with its Eigen pool),
+    #: so a kernel that became ready early may wait under all later work.
+    queues_newest_first: bool = False
+    #: A process may run the step with every update held to the end of the step
+    #: (TF's v1 session on a graph it imports): the estimate weighs that schedule too.
+    holds_updates: bool = False
+    #: The model can ask the real runtime for the graph it runs (``oracle``).
+    has_oracle: bool = False
+    #: The ``RuntimeConfig`` fields this model reads (the summary shows them).
+    reads_config: tuple[str, ...] = ()
+    #: What the estimate of a graph the oracle did not answer for is, and what the
+    #: oracle is, for people.
+    hand_model: str = "graphpass's model of the runtime"
+    oracle_name: str = "the runtime"
+
+    def __init__(self, config: RuntimeConfig | None = None) -> None:
+        self.config = config or RuntimeConfig()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.config})"
+
+    # -- schedules -------------------------------------------------------------
+
+    def executions(self, graph: Graph, nodes: set[str], known: frozenset[str],
+                   fetched: frozenset[str]) -> list[Execution]:
+        """Every order the runtime may run ``nodes`` in, where which one it takes is
+        decided outside the graph: the estimate runs each and keeps the highest.
+        ``known``: nodes whose values exist before the step; ``fetched``: its targets."""
+        return [Execution(self._topological(graph, nodes))]
+
+    def schedule(self, graph: Graph, nodes: set[str] | None = None) -> list[str]:
+        """``nodes`` (default: every node) in the order the runtime runs them."""
+        nodes = set(graph) if nodes is None else nodes
+        return self.executions(graph, nodes, frozenset(), frozenset())[0].order
+
+    def _topological(self, graph: Graph, nodes: set[str]) -> list[str]:
+        dialect = graph.dialect
+        order = graph.topological_order(ignore_edge=lambda s, d: dialect.is_back_edge(graph, s, d))
+        return [n for n in order if n in nodes]
+
+    # -- kernel facts ----------------------------------------------------------
+
+    def output_alias(self, graph: Graph, name: str, port: int) -> int | None:
+        """The input slot whose buffer output ``port`` shares (Identity, Reshape), or None."""
+        return None
+
+    def forwardable_inputs(self, graph: Graph, name: str) -> tuple[int, ...]:
+        """Input slots whose buffer ``name`` may reuse for its output 0 when it is
+        their last reader (elementwise kernels writing in place)."""
+        return ()
+
+    def scratch_shapes(self, graph: Graph, name: str) -> list[tuple[Tensor, tuple]]:
+        """Temporaries ``name``'s kernel allocates while it runs, besides its outputs,
+        each as ``(tensor whose dtype it has, shape)``; freed when it returns."""
+        return []
+
+    def copied_on_update(self, graph: Graph, name: str) -> list[list[Tensor]]:
+        """For each variable ``name`` updates in place: the values that read the
+        variable's buffer without copying it; where one is still to be read, the
+        runtime first copies the variable and the old buffer lives on."""
+        return []
+
+    def is_foldable(self, graph: Graph, name: str) -> bool:
+        """The runtime replaces ``name`` by a constant when all its inputs are."""
+        return False
+
+    def runtime_fed(self, graph: Graph) -> list[str]:
+        """The inputs whose fed values the runtime copies into buffers of its own,
+        held for the whole step (so they count in its peak memory)."""
+        return []
+
+    # -- what a rewrite must respect ---------------------------------------------
+
+    def merged_with(self, graph: Graph, name: str) -> list[str]:
+        """Nodes the runtime merges with ``name`` into one kernel while they all wait
+        on the same control inputs: a pass that gives ``name`` a control input gives
+        it to these too, and no path may join them."""
+        return []
+
+    def rewritten_with_neighbours(self, graph: Graph, name: str) -> bool:
+        """The runtime's graph optimizer may rewrite ``name`` together with the ops
+        around it, which a control edge out of it stops."""
+        return False
+
+    def fuses_into_producer(self, graph: Graph, name: str, slot: int) -> bool:
+        """The runtime folds ``name`` into the op producing its input ``slot``: a
+        value put between the two would change how the fused op rounds."""
+        return False
+
+    def recomputable(self, graph: Graph, name: str) -> bool:
+        """Whether a copy of ``name`` computes what the original did on this runtime:
+        the format allows a second copy (``Dialect.is_recomputable``) and the
+        runtime compiles the copy as it compiles the original."""
+        return graph.dialect.is_recomputable(graph, name)
+
+    def ir_checks(self) -> tuple[IRCheck, ...]:
+        """Checks the pipeline's verifier runs after every pass, for this runtime."""
+        return ()
+
+    # -- the oracle --------------------------------------------------------------
+
+    def oracle(self, graph: Graph, fetches: list[str]) -> RuntimeGraph | None:
+        """The graph the real runtime runs for ``fetches``, asked from it; None for a
+        runtime this model cannot ask (the hand model stands)."""
+        return None
+
+    def follow_oracle_order(self, graph: Graph, view: RuntimeGraph) -> bool:
+        """Make this model's schedules of ``graph`` (and of copies made from it after
+        this) follow the node order of the oracle's graph ``view``, where the
+        model's order depends on it; False where there is nothing to follow."""
+        return False
+
+    def describe(self) -> dict:
+        """What the report says of the runtime the plan targets: its name, heap
+        policy and the configuration fields it reads."""
+        config = self.config.to_json()
+        return {"runtime": self.name, "heap": self.heap,
+                **{key: config[key] for key in self.reads_config}}

@@ -1,0 +1,70 @@
+"""onnxruntime as a :class:`~graphpass.runtimes.base.RuntimeModel`: its default
+node order for the model the writer emits, its allocation planner's free list,
+and its kernels' aliasing, in-place outputs, fusions and scratch
+(``ort_kernels``). It has no oracle yet: the model is written down, not asked.
+"""
+
+from __future__ import annotations
+
+from graphpass.formats.onnx_order import SOURCE_OPS, file_order
+from graphpass.ir.graph import Graph, Tensor
+from graphpass.runtimes import ort_kernels
+from graphpass.runtimes.base import FREE_LIST, Execution, RuntimeModel
+
+
+class ORTModel(RuntimeModel):
+    name = "onnxruntime"
+    title = "onnxruntime's order and allocation planner"
+    dependency = "data"
+    heap = FREE_LIST
+
+    def executions(self, graph: Graph, nodes: set[str], known: frozenset[str],
+                   fetched: frozenset[str]) -> list[Execution]:
+        order = ort_schedule(graph)
+        return [Execution([n for n in order if n in nodes])]
+
+    def output_alias(self, graph: Graph, name: str, port: int) -> int | None:
+        return ort_kernels.output_alias(graph, name, port)
+
+    def forwardable_inputs(self, graph: Graph, name: str) -> tuple[int, ...]:
+        return ort_kernels.forwardable_inputs(graph, name)
+
+    def scratch_shapes(self, graph: Graph, name: str) -> list[tuple[Tensor, tuple]]:
+        return ort_kernels.scratch_shapes(graph, name)
+
+    def fuses_into_producer(self, graph: Graph, name: str, slot: int) -> bool:
+        return ort_kernels.fuses_into_producer(graph, name, slot)
+
+    def recomputable(self, graph: Graph, name: str) -> bool:
+        """Not what onnxruntime would fuse differently as a copy than as the
+        original (``ort_kernels.fused_unlike_its_copy``)."""
+        return super().recomputable(graph, name) and \
+            not ort_kernels.fused_unlike_its_copy(graph, name)
+
+
+def ort_schedule(graph: Graph) -> list[str]:
+    """The order onnxruntime runs the written model in, by default: a depth-first
+    walk from the leaves, the last leaf of the file first, each node's producers
+    latest-in-file first, a node running once its producers have (its
+    ``GraphViewer`` order). Source nodes come first. ORT's own rewrites (fusions)
+    can move a few nodes; the order of the rest stands."""
+    order = file_order(graph)
+    index = {name: i for i, name in enumerate(order)}
+    sources = [n for n in order if graph.node(n).op in SOURCE_OPS]
+    source_set = set(sources)
+    stack = [(n, False) for n in order if n not in source_set and not graph.users(n)]
+    visited: set[str] = set()
+    schedule = []
+    while stack:
+        name, leaving = stack.pop()
+        if leaving:
+            schedule.append(name)
+            continue
+        if name in visited:
+            continue
+        visited.add(name)
+        stack.append((name, True))
+        producers = sorted((p for p in graph.producers(name) if graph.node(p).op not in SOURCE_OPS),
+                           key=index.__getitem__)
+        stack.extend((p, False) for p in producers if p not in visited)
+    return sources + schedule
