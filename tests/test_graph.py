@@ -183,7 +183,7 @@ def test_the_checker_catches_what_a_pass_broke(edit, problem):
 def _filter_and_bias_gradients() -> Graph:
     """A convolution's filter gradient and the bias gradient of the same incoming
     gradient ``dy``, which TF with oneDNN runs as one kernel
-    (``Dialect.merged_with``), and ``x``, an input of the filter gradient."""
+    (``RuntimeModel.merged_with``), and ``x``, an input of the filter gradient."""
     graph = Graph("tf")
     for name in ("x", "w_shape", "dy"):
         graph.add_node(name, "Placeholder")

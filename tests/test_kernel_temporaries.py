@@ -1,5 +1,5 @@
 """The estimate counts what TF's kernels allocate while they run, as the kernels
-TF picks in the estimating process (``dialects/tf_kernels``), checked against the
+TF picks in the estimating process (``runtimes/tf_kernels``), checked against the
 allocation records of a real step with oneDNN's kernels off and on, set
 explicitly in each child process.
 

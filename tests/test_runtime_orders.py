@@ -1,4 +1,4 @@
-"""The orders TF's executor may run a step in (``tf_runtime.RUNTIME_ORDERS``).
+"""The orders TF's executor may run a step in (``tf_order.RUNTIME_ORDERS``).
 
 A TF2 step is a function, which TF runs inlined into the graph that calls it, and
 Grappler's order of that graph is not the function's own: the caller's nodes

@@ -204,7 +204,7 @@ class Simulation:
 
     def _copy_shared_variables(self, name: str) -> None:
         """Where ``name`` updates a variable whose buffer a value still to be read
-        shares (``Dialect.copied_on_update``), the runtime writes a copy, which is
+        shares (``RuntimeModel.copied_on_update``), the runtime writes a copy, which is
         the variable from then on: the old buffer is the step's now, freed with
         the last of those values (or written into by an op that forwards it)."""
         for reads in self.runtime.copied_on_update(self.graph, name):

@@ -1,6 +1,6 @@
 """Static tensor sizes and a simulation of the runtime's memory over one step.
 
-The estimate replays the step as the runtime runs it: in the dialect's schedule
+The estimate replays the step as the runtime runs it: in the runtime model's schedule
 (``RuntimeModel.executions``: for TF the executor's own order with one inter-op
 thread, on the graph Grappler hands it, where the values known before the step
 run first and a node Grappler bypasses is not run, its readers reading what it

@@ -2,7 +2,7 @@
 
 A leaf: it imports nothing of graphpass but the IR and errors, so formats (the
 readers and writers) and the dialect both read TF's op knowledge from here. It
-must not know passes, analyses, builders or TF's runtime (``tf_runtime``).
+must not know passes, analyses, builders or TF's runtime (``graphpass.runtimes``).
 """
 
 from __future__ import annotations

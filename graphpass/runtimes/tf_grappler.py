@@ -82,7 +82,7 @@ def runtime_graph(graph: Graph, fetches: list[str],
 
 def record_order(graph: Graph, view: RuntimeGraph) -> bool:
     """Record on each node of ``graph`` its positions in Grappler's output ``view``
-    (``tf_runtime.RUNTIME_ORDERS``: as written, and as called where the step is a
+    (``tf_order.RUNTIME_ORDERS``: as written, and as called where the step is a
     function), for the hand model's executor order: the planner weighs its
     candidates under the hand model, and which branch TF's executor follows first
     depends on that order. False, and nothing recorded, where TF was not asked

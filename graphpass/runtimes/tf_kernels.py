@@ -35,7 +35,7 @@ FILTER_GRAD = "Conv2DBackpropFilter"
 INPUT_GRAD = "Conv2DBackpropInput"
 #: The dtypes TF registers the custom kernels for.
 KERNEL_DTYPES = ("float32", "float16", "bfloat16", "float64")
-#: What ``Node.meta`` holds a kernel's temporaries under (``Dialect.scratch_shapes``).
+#: What ``Node.meta`` holds a kernel's temporaries under (``RuntimeModel.scratch_shapes``).
 META_KEY = "kernel_temporaries"
 
 

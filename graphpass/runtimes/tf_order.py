@@ -51,7 +51,7 @@ FORWARD_SLOTS = {op: (0,) for op in _UNARY_FORWARD} | {op: (0, 1) for op in _BIN
     | {"Select": (1, 2), "SelectV2": (1, 2)}
 # Ops Grappler's arithmetic optimizer rewrites together with their neighbours
 # (elementwise chains, sums of products, reshapes), which a control edge out of
-# the op stops (``Dialect.rewritten_with_neighbours``).
+# the op stops (``RuntimeModel.rewritten_with_neighbours``).
 REWRITTEN_WITH_NEIGHBOURS = frozenset(FORWARD_SLOTS) | ALIAS_OPS | {"AddN"}
 # oneDNN's layout pass merges a convolution's filter gradient with the bias gradient
 # of the same incoming gradient (``_MklNativeConv2DBackpropFilterWithBias``) only
@@ -77,7 +77,7 @@ def merged_gradients(graph: Graph, name: str) -> list[str]:
 
 
 def copied_on_update(graph: Graph, name: str) -> list[list[Tensor]]:
-    """``Dialect.copied_on_update`` for TF: every resource variable a read-modify-write
+    """``RuntimeModel.copied_on_update`` for TF: every resource variable a read-modify-write
     kernel updates, with the ``ReadVariableOp`` values of it (which share the
     variable's buffer, where TF1's ref variables are written in place regardless)."""
     if not READ_MODIFY_WRITE_OP.match(graph.node(name).op):

@@ -216,7 +216,7 @@ def _replayed_peak(graph: Graph, step: Step, batch: int | None, ran: StepMeasure
 
 def _orders_summary(first: MemoryProfile, last: MemoryProfile) -> list[str]:
     """Where the step is a function whose caller decides TF's order
-    (``tf_runtime.CALLED_POSITION``) and the orders' estimates differ: each."""
+    (``tf_order.CALLED_POSITION``) and the orders' estimates differ: each."""
     peaks = [p.order_peaks for p in (first, last)]
     if not all(len(p) == 2 for p in peaks) or \
             all(max(p) <= (1 + SHOWN_ABOVE) * min(p) for p in peaks):

@@ -18,7 +18,7 @@ that walks a node's inputs one by one (onnxruntime's depth-first schedule): in
 one order each gradient is computed where the backward pass reaches it, in the
 other only after the whole backward pass, its operands live all along. Which
 order does what is the scheduler's business, so both are estimated on the
-dialect's schedule (``analysis.memory``), and the rewrite is kept only where one
+runtime model's schedule (``analysis.memory``), and the rewrite is kept only where one
 lowers the estimated peak. The gate goes past the optimizer ops the runtime fuses
 into the gradient's producer (``_gate_point``), so the step stays bit-exact.
 """
