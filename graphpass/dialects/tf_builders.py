@@ -11,6 +11,7 @@ to build.
 from __future__ import annotations
 
 from collections.abc import Callable
+from weakref import WeakKeyDictionary
 
 from graphpass.dialects.capabilities import ResourceVariable
 from graphpass.dialects.tf_ops import (
@@ -179,6 +180,7 @@ class TFBuilders:
                 op = graph.node(src).op
                 depth = depths[src] + (op in ("Enter", "RefEnter")) - (op in ("Exit", "RefExit"))
             depths[name] = max(depth, 0)
+        _FRAME_DEPTHS[graph] = (graph.version, depths)
         return depths
 
     def is_resource_variable(self, graph: Graph, name: str) -> bool:
@@ -346,3 +348,6 @@ class TFBuilders:
             raise ValueError(f"cannot tell the dtype of {tensor}")
         return DType(dtype)
 
+
+#: Per graph: ``(Graph.version, frame depths)`` (``TFBuilders.frame_depths``).
+_FRAME_DEPTHS: WeakKeyDictionary = WeakKeyDictionary()

@@ -88,22 +88,91 @@ def order_segments(graph: Graph, segments: list[Recomputed], gradients: list[str
     if len(segments) < 2 or not gradients:
         return [0] * len(segments)
     dialect = graph.dialect
-    position = {n: i for i, n in enumerate(graph.topological_order(
-        ignore_edge=lambda s, d: dialect.is_back_edge(graph, s, d)))}
+
+    def is_back_edge(src: str, dst: str) -> bool:
+        return dialect.is_back_edge(graph, src, dst)
+
+    order = graph.topological_order(ignore_edge=is_back_edge)
+    position = {n: i for i, n in enumerate(order)}
     turn = sorted(range(len(segments)),  # the order the backward pass reaches them
                   key=lambda i: min(position[t] for t in segments[i].triggers))
+    merged = {g: {g, *runtime.merged_with(graph, g)} for g in gradients}
+    if any(is_back_edge(name, user) for name in order for user in graph.users(name)):
+        reach = None  # a loop's back edges: the walks below see its cycles
+    else:
+        reach = _Descent(graph, order, [segments[i].copies for i in range(len(segments))],
+                         [segments[i].waiting for i in range(len(segments))])
     added = [0] * len(segments)
     for before, after in zip(turn, turn[1:]):
-        depends = graph.descendants(segments[before].copies)
         waiting = segments[after].waiting
-        cycle = graph.descendants(waiting) | set(waiting)
-        for gradient in gradients:
-            merged = {gradient, *runtime.merged_with(graph, gradient)}
-            if gradient in depends and not merged & cycle:
-                for name in waiting:
-                    graph.add_control_input(name, gradient)
-                    added[after] += 1
+        if reach is None:
+            depends = graph.descendants(segments[before].copies)
+            cycle = graph.descendants(waiting) | set(waiting)
+            chosen = [g for g in gradients if g in depends and not merged[g] & cycle]
+        else:
+            chosen = [g for g in gradients if reach.from_copies(g, before)
+                      and not any(reach.from_waiting(m, after) for m in merged[g])]
+        for gradient in chosen:
+            for name in waiting:
+                graph.add_control_input(name, gradient)
+                added[after] += 1
+                if reach is not None:
+                    reach.add_edge(gradient, name)
     return added
+
+
+class _Descent:
+    """For each node, which segments' copies and which segments' waiting nodes it
+    descends from (bitsets by segment), kept exact as :func:`order_segments` adds
+    control edges: one sweep of the graph in topological order, then each new
+    edge's bits pushed forward only as far as they are new. What
+    ``graph.descendants`` of every segment's copies and waiting nodes would tell,
+    without a walk of the backward pass per pair of segments."""
+
+    def __init__(self, graph: Graph, order: list[str], copies: list[list[str]],
+                 waiting: list[list[str]]) -> None:
+        self.graph = graph
+        self.seed: dict[str, tuple[int, int]] = {}
+        for k, names in enumerate(copies):
+            for name in names:
+                c, w = self.seed.get(name, (0, 0))
+                self.seed[name] = (c | 1 << k, w)
+        for k, names in enumerate(waiting):
+            for name in names:
+                c, w = self.seed.get(name, (0, 0))
+                self.seed[name] = (c, w | 1 << k)
+        self.copies: dict[str, int] = {}
+        self.waiting: dict[str, int] = {}
+        for name in order:
+            c = w = 0
+            for producer in graph.producers(name):
+                pc, pw = self._out(producer)
+                c, w = c | pc, w | pw
+            self.copies[name], self.waiting[name] = c, w
+
+    def _out(self, name: str) -> tuple[int, int]:
+        """The bits ``name`` passes on: what it descends from, and itself."""
+        c, w = self.seed.get(name, (0, 0))
+        return self.copies.get(name, 0) | c, self.waiting.get(name, 0) | w
+
+    def from_copies(self, name: str, segment: int) -> bool:
+        return bool(self.copies[name] >> segment & 1)
+
+    def from_waiting(self, name: str, segment: int) -> bool:
+        """``name`` descends from a waiting node of ``segment``, or is one."""
+        own = self.seed.get(name, (0, 0))[1]
+        return bool((self.waiting[name] | own) >> segment & 1)
+
+    def add_edge(self, src: str, dst: str) -> None:
+        stack = [(dst, *self._out(src))]
+        while stack:
+            name, c, w = stack.pop()
+            if c & ~self.copies[name] == 0 and w & ~self.waiting[name] == 0:
+                continue
+            self.copies[name] |= c
+            self.waiting[name] |= w
+            out = self._out(name)
+            stack.extend((user, *out) for user in self.graph.users(name))
 
 
 def computed_by(graph: Graph, tensor: Tensor, runtime: RuntimeModel) -> Tensor:

@@ -136,8 +136,8 @@ def _gradients_done(graph: Graph, step: Step) -> list[str]:
             if producer not in seen:
                 seen.add(producer)
                 pending.append(producer)
-    depths = dialect.frame_depths(graph)
-    return [n for n in graph if n in set(found) and depths.get(n, 0) == 0]
+    depths, found = dialect.frame_depths(graph), set(found)
+    return [n for n in graph if n in found and depths.get(n, 0) == 0]
 
 
 def _outputs_read(graph: Graph, segment: Segment, backward: set[str]) -> list[str]:
