@@ -21,15 +21,14 @@ def main(path: str, fetches: list[str]) -> dict:
     import graphpass
     from graphpass.analysis.buffers import scratch_bytes
     from graphpass.analysis.runtime_memory import runtime_memory_profile
-    from graphpass.options import RuntimeConfig
-    from graphpass.runtimes import runtime_model
     from graphpass.runtimes.tf_grappler import runtime_graph
-    from graphpass.runtimes.tf_kernels import host_onednn, renamed_by_onednn
+    from graphpass.runtimes.tf_kernels import renamed_by_onednn
+    from tools.fixtures.measure import this_process_runtime
 
-    # The configuration of the TF this process runs (the parent set oneDNN),
-    # so that the estimate can be checked against this process's records.
-    config = RuntimeConfig(onednn=host_onednn(), intra_op_threads=len(os.sched_getaffinity(0)))
-    runtime = runtime_model("tf", "tf", config)
+    # The TF this process runs (the parent set oneDNN): the estimate is checked
+    # against this process's records.
+    runtime = this_process_runtime()
+    config = runtime.config
     graph = graphpass.load(path)
     profile = runtime_memory_profile(graph, fetches, runtime=runtime)
     view = runtime_graph(graph, fetches, config).graph

@@ -46,7 +46,7 @@ VARIANTS = {
     # The planner plans to 0.85x of a budget (the allocator's headroom): 1.1x
     # asks for about 0.94x of the original's estimated peak.
     "budget": lambda m: ["--recompute", "auto", "--recompute-policy", "budget",
-                         "--memory-budget", "1.1x"],
+                         "--memory-budget", "0.9x"],
     "cheap": lambda m: ["--recompute", "auto", "--recompute-policy", "cheap"],
 }
 

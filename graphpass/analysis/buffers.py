@@ -155,7 +155,7 @@ class Simulation:
     def _bytes(self, tensor: Tensor) -> int:
         if tensor in self.stacked:
             return self.stacked[tensor]
-        slot = self.dialect.container_input(self.graph, tensor)
+        slot = self.runtime.container_input(self.graph, tensor)
         if slot is not None:  # a copy of that input, held as long as the container
             tensor = self.graph.input_slots(tensor.node).get(slot, tensor)
         size = tensor_bytes(self.graph, tensor, self.batch_size)

@@ -79,12 +79,6 @@ class Dialect(ABC):
         estimate does not model (here: none)."""
         return None
 
-    def container_input(self, graph: Graph, tensor: Tensor) -> int | None:
-        """For a value that holds a copy of an input in a container of the runtime's
-        own (TF's TensorList or TensorArray filled from a tensor, which the loops
-        read an element at a time): that input's slot; else None."""
-        return None
-
     def num_outputs(self, graph: Graph, name: str) -> int | None:
         """Number of outputs of ``name`` when cheaply known, else None."""
         return None
@@ -124,9 +118,6 @@ class Dialect(ABC):
 
     #: op type -> class, per class (see ``op_class``)
     op_classes: dict[str, frozenset[str]] = {}
-    #: products the runtime's graph optimizer may fold a constant factor into
-    constant_folded_ops: frozenset[str] = frozenset()
-
     def conv_operands(self, graph: Graph, name: str) -> tuple[Tensor, Tensor, int]:
         """For a convolution or one of its gradients: the output-side activation
         (forward output or incoming gradient), the kernel, and the channel axis of
@@ -256,15 +247,6 @@ class Dialect(ABC):
         if shape and (shape[0] is None or shape[0] < 0):
             return (batch_size, *shape[1:])
         return shape
-
-    def dependency_scale(self, dtype: str) -> float:
-        """The factor of data-mode ordering, ``x + stop_gradient(scale * s)``: the
-        dtype's smallest normal number, as ``recompute_grad(use_data_dep=True)``."""
-        import numpy as np
-
-        from graphpass.ir.dtypes import np_dtype
-
-        return float(np.finfo(np_dtype(dtype)).tiny)
 
     def is_float(self, graph: Graph, tensor: Tensor) -> bool:
         return self.dtype(graph, tensor) in FLOAT_DTYPES

@@ -233,20 +233,6 @@ class ONNXDialect(Dialect):
         (``onnx_contrib_shapes``)."""
         return shape_source(graph)
 
-    def dependency_scale(self, dtype: str) -> float:
-        """0: data-mode ties are ``x + Identity(0 * s)``, exact for finite ``s``.
-
-        ``tiny * s`` is subnormal whenever ``|s| < 1``, and added to the zeros a
-        ReLU leaves it makes subnormal activations; onnxruntime on CPU does not
-        flush them (``session.set_denormal_as_zero`` is off by default), so the
-        recomputed MatMuls would take the slow subnormal path. ``0 * s`` is still
-        a data dependency no ORT optimizer removes: constant folding needs
-        constant inputs, and ``NoopElimination`` drops only an ``Add`` of a
-        constant 0 or a ``Mul`` by a constant 1 (it is also NaN if ``s`` is, like
-        ``tiny * s``).
-        """
-        return 0.0
-
     # -- attributes (onnx_attrs) -----------------------------------------------
 
     def get_attr(self, graph: Graph, name: str, key: str, default: Any = None) -> Any:

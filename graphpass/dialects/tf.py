@@ -55,7 +55,6 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
     op_classes = {"matmul": MATMUL_OPS,
                   "conv": CONV_FORWARD_OPS | CONV_INPUT_GRAD_OPS | CONV_FILTER_GRAD_OPS,
                   "cheap": CHEAP_OPS}
-    constant_folded_ops = frozenset({"Mul", "RealDiv", "Div"})
     # -- structure ---------------------------------------------------------
 
     def is_back_edge(self, graph: Graph, src: str, dst: str) -> bool:
@@ -75,10 +74,6 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
             find = tf_loops.loop_facts if op != "LoopCond" else tf_loops_v1.loop_facts
             known[batch_size, loop_trips] = find(graph, name, batch_size, loop_trips)
         return known[batch_size, loop_trips]
-
-    def container_input(self, graph: Graph, tensor: Tensor) -> int | None:
-        return tf_loops.FILLED_FROM.get(graph.node(tensor.node).op) if tensor.port == 0 \
-            else None
 
     def num_outputs(self, graph: Graph, name: str) -> int | None:
         """From the OpDef and the node's count attrs, else ``_output_shapes``."""

@@ -168,8 +168,14 @@ class TFBuilders:
         shallower after an ``Exit``; a node without data inputs runs in its control
         inputs' frame (a loop constant hangs on the loop's pivot). An edge between
         frames other than into an Enter is invalid, so passes adding control edges
-        check both ends here.
+        check both ends here. Kept per graph until its structure changes
+        (``Graph.version``).
         """
+        cached = _FRAME_DEPTHS.get(graph)
+        if cached is not None and cached[0] == graph.version:
+            return cached[1]
+        if not any(node.op in ("Enter", "RefEnter") for node in graph.nodes()):
+            return dict.fromkeys(graph, 0)  # no loop: every node in the root frame
         depths: dict[str, int] = {}
         order = graph.topological_order(ignore_edge=lambda s, d: self.is_back_edge(graph, s, d))
         for name in order:

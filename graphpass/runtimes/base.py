@@ -150,6 +150,12 @@ class RuntimeModel:
         """The runtime replaces ``name`` by a constant when all its inputs are."""
         return False
 
+    def container_input(self, graph: Graph, tensor: Tensor) -> int | None:
+        """For a value that holds a copy of an input in a container of the runtime's
+        own (TF's TensorList or TensorArray filled from a tensor, which loops read
+        an element at a time): that input's slot; else None."""
+        return None
+
     def runtime_fed(self, graph: Graph) -> list[str]:
         """The inputs whose fed values the runtime copies into buffers of its own,
         held for the whole step (so they count in its peak memory)."""
@@ -172,6 +178,20 @@ class RuntimeModel:
         """The runtime folds ``name`` into the op producing its input ``slot``: a
         value put between the two would change how the fused op rounds."""
         return False
+
+    #: Products the runtime's graph optimizer may fold a constant factor into (and
+    #: push across neighbouring products), so a copy of one is not its original.
+    constant_folded_ops: frozenset[str] = frozenset()
+
+    def dependency_scale(self, dtype: str) -> float:
+        """The factor of data-mode ordering, ``x + stop_gradient(scale * s)``: the
+        dtype's smallest normal number, as ``recompute_grad(use_data_dep=True)``
+        (a runtime that flushes subnormals computes ``x`` exactly)."""
+        import numpy as np  # not at import: ``graphpass --help`` loads no numpy
+
+        from graphpass.ir.dtypes import np_dtype
+
+        return float(np.finfo(np_dtype(dtype)).tiny)
 
     def recomputable(self, graph: Graph, name: str) -> bool:
         """Whether a copy of ``name`` computes what the original did on this runtime:

@@ -35,6 +35,20 @@ class ORTModel(RuntimeModel):
     def fuses_into_producer(self, graph: Graph, name: str, slot: int) -> bool:
         return ort_kernels.fuses_into_producer(graph, name, slot)
 
+    def dependency_scale(self, dtype: str) -> float:
+        """0: data-mode ties are ``x + Identity(0 * s)``, exact for finite ``s``.
+
+        ``tiny * s`` is subnormal whenever ``|s| < 1``, and added to the zeros a
+        ReLU leaves it makes subnormal activations; onnxruntime on CPU does not
+        flush them (``session.set_denormal_as_zero`` is off by default), so the
+        recomputed MatMuls would take the slow subnormal path. ``0 * s`` is still
+        a data dependency no ORT optimizer removes: constant folding needs
+        constant inputs, and ``NoopElimination`` drops only an ``Add`` of a
+        constant 0 or a ``Mul`` by a constant 1 (it is also NaN if ``s`` is, like
+        ``tiny * s``).
+        """
+        return 0.0
+
     def recomputable(self, graph: Graph, name: str) -> bool:
         """Not what onnxruntime would fuse differently as a copy than as the
         original (``ort_kernels.fused_unlike_its_copy``)."""

@@ -10,6 +10,7 @@ control edges: a rewrite orders work by data dependencies there.
 
 from __future__ import annotations
 
+from graphpass.dialects.tf_loops import FILLED_FROM
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.runtimes import tf_kernels, tf_order
 from graphpass.runtimes.base import BEST_FIT, Execution, IRCheck, RuntimeGraph, RuntimeModel
@@ -19,7 +20,12 @@ from graphpass.runtimes.tf_grappler import HAND_MODEL, record_order, runtime_gra
 class TFKernelFacts(RuntimeModel):
     """What TF's kernels do with buffers, shared by the runtimes that run TF's
     graph or a conversion of it: outputs that alias an input, elementwise kernels
-    that write in place, and constant folding."""
+    that write in place, containers filled from a tensor, and constant folding."""
+
+    constant_folded_ops = frozenset({"Mul", "RealDiv", "Div"})
+
+    def container_input(self, graph: Graph, tensor: Tensor) -> int | None:
+        return FILLED_FROM.get(graph.node(tensor.node).op) if tensor.port == 0 else None
 
     def output_alias(self, graph: Graph, name: str, port: int) -> int | None:
         op = graph.node(name).op

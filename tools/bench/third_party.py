@@ -162,9 +162,9 @@ def _replayed(path: Path, step_stats) -> int:
     from graphpass.inspect.step_stats import executed_order
     from tools.fixtures.trace_order import load_step
 
-    graph, fetches, view = load_step(path)
-    return runtime_memory_profile(graph, fetches, view=view,
-                                  replay=executed_order(step_stats)).peak_bytes
+    graph, fetches, view, runtime = load_step(path)
+    return runtime_memory_profile(graph, fetches, view=view, replay=executed_order(step_stats),
+                                  runtime=runtime).peak_bytes
 
 
 def _session_allocator(step_stats) -> int | None:

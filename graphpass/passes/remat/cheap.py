@@ -44,7 +44,7 @@ def cheap_keep(graph: Graph, chain: ForwardChain, sizes, runtime: RuntimeModel) 
     flow = nx.DiGraph()
     for name in chain.order:
         banned = name in static or not runtime.recomputable(graph, name) or \
-            dialect.op_class(graph, name) != "cheap" or _folds_constant(graph, name)
+            dialect.op_class(graph, name) != "cheap" or _folds_constant(graph, name, runtime)
         inputs = [t for t in graph.inputs(name) if t.node in members]
         read = sum(sizes.bytes(t) for t in graph.inputs(name))
         for port in graph.used_ports(name):
@@ -63,13 +63,13 @@ def cheap_keep(graph: Graph, chain: ForwardChain, sizes, runtime: RuntimeModel) 
         {Tensor(n, p) for n in static for p in graph.used_ports(n)}
 
 
-def _folds_constant(graph: Graph, name: str) -> bool:
+def _folds_constant(graph: Graph, name: str, runtime: RuntimeModel) -> bool:
     """A product with a constant factor: Grappler's arithmetic optimizer folds and
     pushes such constants across neighbouring products, and does so differently
     once the original's other readers (gradient ops) have moved to the copy, so
     the copy would not compute the original's bits (seen on tf_keras's GELU)."""
     dialect = graph.dialect
-    return graph.node(name).op in dialect.constant_folded_ops and any(
+    return graph.node(name).op in runtime.constant_folded_ops and any(
         dialect.is_source(graph, t.node) and not dialect.is_variable_value(graph, t.node)
         and t.node not in dialect.graph_inputs(graph) for t in graph.inputs(name))
 

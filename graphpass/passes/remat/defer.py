@@ -55,7 +55,7 @@ def defer_updates(graph: Graph, step: Step, batch_size: int | None = None,
     best, chosen = None, None
     for order in (computed, computed[::-1]):
         trial = graph.copy()
-        _gate(trial, order, step.optimizer)
+        _gate(trial, order, step)
         profile = memory_profile(trial, step.fetches, batch_size, step.loop_trips,
                                  runtime=step.runtime)
         bar = best.peak_bytes if best else peak_bytes - int(MIN_GAIN_FRACTION * peak_bytes)
@@ -63,7 +63,7 @@ def defer_updates(graph: Graph, step: Step, batch_size: int | None = None,
             best, chosen = profile, order
     if chosen is None:
         return None
-    _gate(graph, chosen, step.optimizer)
+    _gate(graph, chosen, step)
     return peak_bytes, best
 
 
@@ -100,6 +100,7 @@ def _gate_point(graph: Graph, gradient: Tensor, step: Step) -> Tensor:
         gradient = Tensor(readers[0][0], 0)
 
 
-def _gate(graph: Graph, gradients: list[Tensor], optimizer: set[str]) -> None:
+def _gate(graph: Graph, gradients: list[Tensor], step: Step) -> None:
     """The optimizer's reads of each gradient go through the gate."""
-    gate_by_data(graph, DEFER_SCOPE, gradients, lambda reader: reader in optimizer)
+    gate_by_data(graph, DEFER_SCOPE, gradients, lambda reader: reader in step.optimizer,
+                 step.runtime)

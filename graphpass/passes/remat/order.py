@@ -7,7 +7,7 @@ values on each other (``gate_by_data``): a segment's gradient outputs
 ``x + stop_gradient(tiny * s)``, ``s`` summing element 0 of each incoming
 gradient and ``tiny`` the dtype's smallest normal number, exactly as
 ``recompute_grad(use_data_dep=True)`` does (XLA ignores control edges; ONNX has
-none). The factor is the dialect's ``dependency_scale`` (ONNX: 0, see there).
+none). The factor is the runtime's ``dependency_scale`` (onnxruntime: 0, see there).
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def computed_by(graph: Graph, tensor: Tensor, runtime: RuntimeModel) -> Tensor:
 
 
 def order_by_data(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor],
-                   segment: str) -> None:
+                   segment: str, runtime: RuntimeModel) -> None:
     """Tie the copies' float inputs from outside to the trigger:
     ``x + stop_gradient(tiny * s)`` (recompute_grad's use_data_dep).
 
@@ -220,15 +220,16 @@ def order_by_data(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor],
     for tensor in activations or external:
         dtype = dialect.dtype(graph, tensor)
         if dtype not in signal:
-            signal[dtype] = _tiny_signal(graph, f"{scope}/{dtype}", triggers, dtype)
+            signal[dtype] = _tiny_signal(graph, f"{scope}/{dtype}", triggers, dtype, runtime)
         tied = dialect.binary(graph, f"{scope}/tie", "add", tensor, signal[dtype])
         for copy, slot in readers[tensor]:
             graph.set_input(copy, slot, tied)
 
 
-def _tiny_signal(graph: Graph, scope: str, tensors: list[Tensor], dtype: str) -> Tensor:
+def _tiny_signal(graph: Graph, scope: str, tensors: list[Tensor], dtype: str,
+                 runtime: RuntimeModel) -> Tensor:
     """``stop_gradient(scale * sum(first elements))`` in ``dtype`` (``scale``: the
-    dialect's ``dependency_scale``, ``tiny`` by default): numerically nothing
+    runtime's ``dependency_scale``, ``tiny`` by default): numerically nothing
     for any normal value, but a data dependency no compiler may drop."""
     dialect = graph.dialect
     firsts = [
@@ -237,12 +238,13 @@ def _tiny_signal(graph: Graph, scope: str, tensors: list[Tensor], dtype: str) ->
         for t in tensors
     ]
     total = dialect.add_n(graph, f"{scope}/sum", firsts)
-    tiny = dialect.scalar(graph, f"{scope}/tiny", dialect.dependency_scale(dtype), dtype)
+    tiny = dialect.scalar(graph, f"{scope}/tiny", runtime.dependency_scale(dtype), dtype)
     return dialect.stop_gradient(graph, f"{scope}/stop",
                                  dialect.binary(graph, f"{scope}/scaled", "mul", total, tiny))
 
 
-def tupleize(graph: Graph, segment: str, gradient_ops: list[str], dependency: str) -> None:
+def tupleize(graph: Graph, segment: str, gradient_ops: list[str], dependency: str,
+             runtime: RuntimeModel) -> None:
     """Gate the segment's gradient outputs so none is consumed before all exist."""
     dialect = graph.dialect
     ops = set(gradient_ops)
@@ -256,7 +258,7 @@ def tupleize(graph: Graph, segment: str, gradient_ops: list[str], dependency: st
     )
     scope = f"{SCOPE}{segment.rstrip('/')}/tuple"
     if dependency != "control":
-        gate_by_data(graph, scope, outputs, lambda c: c not in ops)
+        gate_by_data(graph, scope, outputs, lambda c: c not in ops, runtime)
         return
     producers = unique(t.node for t in outputs)
     for tensor in outputs:
@@ -266,7 +268,7 @@ def tupleize(graph: Graph, segment: str, gradient_ops: list[str], dependency: st
 
 
 def gate_by_data(graph: Graph, scope: str, tensors: list[Tensor],
-                 readers: Callable[[str], bool]) -> None:
+                 readers: Callable[[str], bool], runtime: RuntimeModel) -> None:
     """Rewire the readers of each of ``tensors`` that ``readers`` accepts to
     ``tensor + stop_gradient(tiny * s)``, ``s`` summing the first element of every
     one of ``tensors`` in the order given (one signal per dtype): none of those
@@ -276,7 +278,7 @@ def gate_by_data(graph: Graph, scope: str, tensors: list[Tensor],
     for tensor in tensors:
         dtype = dialect.dtype(graph, tensor)
         if dtype not in signal:
-            signal[dtype] = _tiny_signal(graph, f"{scope}/{dtype}", tensors, dtype)
+            signal[dtype] = _tiny_signal(graph, f"{scope}/{dtype}", tensors, dtype, runtime)
         gated = dialect.binary(graph, f"{scope}/gate", "add", tensor, signal[dtype])
         graph.replace_uses(tensor, gated,
                            where=lambda c: readers(c) and not c.startswith(scope))

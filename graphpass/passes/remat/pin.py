@@ -315,9 +315,9 @@ def update_reads(graph: Graph, step: Step) -> list[str]:
     after_backward = graph.descendants(step.backward) | step.backward
     updates = [n for n in graph if n in step.optimizer and n in after_backward]
     outside = _outside_loops(graph)
-    return unique(t.node for update in updates for t in graph.inputs(update)
-                  if t.node not in after_backward and t.node in outside
-                  and _pinnable(graph, t, step))
+    read = unique(t for update in updates for t in graph.inputs(update)
+                  if t.node not in after_backward and t.node in outside)
+    return unique(t.node for t in read if _pinnable(graph, t, step))
 
 
 def held_updates_peak(graph: Graph, step: Step, batch_size: int | None,
@@ -330,7 +330,7 @@ def held_updates_peak(graph: Graph, step: Step, batch_size: int | None,
         return None
     held = graph.copy()
     gate_by_data(held, f"{PIN_SCOPE}/held", list(step.gradients),
-                 lambda reader: reader in step.optimizer)
+                 lambda reader: reader in step.optimizer, step.runtime)
     return estimate(held, step.fetches, batch_size)
 
 

@@ -93,8 +93,8 @@ def rewrite_segments(graph: Graph, segments: list[Segment], step: Step,
     recomputed: dict[int, Recomputed] = {}
     for segment in segments:
         segment_plan = _plan(graph, segment, step, reach)
-        entry, waiting = _apply(graph, segment, segment_plan, step.dependency,
-                                tupleize_grads, released_bytes, holders)
+        entry, waiting = _apply(graph, segment, segment_plan, step, tupleize_grads,
+                                released_bytes, holders)
         entries.append(entry)
         if not segment_plan.rewires:
             entry["outputs_read"] = _outputs_read(graph, segment, step.backward)
@@ -148,7 +148,7 @@ def _outputs_read(graph: Graph, segment: Segment, backward: set[str]) -> list[st
             if any(c in backward for c, _ in graph.consumers(Tensor(n, p)))]
 
 
-def _apply(graph: Graph, segment: Segment, plan: _Plan, dependency: str,
+def _apply(graph: Graph, segment: Segment, plan: _Plan, step: Step,
            tupleize_grads: bool, released_bytes: bool, holders: _Holders
            ) -> tuple[dict, list[str]]:
     """Copy, order and rewire one segment as ``plan`` says; its report entry, and
@@ -175,16 +175,17 @@ def _apply(graph: Graph, segment: Segment, plan: _Plan, dependency: str,
     readers = {Tensor(o, p): len(graph.consumers(Tensor(o, p)))
                for o in copy_of for p in graph.used_ports(o)}
     reads, waiting = 0, []
-    if dependency == "control":
+    if step.dependency == "control":
         reads, waiting = order_by_control(graph, copy_of, plan.triggers, segment.name)
     else:
-        order_by_data(graph, copy_of, plan.triggers, segment.name)
+        order_by_data(graph, copy_of, plan.triggers, segment.name, step.runtime)
     released = sorted({orig for _, _, orig in plan.rewires})
     for consumer, slot, original in plan.rewires:
         graph.set_input(consumer, slot, Tensor(copy_of[original.node], original.port))
     kept = _keep_readers(graph, segment, copy_of, readers, holders)
     if tupleize_grads:
-        tupleize(graph, segment.name, [c for c, _, _ in plan.rewires], dependency)
+        tupleize(graph, segment.name, [c for c, _, _ in plan.rewires], step.dependency,
+                 step.runtime)
     entry.update(copied=len(copy_of), copies=list(copy_of.values()),
                  released=[str(t) for t in released], readers_kept=kept,
                  ordering_reads=reads, read_once=once, waits_for_gradients=0)
