@@ -24,7 +24,7 @@ from graphpass.cli.files import (
     read_feeds,
     staged_json,
 )
-from graphpass.cli.litert import TARGET, check_conversion, check_input, check_source
+from graphpass.cli.litert import check_source
 from graphpass.cli.text import LIST_LIMIT, describe_text, rewrite_summary
 from graphpass.errors import GraphpassError
 from graphpass.options import OPTIONS, positive_batch_size, rewrite_options
@@ -65,6 +65,7 @@ class Rewrite(Command):
         import graphpass
         from graphpass.inspect.dump import rewrite_instruments
         from graphpass.passes import estimates_memory
+        from graphpass.runtimes import runtime_for
 
         options = rewrite_options(settings(args))
         source, target = Path(options.input), Path(options.output)
@@ -83,7 +84,8 @@ class Rewrite(Command):
                      shapes=bool(options.dump_dir)
                      or estimates_memory(options.pipeline, estimates))
         check_tensor_options(graph, options.pipeline.regions.loss)
-        check_input(graph, options.pipeline.target)
+        runtime = runtime_for(graph, options.pipeline.target, options.pipeline.runtime)
+        runtime.check_input(graph)
         nodes_before = len(graph)
         instruments = rewrite_instruments(options.dump_dir, full=options.dump_full,
                                           quiet=options.quiet,
@@ -99,9 +101,13 @@ class Rewrite(Command):
             "nodes_before": nodes_before,
             "nodes_after": len(graph),
             "passes": [vars(r) for r in results],
+            "target_runtime": runtime.name,
         }
-        if options.pipeline.target == TARGET:  # converted before anything is written
-            report[TARGET] = check_conversion(graph, source, report["passes"])
+        # The target runtime's own check (TFLite converts the step) before anything is
+        # written.
+        checked = runtime.check_written(graph, source, report["passes"])
+        if checked is not None:
+            report[runtime.name] = checked
         # The report is complete before the graph is written and renamed in place after
         # it: a failed graph write leaves neither, and nothing fails after the graph.
         with staged_json(options.report, report):

@@ -33,7 +33,8 @@ def rewrite_summary(report: dict) -> str:
         state = "changed" if result["changed"] else "unchanged"
         lines.append(f"  {result['name']}: {state} in {result['seconds']:.2f}s")
         lines.extend(f"    {line}" for line in result["report"].get("summary", []))
-    lines.extend(f"  {line}" for line in report.get("litert", {}).get("summary", []))
+    checked = report.get(report.get("target_runtime", ""), {})
+    lines.extend(f"  {line}" for line in checked.get("summary", []))
     return "\n".join(lines)
 
 

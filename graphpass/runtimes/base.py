@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.options import RuntimeConfig
@@ -208,6 +209,17 @@ class RuntimeModel:
     def oracle(self, graph: Graph, fetches: list[str]) -> RuntimeGraph | None:
         """The graph the real runtime runs for ``fetches``, asked from it; None for a
         runtime this model cannot ask (the hand model stands)."""
+        return None
+
+    def check_input(self, graph: Graph) -> None:
+        """Raise ``GraphpassError`` (one line, with the fix) where this runtime cannot
+        take ``graph`` at all; before any pass runs."""
+
+    def check_written(self, graph: Graph, source: Path, reports: list[dict]) -> dict | None:
+        """The runtime's own check of the rewritten ``graph`` before it is written
+        (``source``: the input file; ``reports``: the passes' results): a report
+        entry, None where this runtime checks nothing; raises ``GraphpassError``
+        where the runtime would not run the output as planned."""
         return None
 
     def follow_oracle_order(self, graph: Graph, view: RuntimeGraph) -> bool:

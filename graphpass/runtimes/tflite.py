@@ -3,11 +3,17 @@ converter's op order, TF's aliasing and folding as the converter applies them,
 and a static arena (``ARENA``: ``analysis/arena`` packs it as TFLite's
 ``ArenaPlanner`` does). The converter drops control edges, so a rewrite orders
 work by data dependencies; no process holds updates, as the interpreter runs
-the converted order as it is.
+the converted order as it is. The converter itself is the oracle of what a
+rewrite becomes on the device (``tflite_converter``): a step it refuses, or a
+rewrite it merges back, is never written.
 """
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
+from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
 from graphpass.runtimes.base import ARENA, Execution
 from graphpass.runtimes.tf_executor import TFKernelFacts
@@ -25,6 +31,45 @@ class TFLiteModel(TFKernelFacts):
 
     def forwardable_inputs(self, graph: Graph, name: str) -> tuple[int, ...]:
         return ()  # the arena gives every output a tensor of its own
+
+    def check_input(self, graph: Graph) -> None:
+        """TFLite converts signatures: the step must be a SavedModel's function."""
+        if not graph.dialect.in_function_body(graph):
+            raise GraphpassError("--target litert needs a TF2 SavedModel whose training step "
+                                 "is a signature (TFLite's converter reads signatures); this "
+                                 f"{graph.format} graph has none")
+
+    def check_written(self, graph: Graph, source: Path, reports: list[dict]) -> dict:
+        """Convert the rewritten graph (staged in a temporary directory) and, where remat
+        added copies, the original: the converter drops control edges and merges
+        identical ops, so a rewrite is kept only if the converted ``train`` subgraph
+        still holds more ops than the original's. The report's ``litert`` entry."""
+        from graphpass.formats.dispatch import save
+        from graphpass.runtimes import tflite_converter as converter
+
+        with tempfile.TemporaryDirectory(prefix="graphpass-litert-") as staging:
+            staged = Path(staging) / "model"
+            save(graph, staged)
+            rewritten = converter.subgraph(converter.convert(staged))
+        added = sum(p["report"].get("nodes_added", 0) for p in reports if p["name"] == "remat")
+        entry = {"train_ops": len(rewritten.ops), "select_tf_ops": rewritten.flex_ops()}
+        if added:
+            original = converter.subgraph(converter.convert(source))
+            entry["train_ops_before"] = len(original.ops)
+            if len(rewritten.ops) <= len(original.ops):
+                raise GraphpassError(
+                    f"TFLite's converter merges the {added} recomputed ops back into their "
+                    f"originals ({len(rewritten.ops)} ops in the converted train step, "
+                    f"{len(original.ops)} before): the rewrite would save nothing on the "
+                    "device; use --dependency data")
+        flex = entry["select_tf_ops"]
+        before = f" (original {entry['train_ops_before']})" if "train_ops_before" in entry \
+            else ""
+        entry["summary"] = [
+            f"TFLite: train step converts to {entry['train_ops']} ops{before}; "
+            + (f"{len(flex)} Select TF op types need the Flex delegate: {', '.join(flex[:6])}"
+               + (" ..." if len(flex) > 6 else "") if flex else "all builtin")]
+        return entry
 
 
 def converted_order(graph: Graph, needed: set[str]) -> list[str]:
