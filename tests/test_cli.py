@@ -332,6 +332,34 @@ def test_config_values_are_used(mlp, tmp_path, capsys):
                  "--loss", "loss", "--quiet"]) == 0
 
 
+def test_the_target_runtime_configuration_is_an_option_and_reported(mlp, tmp_path, capsys):
+    """``--onednn`` and ``--intra-op-threads`` (or a config file's ``onednn`` and
+    ``intra_op_threads``) say what the plan targets; the report and the summary name
+    it; without them the documented defaults, not this machine's setting."""
+    _, source = mlp
+    out, report = tmp_path / "out.pb", tmp_path / "report.json"
+    base = ["rewrite", str(source), "-o", str(out), "--recompute", "block[1-2]/"]
+
+    def runtime(*options: str) -> dict:
+        assert main([*base, "--report", str(report), *options]) == 0
+        remat = json.loads(report.read_text())["passes"][0]["report"]
+        return remat["runtime"]
+
+    assert runtime() == {"runtime": "tf", "heap": "best-fit", "onednn": True,
+                         "intra_op_threads": 8}
+    assert "for TF's executor, oneDNN on, 8 intra-op threads" in capsys.readouterr().out
+    # (--onednn off on a machine with oneDNN on: test_host_independence.py)
+    assert runtime("--onednn", "on", "--intra-op-threads", "3")["intra_op_threads"] == 3
+    config = tmp_path / "runtime.toml"
+    config.write_text('onednn = "on"\nintra_op_threads = 2\n')
+    assert runtime("--config", str(config))["intra_op_threads"] == 2
+    out.unlink()
+    capsys.readouterr()
+    assert_user_error(capsys, [*base, "--intra-op-threads", "0"], tmp_path,
+                      mentions="--intra-op-threads")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("option", [["--loss", "nosuchnode"], ["--train-op", "loss"],
                                     ["--global-step", "loss"]])
 def test_bad_override_fails_and_keeps_existing_output(mlp, tmp_path, capsys, option):

@@ -27,7 +27,7 @@ from graphpass.cli.files import (
 from graphpass.cli.litert import check_source
 from graphpass.cli.text import LIST_LIMIT, describe_text, rewrite_summary
 from graphpass.errors import GraphpassError
-from graphpass.options import OPTIONS, positive_batch_size, rewrite_options
+from graphpass.options import OPTIONS, positive_batch_size, rewrite_options, runtime_config
 
 #: Version of the ``--report`` JSON layout (documented in the README).
 REPORT_SCHEMA = 1
@@ -88,8 +88,7 @@ class Rewrite(Command):
         runtime.check_input(graph)
         nodes_before = len(graph)
         instruments = rewrite_instruments(options.dump_dir, full=options.dump_full,
-                                          quiet=options.quiet,
-                                          regions=options.pipeline.regions)
+                                          quiet=options.quiet, pipeline=options.pipeline)
         results = graphpass.run_passes(graph, options.pipeline, instruments,
                                        estimates=estimates, profiler=_profiler(options))
         report = {
@@ -300,5 +299,8 @@ def _memory_plot(graphs: list, args: argparse.Namespace, batch_size: int | None,
     from graphpass.options import RegionOptions
 
     regions = RegionOptions(loss=args.loss, train_ops=tuple(args.train_op or ()))
+    config = runtime_config({"onednn": getattr(args, "onednn", None),
+                             "intra_op_threads": getattr(args, "intra_op_threads", None)})
     write_step_plot(graphs, Path(args.memory_plot), title, regions, batch_size,
-                    positive_batch_size(getattr(args, "loop_trips", None), "--loop-trips"))
+                    positive_batch_size(getattr(args, "loop_trips", None), "--loop-trips"),
+                    config)

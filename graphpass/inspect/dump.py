@@ -33,8 +33,9 @@ from graphpass.inspect.dot import neighbourhood_dot, render_svg
 from graphpass.inspect.memory_plot import MemoryTimeline, step_timeline, write_memory_plot
 from graphpass.inspect.progress import PassProgress, Progress
 from graphpass.ir.graph import Graph
-from graphpass.options import RegionOptions
+from graphpass.options import PipelineOptions
 from graphpass.passes.instrument import Instrument, NamedPass
+from graphpass.runtimes import runtime_for
 
 _OWN_FILE = re.compile(r"^\d{2,}-.*\.(pbtxt|onnx\.txt|dot|svg|diff\.json)$")
 TENSORBOARD_DIR = "tensorboard"
@@ -50,11 +51,12 @@ class DumpInstrument(Instrument):
     """
 
     def __init__(self, dump_dir: str | Path, full: bool = False, *, quiet: bool = False,
-                 regions: RegionOptions | None = None) -> None:
+                 pipeline: PipelineOptions | None = None) -> None:
         self.dump_dir = Path(dump_dir)
         self.full = full
         self.quiet = quiet
-        self.regions = regions or RegionOptions()
+        self.pipeline = pipeline or PipelineOptions()
+        self.regions = self.pipeline.regions
         self.notes: list[str] = []
         self.index: list[dict] = []
         self._previous: Graph | None = None
@@ -78,7 +80,8 @@ class DumpInstrument(Instrument):
 
     def _timeline(self, graph: Graph, label: str) -> MemoryTimeline | None:
         try:
-            return step_timeline(graph, label, self.regions)
+            runtime = runtime_for(graph, self.pipeline.target, self.pipeline.runtime)
+            return step_timeline(graph, label, self.regions, runtime=runtime)
         except GraphpassError as exc:
             self._note(str(exc))
             return None
@@ -232,11 +235,12 @@ def _file_name(label: str) -> str:
 
 
 def rewrite_instruments(dump_dir: str | None, *, full: bool = False, quiet: bool = False,
-                        regions: RegionOptions | None = None) -> list[Instrument]:
-    """The instruments ``graphpass rewrite`` runs with: dumps when ``dump_dir`` is set,
-    and a progress line on a terminal (silent otherwise, and with ``quiet``)."""
+                        pipeline: PipelineOptions | None = None) -> list[Instrument]:
+    """The instruments ``graphpass rewrite`` runs with: dumps when ``dump_dir`` is set
+    (the memory plot estimated for the pipeline's target runtime), and a progress
+    line on a terminal (silent otherwise, and with ``quiet``)."""
     instruments: list[Instrument] = []
     if dump_dir:
-        instruments.append(DumpInstrument(dump_dir, full=full, quiet=quiet, regions=regions))
+        instruments.append(DumpInstrument(dump_dir, full=full, quiet=quiet, pipeline=pipeline))
     instruments.append(PassProgress(quiet=quiet))
     return instruments

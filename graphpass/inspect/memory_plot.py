@@ -29,7 +29,7 @@ from graphpass.analysis.memory import format_bytes
 from graphpass.analysis.runtime_memory import follow_runtime_order, runtime_view
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph
-from graphpass.options import RegionOptions
+from graphpass.options import RegionOptions, RuntimeConfig
 from graphpass.runtimes import RuntimeModel, runtime_for
 
 #: matplotlib settings that make the SVG the same bytes on every run.
@@ -212,8 +212,11 @@ def _draw(axes, timeline: MemoryTimeline, k: int, scale: int) -> None:
 
 def write_step_plot(graphs: list[tuple[str, Graph, int | None]], path: Path, title: str,
                     regions: RegionOptions | None = None, batch_size: int | None = None,
-                    loop_trips: int | None = None) -> Path:
-    """``(label, graph, measured peak or None)`` per line: estimate each step and draw."""
-    timelines = [step_timeline(graph, label, regions, measured, batch_size, loop_trips)
+                    loop_trips: int | None = None,
+                    config: RuntimeConfig | None = None) -> Path:
+    """``(label, graph, measured peak or None)`` per line: estimate each step on its
+    format's runtime under ``config`` (default: the documented one) and draw."""
+    timelines = [step_timeline(graph, label, regions, measured, batch_size, loop_trips,
+                               runtime_for(graph, config=config))
                  for label, graph, measured in graphs]
     return write_memory_plot(timelines, path, title)

@@ -10,7 +10,12 @@ Passes import the frozen types from here and never see argparse or the table.
 Nothing in this package reads argv, files or the environment.
 """
 
-from graphpass.options.parse import pipeline_options, positive_batch_size, rewrite_options
+from graphpass.options.parse import (
+    pipeline_options,
+    positive_batch_size,
+    rewrite_options,
+    runtime_config,
+)
 from graphpass.options.table import (
     COMMAND_OPTIONS,
     OPTIONS,
@@ -44,4 +49,4 @@ __all__ = ["AUTO", "BUDGET", "CHEAP", "COMMAND_OPTIONS", "DEPENDENCIES", "DEVICE
            "XLA_CLUSTERS", "LowerOptions", "Option", "PipelineOptions", "RegionOptions",
            "RematOptions", "RewriteOptions", "RuntimeConfig", "StaleOptions", "config_values",
            "options_for",
-           "pipeline_options", "positive_batch_size", "rewrite_options"]
+           "pipeline_options", "positive_batch_size", "rewrite_options", "runtime_config"]

@@ -81,7 +81,7 @@ def pipeline_options(values: Mapping) -> PipelineOptions:
     return PipelineOptions(
         target=target,
         device=given.get("device"),
-        runtime=_runtime(given),
+        runtime=runtime_config(given),
         regions=RegionOptions(loss=given.get("loss"),
                               train_ops=tuple(given.get("train_op") or ()),
                               global_step=given.get("global_step")),
@@ -91,9 +91,13 @@ def pipeline_options(values: Mapping) -> PipelineOptions:
     )
 
 
-def _runtime(given: dict) -> RuntimeConfig:
-    """The target runtime's configuration: the options given, else the documented
-    defaults (never this machine's)."""
+def runtime_config(given: Mapping) -> RuntimeConfig:
+    """The target runtime's configuration from ``--onednn`` and ``--intra-op-threads``
+    (keys ``onednn``, ``intra_op_threads``; None: not given): the options given,
+    else the documented defaults (never this machine's)."""
+    given = {k: v for k, v in given.items() if _given(v)}
+    if "onednn" in given:
+        _check_choice(next(o for o in OPTIONS if o.key == "onednn"), given["onednn"])
     default = RuntimeConfig()
     threads = positive_batch_size(given.get("intra_op_threads"), "--intra-op-threads")
     return RuntimeConfig(onednn=given.get("onednn", "on" if default.onednn else "off") == "on",
