@@ -24,7 +24,7 @@ statistics, else the records plus the fed values) and its ratio to the
 original's, step time ratios (wall clock and CPU time, from steps alternated with
 the original's in one process: ``measure.paired_step_time``), planning seconds,
 the solver's gap, and for budgets what the planner planned to (the budget less
-the dialect's allocator headroom), whether it said the budget is met and whether
+the runtime model's allocator headroom), whether it said the budget is met and whether
 the measured peak is within it (+5%). A budget no plan reaches is
 reported as the planner's exit-2 message.
 
