@@ -2,8 +2,9 @@
 
 The options decide *what* to rewrite; the context carries the decisions every
 pass must agree on (TVM's ``PassContext``): the resolved target (``--device
-tpu`` implies xla), the device, the dependency mode remat uses unless told
-otherwise, the instruments around the passes, and the analysis manager that
+tpu`` implies xla), the device, the target runtime's model (which also says
+how remat orders copies unless told otherwise), the instruments around the
+passes, and the analysis manager that
 computes regions, shapes and the memory estimate on demand (under the region
 overrides) and forgets them when a pass changes the graph. A pass
 never resolves these itself, so two passes cannot disagree about them.
@@ -24,9 +25,7 @@ from graphpass.runtimes import RuntimeModel, runtime_for
 
 @dataclass(frozen=True)
 class PassContext:
-    """``target``: ``tf``, ``xla`` or ``litert``; ``dependency``: remat's default
-    ordering (``data`` for xla, which ignores control edges, and litert, whose
-    converter drops them; None: the dialect's first mode);
+    """``target``: ``tf``, ``xla`` or ``litert``;
     ``estimates``: whether passes estimate the step's memory for their reports.
     The CLI turns it off when no report is shown (``--quiet`` without ``--report``),
     as nobody would see the estimates and they cost real time on big graphs. A pass
@@ -38,7 +37,6 @@ class PassContext:
     target: str = "tf"
     device: str | None = None
     runtime_config: RuntimeConfig = field(default_factory=RuntimeConfig)
-    dependency: str | None = None
     instruments: tuple[Instrument, ...] = ()
     analyses: AnalysisManager = field(default_factory=AnalysisManager)
     estimates: bool = True
@@ -50,7 +48,6 @@ class PassContext:
                      ) -> PassContext:
         return cls(target=options.target, device=options.device,
                    runtime_config=options.runtime,
-                   dependency="data" if options.target in ("xla", "litert") else None,
                    instruments=tuple(instruments),
                    analyses=AnalysisManager(options.regions), estimates=estimates,
                    profiler=profiler)

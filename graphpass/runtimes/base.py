@@ -79,7 +79,8 @@ class RuntimeModel:
     #: What the estimate simulates, for people ("TF's executor").
     title: str = ""
     #: The dependency mode a rewrite orders work with for this runtime (None: the
-    #: format's first mode).
+    #: dialect's default for the graph): data where the runtime drops control edges
+    #: (XLA, TFLite's converter) or the format has none.
     dependency: str | None = None
     heap: str = BEST_FIT
     #: What the allocator holds beyond the bytes it is asked for, as a fraction of

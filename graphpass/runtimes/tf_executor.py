@@ -50,7 +50,9 @@ class TFKernelFacts(RuntimeModel):
 class TFExecutorModel(TFKernelFacts):
     name = "tf"
     title = "TF's executor"
-    dependency = "control"
+    # control edges order work, but a function XLA must compile orders by data
+    # (``Dialect.default_dependency``)
+    dependency = None
     heap = BEST_FIT
     #: TF's CPU allocator with oneDNN (a best-fit-with-coalescing allocator, as on
     #: GPUs) hands a request a whole free block up to twice its size and grows in

@@ -149,14 +149,15 @@ class RematPass(Pass):
         """Dependency mode, regions and fetches, once: the planner's trial rewrites
         of copies of the graph reuse them (node names are the same there)."""
         modes = graph.dialect.dependency_modes
-        dependency = self.options.dependency or ctx.dependency or \
+        runtime = ctx.runtime(graph)
+        dependency = self.options.dependency or runtime.dependency or \
             graph.dialect.default_dependency(graph)
         if dependency not in modes:
             raise GraphpassError(
                 f"--dependency {dependency} is not possible for {graph.format} graphs "
                 f"(they support: {', '.join(modes)})"
             )
-        return Step.of(ctx.analyses.regions(graph), dependency, ctx.runtime(graph),
+        return Step.of(ctx.analyses.regions(graph), dependency, runtime,
                        self.options.loop_trips)
 
 
