@@ -1,6 +1,6 @@
-"""The one estimate of a step's memory every consumer reads (remat's plan and
-report, ``inspect --memory-plot``, ``--profile``): the runtime model's heap
-policy picks the simulation over its schedule (``RuntimeModel.heap``: a static
+"""The estimate of a step's memory that remat's plan and report and the memory
+plots read: the runtime model's heap policy picks the simulation over its
+schedule (``RuntimeModel.heap``: a static
 arena is packed, ``analysis.arena``; an allocator's heap is walked,
 ``analysis.memory``)."""
 
