@@ -219,17 +219,64 @@ def _optimize_meta(meta):
 
 def _optimize_in_child(meta, onednn: bool):
     """:func:`_optimize_meta` in a child process whose TF runs with ``onednn``
-    (TF reads ``TF_ENABLE_ONEDNN_OPTS`` once, as it starts)."""
+    (TF reads ``TF_ENABLE_ONEDNN_OPTS`` once, as it starts). The child stays for
+    the next question (a TF start costs seconds; a rewrite asks several times)."""
     from tensorflow.core.framework import graph_pb2
 
-    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1" if onednn else "0",
-               TF_CPP_MIN_LOG_LEVEL="3")
-    done = subprocess.run([sys.executable, "-m", __name__], input=meta.SerializeToString(),
-                          capture_output=True, env=env, check=False)
-    if done.returncode != 0:
-        lines = done.stderr.decode(errors="replace").strip().splitlines()
-        raise RuntimeError(lines[-1] if lines else f"exit status {done.returncode}")
-    return graph_pb2.GraphDef.FromString(done.stdout)
+    return graph_pb2.GraphDef.FromString(_children.ask(onednn, meta.SerializeToString()))
+
+
+class _Children:
+    """One child per oneDNN setting, started on the first question and ended with
+    this process (its stdin closes). A child that died is started again once."""
+
+    def __init__(self) -> None:
+        self.running: dict[bool, subprocess.Popen] = {}
+
+    def ask(self, onednn: bool, question: bytes) -> bytes:
+        for attempt in range(2):
+            child = self._child(onednn)
+            try:
+                _send(child.stdin, question)
+                status, answer = child.stdout.read(1), _receive(child.stdout)
+            except (OSError, EOFError):
+                self.running.pop(onednn, None)
+                if attempt:
+                    raise RuntimeError("Grappler's child process ended") from None
+                continue
+            if status != b"0":
+                raise RuntimeError(answer.decode(errors="replace"))
+            return answer
+        raise AssertionError("unreachable")
+
+    def _child(self, onednn: bool) -> subprocess.Popen:
+        child = self.running.get(onednn)
+        if child is None or child.poll() is not None:
+            env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1" if onednn else "0",
+                       TF_CPP_MIN_LOG_LEVEL="3")
+            child = subprocess.Popen([sys.executable, "-m", __name__], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL)
+            self.running[onednn] = child
+        return child
+
+
+_children = _Children()
+
+
+def _send(stream, payload: bytes) -> None:
+    stream.write(len(payload).to_bytes(8, "big") + payload)
+    stream.flush()
+
+
+def _receive(stream) -> bytes:
+    size = stream.read(8)
+    if len(size) < 8:
+        raise EOFError
+    payload = stream.read(int.from_bytes(size, "big"))
+    if len(payload) < int.from_bytes(size, "big"):
+        raise EOFError
+    return payload
 
 
 def _check_tensors(graph_def) -> None:
@@ -267,11 +314,23 @@ def _fetch_nodes(fetches: list[str]) -> list[str]:
 
 
 def _child() -> None:
-    """Read a MetaGraphDef on stdin, write Grappler's GraphDef on stdout."""
+    """Answer MetaGraphDefs on stdin with Grappler's GraphDefs on stdout (status
+    ``0``, or ``1`` and the error's first line) until stdin closes."""
     from tensorflow.core.protobuf import meta_graph_pb2
 
-    meta = meta_graph_pb2.MetaGraphDef.FromString(sys.stdin.buffer.read())
-    sys.stdout.buffer.write(_optimize_meta(meta).SerializeToString())
+    while True:
+        try:
+            question = _receive(sys.stdin.buffer)
+        except EOFError:
+            return
+        try:
+            answer = _optimize_meta(meta_graph_pb2.MetaGraphDef.FromString(question))
+            sys.stdout.buffer.write(b"0")
+            _send(sys.stdout.buffer, answer.SerializeToString())
+        except Exception as exc:  # noqa: BLE001 - the parent reports it in one line
+            lines = str(exc).strip().splitlines() or [type(exc).__name__]
+            sys.stdout.buffer.write(b"1")
+            _send(sys.stdout.buffer, lines[0].encode())
 
 
 if __name__ == "__main__":
