@@ -319,6 +319,14 @@ class Graph(EdgeQueries):
         other._edited = dict(self._edited)
         return other
 
+    def restore(self, snapshot: Graph) -> None:
+        """Make this graph, in place, what ``snapshot`` (an earlier ``copy`` of it)
+        holds: a pass that checked a rewrite and refused it undoes it. The version
+        moves on, so nothing computed from the rewrite is reused."""
+        version = max(self._version, snapshot._version) + 1
+        self.__dict__.update(snapshot.copy().__dict__)
+        self._version = version
+
     # -- order -------------------------------------------------------------
 
     def topological_order(self, ignore_edge: Callable[[str, str], bool] | None = None) -> list[str]:

@@ -16,13 +16,15 @@ from graphpass.runtimes.base import (
     ARENA,
     BEST_FIT,
     FREE_LIST,
+    Difference,
+    ExactnessCheck,
     Execution,
     RuntimeGraph,
     RuntimeModel,
 )
 
-__all__ = ["ARENA", "BEST_FIT", "FREE_LIST", "Execution", "RuntimeGraph", "RuntimeModel",
-           "runtime_for", "runtime_model"]
+__all__ = ["ARENA", "BEST_FIT", "FREE_LIST", "Difference", "ExactnessCheck", "Execution",
+           "RuntimeGraph", "RuntimeModel", "runtime_for", "runtime_model"]
 
 
 def runtime_model(format: str, target: str = "tf",

@@ -18,7 +18,9 @@ the ``Dialect``'s):
   their neighbours, ops it fuses into their producer, copies it would compile
   differently from their original (``recomputable``), and the dependency mode
   that orders work for it (``dependency``);
-* **an oracle** (optional): the graph the real runtime runs, asked from it.
+* **an oracle** (optional): the graph the real runtime runs, asked from it;
+  and an **exactness check** (optional): whether a rewrite's nodes compute,
+  in what the runtime executes, exactly what their originals do.
 
 It never edits the graph and reads the host nowhere: the runtime's own settings
 (oneDNN, threads) come from :class:`~graphpass.options.RuntimeConfig`, an
@@ -27,9 +29,11 @@ explicit option, so a plan is the same on every build machine.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.options import RuntimeConfig
@@ -69,6 +73,43 @@ class RuntimeGraph:
     reason: str = ""
 
 
+class ExactnessCheck(Protocol):
+    """A runtime's answer to "does this rewrite compute what the original did?",
+    bound to one original (its executed graphs are asked once)."""
+
+    #: The configurations checked, for people ("oneDNN on", "oneDNN off").
+    configurations: tuple[str, ...]
+    #: Why nothing could be checked (empty: checked).
+    unchecked: str
+
+    def differences(self, rewritten: Graph, stands_for: StandsFor) -> list[Difference]:
+        """Where ``rewritten`` computes otherwise, under any configuration checked.
+        ``stands_for``: the original node a node of the rewrite stands for, or None
+        for a node added only to order others."""
+        ...
+
+
+#: Of a rewrite's nodes: the original a node stands for (a copy: the node it
+#: copies), or None for a node added only to order others.
+StandsFor = Callable[[str], "str | None"]
+
+
+@dataclass(frozen=True)
+class Difference:
+    """Where a node of a rewrite computes otherwise than its original, and why."""
+
+    node: str  # in the rewrite: a copy, or an original whose context changed
+    original: str
+    reason: str  # the kernels on both sides, for people
+    configuration: str
+    #: The originals of the copies the node reads (itself, for a copy): which copies
+    #: to stop making to remove the difference.
+    copied: tuple[str, ...]
+
+    def describe(self) -> str:
+        return f"{self.node}: {self.reason} ({self.configuration})"
+
+
 class RuntimeModel:
     """A runtime's behaviour on a step under one configuration. The defaults
     describe a runtime that runs the graph as written, in topological order, with
@@ -100,6 +141,8 @@ class RuntimeModel:
     #: oracle is, for people.
     hand_model: str = "graphpass's model of the runtime"
     oracle_name: str = "the runtime"
+    #: Originals whose copies the exactness check found computing otherwise.
+    computed_otherwise: frozenset[str] = frozenset()
 
     def __init__(self, config: RuntimeConfig | None = None) -> None:
         self.config = config or RuntimeConfig()
@@ -197,9 +240,18 @@ class RuntimeModel:
 
     def recomputable(self, graph: Graph, name: str) -> bool:
         """Whether a copy of ``name`` computes what the original did on this runtime:
-        the format allows a second copy (``Dialect.is_recomputable``) and the
-        runtime compiles the copy as it compiles the original."""
-        return graph.dialect.is_recomputable(graph, name)
+        the format allows a second copy (``Dialect.is_recomputable``), the runtime
+        compiles the copy as it compiles the original, and its exactness check
+        (``exactness``) did not find the copy computing otherwise."""
+        return name not in self.computed_otherwise and \
+            graph.dialect.is_recomputable(graph, name)
+
+    def knowing_computed_otherwise(self, names: Iterable[str]) -> RuntimeModel:
+        """This model, knowing also that copies of ``names`` compute otherwise than
+        their originals (what ``exactness`` found on a rewrite)."""
+        other = copy.copy(self)
+        other.computed_otherwise = self.computed_otherwise | frozenset(names)
+        return other
 
     def ir_checks(self) -> tuple[IRCheck, ...]:
         """Checks the pipeline's verifier runs after every pass, for this runtime."""
@@ -210,6 +262,12 @@ class RuntimeModel:
     def oracle(self, graph: Graph, fetches: list[str]) -> RuntimeGraph | None:
         """The graph the real runtime runs for ``fetches``, asked from it; None for a
         runtime this model cannot ask (the hand model stands)."""
+        return None
+
+    def exactness(self, original: Graph, fetches: list[str]) -> ExactnessCheck | None:
+        """A check of rewrites of ``original`` against what this runtime executes:
+        whether each node of a rewrite computes exactly what it stands for in the
+        original, asked from the runtime. None where this runtime cannot be asked."""
         return None
 
     def check_input(self, graph: Graph) -> None:

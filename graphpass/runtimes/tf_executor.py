@@ -2,7 +2,8 @@
 runs a step in with one inter-op thread on the graph Grappler hands it
 (``tf_order``), its kernels' aliasing, forwarding and temporaries
 (``tf_order``, ``tf_kernels``), resource variables copied on update, oneDNN's
-merged gradients, and Grappler itself as the oracle (``tf_grappler``).
+merged gradients, and Grappler itself as the oracle (``tf_grappler``) and as the
+judge of a rewrite's exactness (``tf_exactness``).
 
 Under :class:`XLAModel` the same kernels run clustered by XLA, which ignores
 control edges: a rewrite orders work by data dependencies there.
@@ -14,6 +15,7 @@ from graphpass.dialects.tf_loops import FILLED_FROM
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.runtimes import tf_kernels, tf_order
 from graphpass.runtimes.base import BEST_FIT, Execution, IRCheck, RuntimeGraph, RuntimeModel
+from graphpass.runtimes.tf_exactness import TFExactness
 from graphpass.runtimes.tf_grappler import HAND_MODEL, record_order, runtime_graph
 
 
@@ -139,6 +141,9 @@ class TFExecutorModel(TFKernelFacts):
 
     def oracle(self, graph: Graph, fetches: list[str]) -> RuntimeGraph:
         return runtime_graph(graph, fetches, self.config)
+
+    def exactness(self, original: Graph, fetches: list[str]) -> TFExactness:
+        return TFExactness(original, fetches, self.config)
 
     def follow_oracle_order(self, graph: Graph, view: RuntimeGraph) -> bool:
         """Record Grappler's node order on ``graph`` (``tf_grappler.record_order``):

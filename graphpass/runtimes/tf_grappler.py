@@ -62,7 +62,7 @@ def runtime_graph(graph: Graph, fetches: list[str],
     if not installed(TENSORFLOW):
         return RuntimeGraph(graph, HAND_MODEL, "TensorFlow is not installed")
     try:
-        optimized = optimize(graph_def_from_graph(graph), _fetch_nodes(fetches), config.onednn)
+        optimized = optimize(graph_def_from_graph(graph), fetch_nodes(fetches), config.onednn)
     except Exception as exc:  # noqa: BLE001 - any refusal of TF's keeps the hand model
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return RuntimeGraph(graph, HAND_MODEL, f"Grappler refused the graph: {first}")
@@ -306,7 +306,7 @@ def _check_tensors(graph_def) -> None:
                                      f"tensor TF can read ({exc})") from None
 
 
-def _fetch_nodes(fetches: list[str]) -> list[str]:
+def fetch_nodes(fetches: list[str]) -> list[str]:
     """Node names of ``fetches`` (``loss:0`` -> ``loss``), in order, once each."""
     names = (f.lstrip("^").rsplit(":", 1)[0] if f.rsplit(":", 1)[-1].isdigit()
              else f.lstrip("^") for f in fetches)

@@ -31,6 +31,7 @@ does (see ``order``).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from graphpass.analysis.measured import ALLOCATOR, StepMeasurement
@@ -41,12 +42,14 @@ from graphpass.analysis.runtime_memory import (
     runtime_view,
 )
 from graphpass.errors import GraphpassError
-from graphpass.ir.graph import Graph
+from graphpass.ir.graph import Graph, Tensor
 from graphpass.options import RematOptions
 from graphpass.passes.base import Pass
 from graphpass.passes.context import PassContext
 from graphpass.passes.remat.auto import auto_plan, step_estimator
 from graphpass.passes.remat.defer import defer_updates
+from graphpass.passes.remat.exactness import EXACTNESS_ROUNDS, Exactness
+from graphpass.passes.remat.exactness import stands_for as _stands_for
 from graphpass.passes.remat.marks import marked_segments
 from graphpass.passes.remat.pin import (
     SHOWN_ABOVE,
@@ -76,7 +79,40 @@ class RematPass(Pass):
     options: RematOptions
 
     def run(self, graph: Graph, ctx: PassContext) -> bool:
+        """The rewrite, proven exact where the runtime can be asked: a rewrite in
+        which the runtime computes some copy otherwise is undone and made again
+        without copying what those copies stand for (kept instead), at most
+        ``EXACTNESS_ROUNDS`` times; then with nothing copied; else not at all."""
         step = self._analyze(graph, ctx)
+        check = step.runtime.exactness(graph, step.fetches)
+        if check is None or check.unchecked:
+            edited = self._rewrite(graph, ctx, step)
+            self.report["summary"].extend(Exactness(check).summary() if edited else [])
+            self.report["exactness"] = Exactness(check).to_json()
+            return edited
+        original, exactness = graph.copy(), Exactness(check)
+        for attempt in range(EXACTNESS_ROUNDS + 1):
+            edited = self._rewrite(graph, ctx, step)
+            found = check.differences(graph, _stands_for) if edited else []
+            if not found:
+                break
+            graph.restore(original)
+            exactness.left_out.extend(found)
+            causes = _with_forward_readers(original, step, {o for d in found for o in d.copied})
+            causes -= step.runtime.computed_otherwise
+            if attempt == EXACTNESS_ROUNDS or not causes and exactness.copying_nothing:
+                self.report = _report([], [], step.dependency, None, None)
+                exactness.refused = True
+                edited = False
+                break
+            if not causes:  # nothing to blame: the ordering alone, then
+                causes, exactness.copying_nothing = step.forward, True
+            step = replace(step, runtime=step.runtime.knowing_computed_otherwise(causes))
+        self.report["summary"].extend(exactness.summary())
+        self.report["exactness"] = exactness.to_json()
+        return edited
+
+    def _rewrite(self, graph: Graph, ctx: PassContext, step: Step) -> bool:
         batch = self.options.batch_size
         estimate = self.estimates_memory(ctx)
         runtime = step.runtime
@@ -159,6 +195,14 @@ class RematPass(Pass):
             )
         return Step.of(ctx.analyses.regions(graph), dependency, runtime,
                        self.options.loop_trips)
+
+
+def _with_forward_readers(graph: Graph, step: Step, originals: set[str]) -> set[str]:
+    """``originals`` and the forward nodes reading them: a value kept instead of
+    recomputed gets the copies of its readers as readers more, which the runtime
+    may compile it otherwise by (the value and what reads it go together)."""
+    return originals | {c for o in originals if o in graph for p in graph.used_ports(o)
+                        for c, _ in graph.consumers(Tensor(o, p)) if c in step.forward}
 
 
 def _peak_before(graph: Graph, ctx: PassContext, step: Step, batch: int | None) -> int:

@@ -1,0 +1,67 @@
+"""What the remat pass says of a rewrite's exactness, as the runtime judged it
+(``RuntimeModel.exactness``): checked under which configurations, which copies it
+left out because the runtime computes them otherwise, or why it could not ask.
+
+A copy the runtime computes otherwise is not written: the pass undoes the rewrite
+and makes it again with those values kept (``RuntimeModel.knowing_computed_otherwise``),
+at most ``EXACTNESS_ROUNDS`` times, then without copying anything; where even that
+differs, the pass leaves the graph as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from graphpass.passes.remat.marks import GENERATED_SCOPE, SCOPE
+from graphpass.runtimes import Difference, ExactnessCheck
+
+#: Rewrites made again after a check found copies computed otherwise.
+EXACTNESS_ROUNDS = 3
+
+
+def stands_for(name: str) -> str | None:
+    """The original a node of the rewrite stands for: a copy, the node it copies
+    (also for what the runtime made of a copy, which keeps its name's scope);
+    None for the nodes added only to order others."""
+    if name.startswith(SCOPE):
+        return name[len(SCOPE):]
+    return None if name.startswith(GENERATED_SCOPE) else name
+
+
+@dataclass
+class Exactness:
+    """``check``: the runtime's check, None where the runtime cannot be asked."""
+
+    check: ExactnessCheck | None
+    left_out: list[Difference] = field(default_factory=list)
+    copying_nothing: bool = False
+    refused: bool = False
+
+    def summary(self) -> list[str]:
+        if self.check is None:
+            return []
+        if self.check.unchecked:
+            return [f"exactness not checked: {self.check.unchecked} (check with verify)"]
+        checked = " and ".join(self.check.configurations)
+        lines = [f"exactness checked on the graph TF runs, {checked}: "
+                 + ("the rewrite computed otherwise and was not made" if self.refused
+                    else "every copy and original computes what the original does")]
+        if self.left_out:
+            kept = sorted({o for d in self.left_out for o in d.copied})
+            lines.append(f"  {len(kept)} values kept, not recomputed, where copies "
+                         f"computed otherwise: {', '.join(kept[:3])}"
+                         f"{' ...' if len(kept) > 3 else ''}")
+            lines.extend(f"    {d.describe()}" for d in self.left_out[:3])
+        return lines
+
+    def to_json(self) -> dict:
+        if self.check is None or self.check.unchecked:
+            reason = self.check.unchecked if self.check else \
+                "the target runtime cannot be asked"
+            return {"checked": False, "reason": reason}
+        return {"checked": True, "configurations": list(self.check.configurations),
+                "refused": self.refused,
+                "kept": sorted({o for d in self.left_out for o in d.copied}),
+                "differences": [{"node": d.node, "original": d.original, "reason": d.reason,
+                                 "configuration": d.configuration}
+                                for d in self.left_out]}

@@ -1,0 +1,236 @@
+"""Exactness asked from TF: does every node of a rewritten step compute, in the
+graph TF executes, what its original computes in the original's?
+
+Grappler rewrites a graph by context (how many read a value, which values two
+expressions share): ``pow(x, 3)`` becomes ``x * x * x`` with the square shared
+with the gradient's ``pow(x, 2)``, an ``Add`` chain becomes an ``AddN`` only where
+its inner sums have one reader, a remapper fusion applies only where nothing else
+reads the value it absorbs. A copy in the backward pass sits in another context
+than its original, and an original whose readers moved to copies in another than
+before, so the same node may be compiled into another expression. Floating point
+is not associative: another grouping rounds otherwise, one unit in the last
+place, and the training step no longer matches bit for bit.
+
+So each value of both executed graphs (Grappler's output under the target's
+configuration) is given a number, equal exactly when both compute it the same
+way: the kernel, its attributes and the numbers of what it reads, with the
+step's inputs and stored values as leaves, constants by value, and the operands
+of commutative kernels sorted (``a * b`` and ``b * a`` round alike). A node of the
+rewrite whose number differs from the one its original has, while everything it
+reads is computed somewhere in the original, is where the two part: a
+*difference*, named with the kernels on both sides.
+
+Kernels that move no bits (``Identity``, ``Reshape`` and the like) pass their
+input's number on: Grappler removes some of them by context too. The caller says
+which node of the rewrite stands for which original (a copy for the node it
+copies) and which nodes it added only to order others (they pass their first
+input on).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from graphpass.formats.tf_io import graph_def_from_graph
+from graphpass.installed import TENSORFLOW, installed
+from graphpass.ir.graph import Graph
+from graphpass.options import RuntimeConfig
+from graphpass.runtimes.base import Difference, StandsFor
+from graphpass.runtimes.tf_grappler import fetch_nodes, optimize
+
+#: Kernels whose result does not depend on the order of their two operands.
+COMMUTATIVE = frozenset({"Mul", "AddV2", "Add", "Maximum", "Minimum", "SquaredDifference",
+                         "_MklAdd", "_MklAddV2", "_MklMaximum", "_MklSquaredDifference"})
+#: Kernels that pass their first input's bits on unchanged.
+MOVES_NO_BITS = frozenset({"Identity", "Snapshot", "Reshape", "Squeeze", "ExpandDims",
+                           "StopGradient", "PreventGradient", "_MklIdentity"})
+#: How deep above a node that computes otherwise its causes are looked for among
+#: the copies it reads (Grappler's rewrites reach a few kernels).
+CAUSE_DEPTH = 6
+
+
+class TFExactness:
+    """The check for TF's executor: Grappler's graph of the original and of each
+    rewrite, under the target's oneDNN setting and the other one (a plan must
+    compute the same on a machine of either kind; the other is asked in a child
+    process, ``tf_grappler``)."""
+
+    def __init__(self, original: Graph, fetches: list[str], config: RuntimeConfig) -> None:
+        self.fetches = fetch_nodes(fetches)
+        self.settings = (config.onednn, not config.onednn)
+        self.configurations = tuple(f"oneDNN {'on' if s else 'off'}" for s in self.settings)
+        self.unchecked = ""
+        self.executed: dict[bool, object] = {}
+        if not installed(TENSORFLOW):
+            self.unchecked = "TensorFlow is not installed"
+            return
+        graph_def = graph_def_from_graph(original)
+        try:
+            for onednn in self.settings:
+                self.executed[onednn] = optimize(graph_def, self.fetches, onednn)
+        except Exception as exc:  # noqa: BLE001 - any refusal of TF's is reported
+            self.unchecked = f"Grappler refused the original: {_first_line(exc)}"
+
+    def differences(self, rewritten: Graph, stands_for: StandsFor) -> list[Difference]:
+        if self.unchecked:
+            return []
+        graph_def = graph_def_from_graph(rewritten)
+        found: dict[str, Difference] = {}
+        for onednn, label in zip(self.settings, self.configurations):
+            try:
+                executed = optimize(graph_def, self.fetches, onednn)
+            except Exception as exc:  # noqa: BLE001 - a rewrite TF refuses is not exact
+                return [Difference("", "", f"Grappler refused the rewrite: "
+                                   f"{_first_line(exc)}", label, ())]
+            for difference in differences(self.executed[onednn], executed, stands_for, label):
+                found.setdefault(difference.node, difference)
+        return list(found.values())
+
+
+def _first_line(exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def differences(original_def, rewritten_def, stands_for: StandsFor,
+                configuration: str = "") -> list[Difference]:
+    """The first places where ``rewritten_def`` (Grappler's graph of the rewrite)
+    computes otherwise than ``original_def`` (Grappler's graph of the original),
+    in the rewrite's node order. Empty: every node computes what it stands for."""
+    numbers: dict[tuple, int] = {}
+    before = _Numbering(original_def, lambda name: name, numbers)
+    after = _Numbering(rewritten_def, stands_for, numbers)
+    computed = before.values()
+    found = []
+    for node_def in rewritten_def.node:
+        original = stands_for(node_def.name)
+        if original is None or original not in before.nodes \
+                or node_def.op in MOVES_NO_BITS:
+            continue
+        if after.value(node_def.name) == before.value(original):
+            continue
+        if all(after.value(i) in computed for i in after.reads(node_def.name)):
+            found.append(Difference(
+                node_def.name, original, _reason(after, before, node_def.name, original),
+                configuration, after.copies_near(node_def.name, CAUSE_DEPTH)))
+    return found
+
+
+def _reason(after: _Numbering, before: _Numbering, node: str, original: str) -> str:
+    mine, theirs = after.kernel(node), before.kernel(original)
+    if mine != theirs:
+        return f"runs {mine} where its original runs {theirs}"
+    return f"computes its {mine} from values grouped otherwise than its original's " \
+        f"(Grappler rewrote it by context)"
+
+
+class _Numbering:
+    """Value numbers of one executed graph: each output is (the number of its
+    node's computation, the port), equal across two graphs exactly when both
+    compute it the same way."""
+
+    def __init__(self, graph_def, stands_for: StandsFor, numbers: dict[tuple, int]) -> None:
+        self.nodes = {n.name: n for n in graph_def.node}
+        self.stands_for = stands_for
+        self.numbers = numbers
+        #: node -> its computation's number, or the value it passes on (a tuple).
+        self.computed: dict[str, int | tuple] = {}
+        self._readers: dict[str, list[str]] | None = None
+        for node_def in graph_def.node:
+            self._compute(node_def.name)
+
+    def values(self) -> set[tuple]:
+        """Every value the graph computes or reads."""
+        return {self.value(r) for name in self.nodes for r in [name, *self.reads(name)]}
+
+    def reads(self, name: str) -> list[str]:
+        return [i for i in self.nodes[name].input if not i.startswith("^")]
+
+    def copies_near(self, name: str, depth: int) -> tuple[str, ...]:
+        """The originals of the copies that may have made ``name`` compute otherwise:
+        itself for a copy; else every copy within ``depth`` edges either way. A
+        value a copy reads too has a reader more, and Grappler groups a product or
+        a sum by how many read its parts, so the cause may sit beside the node
+        (a gradient regrouped because the value it multiplies is read otherwise)."""
+        original = self.stands_for(name)
+        if original is not None and original != name:
+            return (original,)
+        found, layer, seen = [], [name], {name}
+        for _ in range(depth):
+            layer = [n for n in (_split(i)[0] for node in layer
+                                 for i in [*self.reads(node), *self.readers(node)])
+                     if n in self.nodes and n not in seen]
+            seen.update(layer)
+            found.extend(o for n, o in zip(layer, map(self.stands_for, layer))
+                         if o is not None and o != n)
+        return tuple(dict.fromkeys(found))
+
+    def readers(self, name: str) -> list[str]:
+        if self._readers is None:
+            self._readers = {}
+            for node in self.nodes:
+                for reference in self.reads(node):
+                    self._readers.setdefault(_split(reference)[0], []).append(node)
+        return self._readers.get(name, [])
+
+    def kernel(self, name: str) -> str:
+        node_def = self.nodes[name]
+        fused = [s.decode() for s in node_def.attr["fused_ops"].list.s] \
+            if "fused_ops" in node_def.attr else []
+        return f"{node_def.op}[{', '.join(fused)}]" if fused else node_def.op
+
+    def value(self, reference: str) -> tuple:
+        """The value ``node`` or ``node:port`` stands for."""
+        name, port = _split(reference)
+        if name not in self.nodes:
+            return ("leaf", name, port)
+        self._compute(name)
+        number = self.computed[name]
+        if isinstance(number, tuple):
+            return number
+        return (number, port)
+
+    def _compute(self, name: str) -> None:
+        stack = [name]
+        while stack:  # depth first without recursion: graphs are deep
+            current = stack[-1]
+            if current in self.computed:
+                stack.pop()
+                continue
+            pending = [n for n in (_split(i)[0] for i in self.reads(current))
+                       if n in self.nodes and n not in self.computed and n not in stack]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            self.computed[current] = self._number(current)
+
+    def _number(self, name: str) -> int | tuple:
+        node_def = self.nodes[name]
+        reads = self.reads(name)
+        original = self.stands_for(name)
+        if reads and (original is None or node_def.op in MOVES_NO_BITS):
+            return self.value(reads[0])
+        if not reads:
+            key = ("const", _attrs_digest(node_def)) if node_def.op == "Const" \
+                else ("leaf", original or name)
+        else:
+            operands = [self.value(i) for i in reads]
+            if node_def.op in COMMUTATIVE or node_def.op == "AddN":
+                operands.sort(key=repr)
+            key = (node_def.op, _attrs_digest(node_def), tuple(operands))
+        return self.numbers.setdefault(key, len(self.numbers))
+
+
+def _split(reference: str) -> tuple[str, str]:
+    name, _, port = reference.rpartition(":")
+    return (name, port) if name and port.isdigit() else (reference, "0")
+
+
+def _attrs_digest(node_def) -> str:
+    """What a node's attributes compute with, not TF's bookkeeping (``_``-prefixed)."""
+    digest = hashlib.sha256()
+    for key in sorted(node_def.attr):
+        if not key.startswith("_"):
+            digest.update(key.encode() + node_def.attr[key].SerializeToString(deterministic=True))
+    return digest.hexdigest()[:16]
