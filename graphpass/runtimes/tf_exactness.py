@@ -181,10 +181,19 @@ class _Numbering:
 
     def value(self, reference: str) -> tuple:
         """The value ``node`` or ``node:port`` stands for."""
+        name, _ = _split(reference)
+        if name in self.nodes:
+            self._compute(name)
+        return self._known(reference)
+
+    def _known(self, reference: str) -> tuple:
+        """The value as numbered so far: a loop's back edge (a value read before it
+        is numbered) stands for itself, by the name of what it stands for."""
         name, port = _split(reference)
         if name not in self.nodes:
             return ("leaf", name, port)
-        self._compute(name)
+        if name not in self.computed:
+            return ("back", self.stands_for(name) or name, port)
         number = self.computed[name]
         if isinstance(number, tuple):
             return number
@@ -210,12 +219,12 @@ class _Numbering:
         reads = self.reads(name)
         original = self.stands_for(name)
         if reads and (original is None or node_def.op in MOVES_NO_BITS):
-            return self.value(reads[0])
+            return self._known(reads[0])
         if not reads:
             key = ("const", _attrs_digest(node_def)) if node_def.op == "Const" \
                 else ("leaf", original or name)
         else:
-            operands = [self.value(i) for i in reads]
+            operands = [self._known(i) for i in reads]
             if node_def.op in COMMUTATIVE or node_def.op == "AddN":
                 operands.sort(key=repr)
             key = (node_def.op, _attrs_digest(node_def), tuple(operands))
