@@ -30,6 +30,7 @@ input on).
 from __future__ import annotations
 
 import hashlib
+import math
 
 from graphpass.formats.tf_io import graph_def_from_graph
 from graphpass.installed import TENSORFLOW, installed
@@ -95,32 +96,42 @@ def _first_line(exc: Exception) -> str:
 def differences(original_def, rewritten_def, stands_for: StandsFor,
                 configuration: str = "") -> list[Difference]:
     """The first places where ``rewritten_def`` (Grappler's graph of the rewrite)
-    computes otherwise than ``original_def`` (Grappler's graph of the original),
-    in the rewrite's node order. Empty: every node computes what it stands for."""
+    computes a value ``original_def`` (Grappler's graph of the original) never
+    computes, in the rewrite's node order: every value it reads is one the
+    original computes too, its own is not. Names do not count (Grappler moves an
+    expression between the names of a chain it regroups). Empty: the rewrite
+    computes nothing the original does not, its updates included."""
     numbers: dict[tuple, int] = {}
     before = _Numbering(original_def, lambda name: name, numbers)
     after = _Numbering(rewritten_def, stands_for, numbers)
-    computed = before.values()
+    # Up to an exact power-of-two factor (``_product``): 0.5 * a * b grouped as
+    # (0.5 * a) * b or as (0.5 * b) * a rounds alike.
+    computed = {_unscaled(v)[1] for v in before.values()}
+
+    def known(reference: str) -> bool:
+        return _unscaled(after.value(reference))[1] in computed
+
     found = []
     for node_def in rewritten_def.node:
-        original = stands_for(node_def.name)
-        if original is None or original not in before.nodes \
-                or node_def.op in MOVES_NO_BITS:
+        name = node_def.name
+        if stands_for(name) is None or node_def.op in MOVES_NO_BITS or known(name):
             continue
-        if after.value(node_def.name) == before.value(original):
-            continue
-        if all(after.value(i) in computed for i in after.reads(node_def.name)):
-            found.append(Difference(
-                node_def.name, original, _reason(after, before, node_def.name, original),
-                configuration, after.copies_near(node_def.name, CAUSE_DEPTH)))
+        if all(known(i) for i in after.reads(name)):
+            original = stands_for(name)
+            found.append(Difference(name, original if original in before.nodes else "",
+                                    _reason(after, name, before, original), configuration,
+                                    after.copies_near(name, CAUSE_DEPTH)))
     return found
 
 
-def _reason(after: _Numbering, before: _Numbering, node: str, original: str) -> str:
-    mine, theirs = after.kernel(node), before.kernel(original)
+def _reason(after: _Numbering, name: str, before: _Numbering, original: str) -> str:
+    mine = after.kernel(name)
+    if original not in before.nodes:
+        return f"computes a {mine} the original step never computes"
+    theirs = before.kernel(original)
     if mine != theirs:
         return f"runs {mine} where its original runs {theirs}"
-    return f"computes its {mine} from values grouped otherwise than its original's " \
+    return f"computes its {mine} from values the original never combines so " \
         f"(Grappler rewrote it by context)"
 
 
@@ -223,12 +234,73 @@ class _Numbering:
         if not reads:
             key = ("const", _attrs_digest(node_def)) if node_def.op == "Const" \
                 else ("leaf", original or name)
+            if node_def.op == "Const" and _power_of_two(node_def) is not None:
+                return (SCALED, _power_of_two(node_def), ONE)
+        elif node_def.op in SCALING and len(reads) == 2:
+            return self._product(node_def, *(self._known(i) for i in reads))
         else:
             operands = [self._known(i) for i in reads]
             if node_def.op in COMMUTATIVE or node_def.op == "AddN":
                 operands.sort(key=repr)
             key = (node_def.op, _attrs_digest(node_def), tuple(operands))
         return self.numbers.setdefault(key, len(self.numbers))
+
+    def _product(self, node_def, left: tuple, right: tuple) -> tuple:
+        """A product (or a quotient by a constant power of two) as its power-of-two
+        factor and the rest: scaling by 2^k is exact in any grouping, so Grappler
+        moving GELU's 0.5 from one operand to another changes no bit (short of
+        overflow and subnormals, which the original risks alike)."""
+        (left_scale, left_rest), (right_scale, right_rest) = _unscaled(left), _unscaled(right)
+        if node_def.op in DIVIDING:
+            if right_rest != ONE:
+                return self._plain(node_def, left, right)
+            scale, rest = left_scale / right_scale, left_rest
+        else:
+            scale = left_scale * right_scale
+            if ONE in (left_rest, right_rest):
+                rest = right_rest if left_rest == ONE else left_rest
+            else:
+                rest = (self._plain(node_def, *sorted((left_rest, right_rest), key=repr)), "0")
+        return rest if scale == 1.0 else (SCALED, scale, rest)
+
+    def _plain(self, node_def, *operands: tuple) -> int:
+        key = (node_def.op, _attrs_digest(node_def), operands)
+        return self.numbers.setdefault(key, len(self.numbers))
+
+
+#: Kernels that multiply (or divide by) their second operand, whose power-of-two
+#: factors the numbering carries apart (``_Numbering._product``).
+SCALING = frozenset({"Mul", "_MklMul", "RealDiv", "Div"})
+DIVIDING = frozenset({"RealDiv", "Div"})
+#: A value as a power-of-two factor and the rest: ``(SCALED, factor, rest)``; ``ONE``
+#: is the rest of a constant that is only a factor.
+SCALED, ONE = "scaled", ("one",)
+
+
+def _unscaled(value: tuple) -> tuple[float, tuple]:
+    return (value[1], value[2]) if value[0] == SCALED else (1.0, value)
+
+
+def _power_of_two(node_def) -> float | None:
+    """The value of a one-element floating-point constant that is ±2^k, else None."""
+    from tensorflow.python.framework import tensor_util
+
+    tensor = node_def.attr["value"].tensor if "value" in node_def.attr else None
+    if tensor is None or tensor.dtype not in FLOATS:
+        return None
+    try:
+        array = tensor_util.MakeNdarray(tensor)
+    except (ValueError, TypeError):
+        return None
+    if array.size != 1:
+        return None
+    value = float(array.reshape(()))
+    return value if value != 0 and math.isfinite(value) and \
+        math.frexp(abs(value))[0] == 0.5 else None
+
+
+#: TF's floating-point DataType enums (half, float, double, bfloat16).
+FLOATS = frozenset({19, 1, 2, 14})
 
 
 def _split(reference: str) -> tuple[str, str]:
