@@ -91,6 +91,11 @@ def test_verify_memory_plot_naming_the_other_models_data_is_refused(tmp_path, ca
     _refused(capsys, ["verify", str(original), str(rewritten), "--memory-plot",
                       str(tmp_path / "b" / "data.bin")], tmp_path,
              "the rewritten's external data file")
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.write_bytes(b"an onnxruntime checkpoint")
+    _refused(capsys, ["verify", str(original), str(rewritten), "--checkpoint",
+                      str(checkpoint), "--memory-plot", str(checkpoint)], tmp_path,
+             "--checkpoint")
 
 
 def test_dumps_that_would_clear_an_inputs_data_file_are_refused(tmp_path, capsys):

@@ -221,9 +221,10 @@ class Verify(Command):
             raise GraphpassError(f"--steps must be at least 1, not {args.steps}")
         batch_size = positive_batch_size(args.batch_size)
         if args.memory_plot:
-            check_outputs(_inputs(args, original=Path(args.original),
-                                  rewritten=Path(args.rewritten)),
-                          {"--memory-plot": (Path(args.memory_plot), FILE)})
+            inputs = _inputs(args, original=Path(args.original), rewritten=Path(args.rewritten))
+            if args.checkpoint:
+                inputs["--checkpoint"] = Path(args.checkpoint)
+            check_outputs(inputs, {"--memory-plot": (Path(args.memory_plot), FILE)})
         options = VerifyOptions(
             steps=args.steps, xla=args.xla, feeds=read_feeds(args.feed), loss=args.loss,
             train_ops=tuple(args.train_op or ()), init=args.init, rtol=args.rtol,
