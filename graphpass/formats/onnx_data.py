@@ -222,8 +222,11 @@ def _source(location: str, source_dir: Path, root: Path, output: Path) -> Path:
 
 
 def _digest(source: Path) -> str:
+    digest = hashlib.sha256()
     with open(source, "rb") as stream:
-        return hashlib.file_digest(stream, "sha256").hexdigest()
+        while chunk := stream.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _place(files: list[_DataFile], path: Path) -> list[Path]:
