@@ -317,3 +317,23 @@ def test_an_external_data_write_survives_a_kill(tmp_path, point, survivor):
 def _locations(path: Path) -> set[str]:
     return {e.value for t in onnx.load(path, load_external_data=False).graph.initializer
             for e in t.external_data if e.key == "location"}
+
+
+@pytest.mark.parametrize("layout", ["dangling", "under-dangling", "tensorboard-file",
+                                    "index-dir"])
+def test_dumps_that_could_not_move_in_are_refused_before_the_graph(tmp_path, capsys, layout):
+    """The dumps move in after the graph is written, so what would stop them is
+    refused first (the fuzzer's --dump-dir naming a dangling link wrote the graph,
+    then failed)."""
+    model = _save(tmp_path / "in")
+    dumps = tmp_path / "dumps"
+    if layout in ("dangling", "under-dangling"):
+        dumps.symlink_to(tmp_path / "nowhere")
+        dumps = dumps / "sub" if layout == "under-dangling" else dumps
+    elif layout == "tensorboard-file":
+        dumps.mkdir()
+        (dumps / "tensorboard").write_text("not the event files' directory")
+    else:
+        (dumps / "index.json").mkdir(parents=True)
+    _refused(capsys, ["rewrite", str(model), "-o", str(tmp_path / "o.onnx"), "--quiet",
+                      "--dump-dir", str(dumps)], tmp_path, "--dump-dir")

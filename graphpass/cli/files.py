@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import os
-import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -120,21 +119,13 @@ def _graph_output(path: Path, inputs: dict[str, Path]) -> Path:
 
 def _check_dumps_dir(label: str, path: Path) -> None:
     from graphpass.formats.files import check_name_length, existing
+    from graphpass.inspect.dump import dump_dir_problem
 
-    found = existing(path)
-    if found is not None and not stat.S_ISDIR(found.st_mode):
-        raise GraphpassError(f"{label} {path}: exists and is not a directory")
-    if found is None:
+    if existing(path) is None:
         check_name_length(path)
-    # The dumps are staged in the directory itself, or in the nearest one above it.
-    holder = path
-    while existing(holder) is None and holder != holder.parent:
-        holder = holder.parent
-    if not holder.is_dir():
-        raise GraphpassError(f"{label} {path}: cannot be created ({holder} is a file, not "
-                             "a directory)")
-    if not os.access(holder, os.W_OK | os.X_OK):
-        raise GraphpassError(f"{label} {path}: cannot write there ({holder} is not writable)")
+    problem = dump_dir_problem(path)
+    if problem:
+        raise GraphpassError(f"{label} {path}: {problem}")
 
 
 def _check_apart(label: str, path: Path, kind: str, other: str, that: Path, *,

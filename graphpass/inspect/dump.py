@@ -243,6 +243,32 @@ def write_event_file(graph_def, logdir: Path) -> Path:
     return max(logdir.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime)
 
 
+def dump_dir_problem(dump_dir: Path) -> str | None:
+    """Why the dumps could not be staged for ``dump_dir`` and moved into it, or None:
+    checked before anything is written, since they move in after the graph."""
+    if os.path.lexists(dump_dir) and not dump_dir.is_dir():
+        return "exists and is not a directory"
+    holder = dump_dir
+    while not os.path.exists(holder) and holder != holder.parent:
+        if os.path.lexists(holder):
+            return f"{holder} is a symbolic link to nothing; name a directory"
+        holder = holder.parent
+    if not holder.is_dir():
+        return f"cannot be created ({holder} is a file, not a directory)"
+    if not os.access(holder, os.W_OK | os.X_OK):
+        return f"cannot write there ({holder} is not writable)"
+    if holder != dump_dir:
+        return None
+    events = dump_dir / TENSORBOARD_DIR
+    if os.path.lexists(events) and not events.is_dir():
+        return f"{events} is not a directory, where the dumps write their event files"
+    for entry in dump_dir.iterdir():
+        if entry.is_dir() and (_OWN_FILE.match(entry.name)
+                               or entry.name in ("index.json", MEMORY_PLOT)):
+            return f"{entry} is a directory, where the dumps write a file; remove it"
+    return None
+
+
 def _stage_for(dump_dir: Path) -> Path:
     """A new, empty directory for the dumps of one run: hidden inside ``dump_dir``
     where it exists, else in the nearest directory above it that exists (a killed
