@@ -35,3 +35,28 @@ def test_fuzzed_models_exit_0_or_2(cases_per_format, tmp_path):
     statuses = {(o.command, o.status) for o in summary.outcomes}
     # The mutations reach past the parsers: some cases are accepted, some refused.
     assert {("inspect", 0), ("inspect", 2), ("rewrite", 0), ("rewrite", 2)} <= statuses
+
+
+def test_external_data_aliasing_the_commands_other_paths(tmp_path):
+    """The command-line strategy whose ONNX input keeps its external data at another
+    path of the command (an output, the config, a dumps entry, the output's own data
+    names, or where a writer keeping the input's locations would copy it): exit 0
+    with the input untouched and the output reading the input's weights, or exit 2
+    with nothing changed."""
+    import random
+
+    from tools.fixtures import onnx_models
+    from tools.fuzz_mutators import check_cli_case, make_external_alias_case
+
+    seeds = {"onnx": onnx_models.block_mlp(batch=2, width=4, blocks=2, check=False).model}
+    statuses, failures = set(), []
+    for index in range(24):
+        case_dir = tmp_path / f"alias-{index}"
+        case_dir.mkdir()
+        case = make_external_alias_case(random.Random(f"alias:{index}"), case_dir, seeds)
+        [outcome] = check_cli_case(case_dir / "case.json")
+        statuses.add(outcome["status"])
+        if outcome["problem"]:
+            failures.append(f"{case['mutation']} {case['argv']}: {outcome['problem']}")
+    assert failures == [], "\n".join(failures)
+    assert statuses == {0, 2}

@@ -138,12 +138,14 @@ def test_external_location_over_the_name_limit_is_refused(model, tmp_path, capsy
 def test_external_data_target_that_is_a_fifo_is_refused(model, tmp_path, capsys):
     """Beside the output, the data file's name holds a FIFO (the rename would replace
     it): refused before anything is written."""
+    import hashlib
     import os
 
     path = _external(model, tmp_path / "in")
     out = tmp_path / "out"
     out.mkdir()
-    os.mkfifo(out / "data.bin")
+    digest = hashlib.sha256((tmp_path / "in" / "data.bin").read_bytes()).hexdigest()
+    os.mkfifo(out / f"model.onnx.{digest[:16]}.data")
     before = listing(tmp_path)
     assert main(["rewrite", str(path), "-o", str(out / "model.onnx")]) == 2
     lines = capsys.readouterr().err.splitlines()

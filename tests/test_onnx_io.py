@@ -261,7 +261,22 @@ def test_subgraph_reads_of_outer_values_order_the_writer(tmp_path):
     _assert_same_run(model, onnx.load(target), feeds)
 
 
+def _without_locations(model_bytes: bytes) -> onnx.ModelProto:
+    """The model with its external-data locations blanked (all else compared)."""
+    model = onnx.ModelProto.FromString(model_bytes)
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = ""
+    return model
+
+
 def test_external_data_is_kept_on_disk_and_copied_beside_the_output(tmp_path):
+    """The data file is copied whole under a name of the output's own, taken from
+    its content: the model reads the same bytes at the same offsets, and only the
+    locations differ from the input."""
+    import hashlib
+
     built = onnx_models.resnet18(size=16, width=4)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -270,20 +285,34 @@ def test_external_data_is_kept_on_disk_and_copied_beside_the_output(tmp_path):
     external.CopyFrom(built.model)  # save_model moves the data out of the proto it is given
     onnx.save_model(external, source, save_as_external_data=True,
                     all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
+    weights = (tmp_path / "a" / "weights.bin").read_bytes()
     graph = graphpass.load(source)
     proto = graph.format_state.initializers["stem/W"]
     assert proto.data_location == TensorProto.EXTERNAL and not proto.raw_data
     target = tmp_path / "b" / "model.onnx"
     graphpass.save(graph, target)
-    assert target.read_bytes() == source.read_bytes()
-    assert (tmp_path / "b" / "weights.bin").read_bytes() == \
-        (tmp_path / "a" / "weights.bin").read_bytes()
+    data_name = f"model.onnx.{hashlib.sha256(weights).hexdigest()[:16]}.data"
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["model.onnx", data_name]
+    assert (tmp_path / "b" / data_name).read_bytes() == weights
+    written = onnx.load(target, load_external_data=False)
+    assert {e.value for t in written.graph.initializer for e in t.external_data
+            if e.key == "location"} == {data_name}
+    assert _without_locations(target.read_bytes()) == _without_locations(source.read_bytes())
     onnx.checker.check_model(str(target))
     loaded = onnx.load(target)  # loads the copied data
     _assert_same_run(built.model, loaded, built.feeds)
-    beside = tmp_path / "a" / "rewritten.onnx"  # same directory: the data file is shared
+    first = target.read_bytes()
+    graphpass.save(graph, target)  # deterministic: the same bytes again
+    assert target.read_bytes() == first
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["model.onnx", data_name]
+    beside = tmp_path / "a" / "rewritten.onnx"  # the input's directory: its own copy
     graphpass.save(graph, beside)
-    assert beside.read_bytes() == source.read_bytes()
+    assert (tmp_path / "a" / f"rewritten.onnx.{data_name[11:]}").read_bytes() == weights
+    assert (tmp_path / "a" / "weights.bin").read_bytes() == weights
+    again = graphpass.load(target)  # a written model rewritten in place shares its data
+    graphpass.save(again, target)
+    assert target.read_bytes() == first
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["model.onnx", data_name]
     (tmp_path / "a" / "weights.bin").unlink()
     with pytest.raises(GraphpassError, match="weights.bin is missing"):
         graphpass.save(graph, tmp_path / "c.onnx")

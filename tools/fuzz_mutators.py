@@ -4,7 +4,8 @@ they lack), attrs of the wrong kind or missing, extreme integers and dims, ONNX
 local functions, subgraphs and external-data paths with odd bytes; and the
 command-line family, whose cases are argv lists over a directory of inputs and
 outputs that collide, are devices or FIFOs, have long names or carry extreme
-numbers in flags and in ``--config``.
+numbers in flags and in ``--config``, or an ONNX input whose external data file
+is one of the command's other paths (:func:`make_external_alias_case`).
 
 Each mutator takes ``(rng, message)`` and returns a one-line description; a
 command-line case is a ``case.json`` the fuzz worker runs with
@@ -335,6 +336,9 @@ _CONFIG_LINES = ("drop_stale = 1000000000000000000000000000000", "drop_stale = -
 def make_cli_case(rng: random.Random, case_dir: Path, seeds: dict) -> dict:
     """Lay out a directory of inputs and outputs and the argv of one hostile command
     line; returns the case description (also written to ``case.json``)."""
+    alias = random.Random(f"external-alias:{case_dir.name}")
+    if alias.random() < 0.2:
+        return make_external_alias_case(alias, case_dir, seeds)
     fmt = rng.choice(["graphdef", "onnx"])
     model = case_dir / ("model.onnx" if fmt == "onnx" else "model.pb")
     model.write_bytes(seeds[fmt].SerializeToString())
@@ -366,6 +370,88 @@ def make_cli_case(rng: random.Random, case_dir: Path, seeds: dict) -> dict:
     case = {"argv": argv, "format": fmt}
     (case_dir / "case.json").write_text(json.dumps(case))
     return case
+
+
+def make_external_alias_case(rng: random.Random, case_dir: Path, seeds: dict) -> dict:
+    """An ONNX input whose external data file is another path of the command: an
+    output (``-o``, ``--report``, ``--memory-plot``, an entry of ``--dump-dir``, a
+    name the output gives its own data), the ``--config``, or, with the outputs in
+    a subdirectory, the name those take beside the output (where a writer that kept
+    the input's locations would copy the data). ``weights`` in the case: what the
+    written model must read (:func:`_judge_weights`)."""
+    import hashlib
+
+    from onnx import TensorProto, numpy_helper
+
+    out_dir = case_dir / rng.choice([".", "o"])
+    out_dir.mkdir(exist_ok=True)
+    dumps = rng.choice([case_dir / "dumps", out_dir / "dumps", out_dir])
+    paths = {"-o": out_dir / "out.onnx", "--report": out_dir / "report.json",
+             "--config": out_dir / "c.toml", "--memory-plot": out_dir / "plot.svg",
+             "--dump-dir": dumps}
+    model = type(seeds["onnx"])()
+    model.CopyFrom(seeds["onnx"])
+    data, weights = b"", {}
+    for tensor in model.graph.initializer:
+        raw = numpy_helper.to_array(tensor).tobytes()
+        weights[tensor.name] = hashlib.sha256(raw).hexdigest()
+        tensor.ClearField("raw_data")
+        tensor.ClearField("float_data")
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", ""), ("offset", len(data)), ("length", len(raw))):
+            tensor.external_data.add(key=key, value=str(value))
+        data += raw
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    aliased = [*paths.values(), dumps / "index.json", dumps / "memory.svg",
+               dumps / "00-input.onnx.txt", out_dir / f"out.onnx.{digest}.data",
+               out_dir / "out.onnx.0123456789abcdef.data"]
+    target = rng.choice(aliased)
+    location = os.path.relpath(target, case_dir if rng.random() < 0.6 else out_dir)
+    if location.startswith(".."):  # (locations leaving the model's directory: other mutators)
+        location = os.path.relpath(target, case_dir)
+    if (case_dir / location).is_dir():  # the dumps directory is the outputs' own
+        location = os.path.relpath(case_dir / location / "index.json", case_dir)
+    for tensor in model.graph.initializer:
+        tensor.external_data[0].value = location
+    (case_dir / location).parent.mkdir(parents=True, exist_ok=True)
+    (case_dir / location).write_bytes(data)
+    (case_dir / "model.onnx").write_bytes(model.SerializeToString())
+    if rng.random() < 0.2:
+        argv = ["inspect", str(case_dir / "model.onnx"), "--memory-plot",
+                str(paths["--memory-plot"])]
+    else:
+        argv = ["rewrite", str(case_dir / "model.onnx"), "-o", str(paths["-o"]), "--quiet"]
+        for flag in ("--report", "--dump-dir", "--config"):
+            if rng.random() < 0.5:
+                argv += [flag, str(paths[flag])]
+        if "--config" in argv and not paths["--config"].exists():
+            paths["--config"].write_text("quiet = true\n")
+    case = {"argv": argv, "format": "onnx", "weights": weights,
+            "mutation": f"external data at {location!r}"}
+    (case_dir / "case.json").write_text(json.dumps(case))
+    return case
+
+
+def _judge_weights(case: dict, status: int) -> str | None:
+    """On exit 0, the written model reads the weights its input held (not a report,
+    a config or its own bytes): every initializer's bytes, loaded by onnx."""
+    argv = case["argv"]
+    if status != 0 or "weights" not in case or "-o" not in argv:
+        return None
+    import hashlib
+
+    import onnx
+    from onnx import numpy_helper
+
+    output = argv[argv.index("-o") + 1]
+    try:
+        model = onnx.load(output)
+    except Exception as exc:  # any failure to load is what this judge reports
+        return f"exit 0 but {output} does not load its external data: {str(exc)[:200]}"
+    read = {t.name: hashlib.sha256(numpy_helper.to_array(t).tobytes()).hexdigest()
+            for t in model.graph.initializer}
+    wrong = sorted(name for name, digest in case["weights"].items() if read.get(name) != digest)
+    return f"exit 0 but {output} reads other weights for {wrong[:3]}" if wrong else None
 
 
 def _pick(rng: random.Random, paths: dict, own: str, odd: float) -> str:
@@ -429,7 +515,8 @@ def check_cli_case(path: Path) -> list[dict]:
         return [dict(ident=case_dir.name, command="cli", status="traceback",
                      problem=f"{type(exc).__name__}: {str(exc)[:300]}")]
     after = _snapshot(case_dir)
-    problem = _judge_cli(case, status, stderr.getvalue(), before, after, case_dir)
+    problem = _judge_cli(case, status, stderr.getvalue(), before, after, case_dir) or \
+        _judge_weights(case, status)
     return [dict(ident=case_dir.name, command="cli", status=status, problem=problem)]
 
 

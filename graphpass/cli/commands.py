@@ -87,30 +87,21 @@ class Rewrite(Command):
         runtime = runtime_for(graph, options.pipeline.target, options.pipeline.runtime)
         runtime.check_input(graph)
         nodes_before = len(graph)
-        instruments = rewrite_instruments(options.dump_dir, full=options.dump_full,
-                                          quiet=options.quiet, pipeline=options.pipeline)
-        results = graphpass.run_passes(graph, options.pipeline, instruments,
-                                       estimates=estimates, profiler=_profiler(options))
-        report = {
-            "schema": REPORT_SCHEMA,
-            "graphpass_version": graphpass.__version__,
-            "input": str(source),
-            "output": str(target),
-            "format": graph.format,
-            "nodes_before": nodes_before,
-            "nodes_after": len(graph),
-            "passes": [vars(r) for r in results],
-            "target_runtime": runtime.name,
-        }
-        # The target runtime's own check (TFLite converts the step) before anything is
-        # written.
-        checked = runtime.check_written(graph, source, report["passes"])
-        if checked is not None:
-            report[runtime.name] = checked
-        # The report is complete before the graph is written and renamed in place after
-        # it: a failed graph write leaves neither, and nothing fails after the graph.
-        with staged_json(options.report, report):
-            graphpass.save(graph, target, output_format=options.output_format)
+        # Dumps move into --dump-dir when the block ends, after the graph and the report.
+        with rewrite_instruments(options.dump_dir, full=options.dump_full,
+                                 quiet=options.quiet, pipeline=options.pipeline) as instruments:
+            results = graphpass.run_passes(graph, options.pipeline, instruments,
+                                           estimates=estimates, profiler=_profiler(options))
+            report = _report(source, target, graph, nodes_before, results, runtime.name)
+            # The target runtime's own check (TFLite converts the step) before anything
+            # is written.
+            checked = runtime.check_written(graph, source, report["passes"])
+            if checked is not None:
+                report[runtime.name] = checked
+            # The report is complete before the graph is written and renamed in place
+            # after it: a failed graph write leaves neither, and nothing fails after.
+            with staged_json(options.report, report):
+                graphpass.save(graph, target, output_format=options.output_format)
         if not options.quiet:
             print(rewrite_summary(report))
         return 0
@@ -230,9 +221,10 @@ class Verify(Command):
             raise GraphpassError(f"--steps must be at least 1, not {args.steps}")
         batch_size = positive_batch_size(args.batch_size)
         if args.memory_plot:
-            check_outputs(_inputs(args, original=Path(args.original),
-                                  rewritten=Path(args.rewritten)),
-                          {"--memory-plot": (Path(args.memory_plot), FILE)})
+            inputs = _inputs(args, original=Path(args.original), rewritten=Path(args.rewritten))
+            if args.checkpoint:
+                inputs["--checkpoint"] = Path(args.checkpoint)
+            check_outputs(inputs, {"--memory-plot": (Path(args.memory_plot), FILE)})
         options = VerifyOptions(
             steps=args.steps, xla=args.xla, feeds=read_feeds(args.feed), loss=args.loss,
             train_ops=tuple(args.train_op or ()), init=args.init, rtol=args.rtol,
@@ -266,6 +258,24 @@ def _inputs(args: argparse.Namespace, **paths) -> dict[str, Path]:
         if path:
             inputs[f"--feed {name}"] = Path(path)
     return inputs
+
+
+def _report(source: Path, target: Path, graph, nodes_before: int, results: list,
+            runtime: str) -> dict:
+    """The ``--report`` JSON of a rewrite (layout ``REPORT_SCHEMA``)."""
+    import graphpass
+
+    return {
+        "schema": REPORT_SCHEMA,
+        "graphpass_version": graphpass.__version__,
+        "input": str(source),
+        "output": str(target),
+        "format": graph.format,
+        "nodes_before": nodes_before,
+        "nodes_after": len(graph),
+        "passes": [vars(r) for r in results],
+        "target_runtime": runtime,
+    }
 
 
 def _profiler(options):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import os
-import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,17 +51,24 @@ FILE, GRAPH, DUMPS = "file", "graph", "dumps"
 
 def check_outputs(inputs: dict[str, Path], outputs: dict[str, tuple[Path, str]],
                   in_place: bool = False) -> None:
-    """Checks before anything is read or written. ``inputs``: ``{label: path}`` of
-    every file the command reads; ``outputs``: ``{label: (path, kind)}`` of every
-    output (kinds above). Each output is distinct from every input and every other
-    output (compared as resolved paths and, where both exist, as the same file
-    through links), lies in no input directory, holds no input, and where it exists
-    is what graphpass would write there. ``in_place`` allows the graph (``-o``) to
-    be its input."""
+    """Checks before anything is written. ``inputs``: ``{label: path}`` of every
+    file the command reads (a label without a leading ``-`` names a model, whose
+    external data files are inputs too); ``outputs``: ``{label: (path, kind)}`` of
+    every output (kinds above). Each output is distinct from every input and every
+    other output (compared as resolved paths and, where both exist, as the same
+    file through links), lies in no input directory, holds no input, where it
+    exists is what graphpass would write there, and takes no name that a graph
+    output's writer creates or removes beside it (its external data files).
+    ``in_place`` allows the graph (``-o``) to be its input."""
+    from graphpass.formats.dispatch import data_files
     from graphpass.formats.files import check_output_path, existing
 
     for path in inputs.values():
         existing(path)  # a name too long to look up is one line, here
+    sources = list(inputs.items())
+    for label, path in inputs.items():
+        if not label.startswith("-"):
+            sources += [(f"{label}'s external data file", file) for file in data_files(path)]
     outputs = {label: (_graph_output(path, inputs) if kind == GRAPH else path, kind)
                for label, (path, kind) in outputs.items()}
     for label, (path, kind) in outputs.items():
@@ -71,13 +77,31 @@ def check_outputs(inputs: dict[str, Path], outputs: dict[str, tuple[Path, str]],
         else:
             check_output_path(path, directory=kind == GRAPH and _saved_model(inputs))
     for label, (path, kind) in outputs.items():
-        for other, source in inputs.items():
+        for other, source in sources:
             if not (kind == GRAPH and in_place and other == "input"):
                 _check_apart(label, path, kind, other, source, input_=True)
     for label, (path, kind) in outputs.items():
         for other, (target, _) in outputs.items():
             if other != label:
                 _check_apart(label, path, kind, other, target, input_=False)
+    for label, (path, kind) in outputs.items():
+        if kind == GRAPH and not _saved_model(inputs):
+            _check_data_names(label, path, [(o, p) for o, (p, _) in outputs.items()
+                                            if o != label] + list(inputs.items()))
+
+
+def _check_data_names(label: str, path: Path, others: list[tuple[str, Path]]) -> None:
+    """A user error if another input or output has a name that writing the graph
+    ``path`` creates or removes beside it (its external data files)."""
+    from graphpass.formats.dispatch import owns_beside
+
+    for other, that in others:
+        if owns_beside(path, that):
+            named = f"{other} {that}" if other.startswith("-") else f"the {other} {that}"
+            raise GraphpassError(
+                f"{named} has a name that {label} {path} gives its external data files "
+                f"({path.name}.<hash>.data, created and removed as the model is "
+                "written); give it another name")
 
 
 def _saved_model(inputs: dict[str, Path]) -> bool:
@@ -95,12 +119,13 @@ def _graph_output(path: Path, inputs: dict[str, Path]) -> Path:
 
 def _check_dumps_dir(label: str, path: Path) -> None:
     from graphpass.formats.files import check_name_length, existing
+    from graphpass.inspect.dump import dump_dir_problem
 
-    found = existing(path)
-    if found is not None and not stat.S_ISDIR(found.st_mode):
-        raise GraphpassError(f"{label} {path}: exists and is not a directory")
-    if found is None:
+    if existing(path) is None:
         check_name_length(path)
+    problem = dump_dir_problem(path)
+    if problem:
+        raise GraphpassError(f"{label} {path}: {problem}")
 
 
 def _check_apart(label: str, path: Path, kind: str, other: str, that: Path, *,
@@ -108,8 +133,8 @@ def _check_apart(label: str, path: Path, kind: str, other: str, that: Path, *,
     """A user error if writing ``path`` would replace or write into ``that``."""
     named = f"{other} {that}" if other.startswith("-") else f"the {other} {that}"
     if _same(path, that):
-        fix = "choose another -o or pass --in-place" if kind == GRAPH and input_ else \
-            f"give {label} a path of its own"
+        fix = "choose another -o or pass --in-place" if kind == GRAPH and other == "input" \
+            else f"give {label} a path of its own"
         raise GraphpassError(f"{label} {path} is the same file as {named}; {fix}")
     if input_ and _inside(path, that) and that.is_dir():
         raise GraphpassError(f"{label} {path} lies inside {named}, which graphpass only "

@@ -17,7 +17,8 @@ from pathlib import Path
 from graphpass.errors import GraphpassError
 from graphpass.formats.container import detect
 from graphpass.formats.files import ONNX
-from graphpass.installed import require_onnx, require_tensorflow
+from graphpass.installed import ONNX as ONNX_RUNTIME
+from graphpass.installed import installed, require_onnx, require_tensorflow
 from graphpass.ir.graph import Graph
 
 
@@ -62,3 +63,26 @@ def save(graph: Graph, path: str | os.PathLike, *, output_format: str | None = N
     from graphpass.formats import tf_io
 
     tf_io.write_tf(graph, path, output_format=output_format)
+
+
+def data_files(path: str | os.PathLike) -> list[Path]:
+    """The files a model at ``path`` reads besides itself: an ONNX model's external
+    data (a SavedModel's ``variables/`` lie inside it). None where the model cannot
+    be read: reading it says why."""
+    try:
+        kind, _ = detect(Path(path))
+    except GraphpassError:
+        return []
+    if kind != ONNX or not installed(ONNX_RUNTIME):
+        return []
+    from graphpass.formats import onnx_data
+
+    return onnx_data.data_files_of(Path(path))
+
+
+def owns_beside(output: str | os.PathLike, path: str | os.PathLike) -> bool:
+    """Whether writing a graph to ``output`` may create or remove ``path``: the
+    names its ONNX external data files are given (``onnx_data``)."""
+    from graphpass.formats import onnx_data
+
+    return onnx_data.owns(Path(output), Path(path))

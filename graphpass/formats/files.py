@@ -127,6 +127,22 @@ def atomic_output(path: Path, *, directory: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; move it over ``path`` on success only."""
     check_output_path(path, directory=directory)
     remove_stale_temps(path)
+    tmp = temp_beside(path, directory=directory)
+    try:
+        yield tmp
+        kill_point("written")
+        _replace(tmp, path, directory)
+    except BaseException as exc:
+        _remove(tmp)
+        if isinstance(exc, OSError):  # e.g. -o names a directory, or the disk is full
+            raise GraphpassError(f"{path}: cannot write there ({exc.strerror or exc})") from None
+        raise
+
+
+def temp_beside(path: Path, *, directory: bool = False) -> Path:
+    """A new, empty temporary file (or directory) beside ``path``, with the mode a
+    new file gets, named ``.NAME.graphpass-PID-XXXX`` so that a later write of
+    ``path`` removes it once this process is gone."""
     prefix = f".{path.name}.{_TEMP_TAG}{os.getpid()}-"
     try:
         if directory:
@@ -135,17 +151,10 @@ def atomic_output(path: Path, *, directory: bool = False) -> Iterator[Path]:
             fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=_parent(path))
             os.close(fd)
             tmp = Path(name)
+        os.chmod(tmp, (0o777 if directory else 0o666) & ~_umask())
     except OSError as exc:
         raise GraphpassError(f"{path}: cannot write there ({exc.strerror})") from None
-    try:
-        yield tmp
-        _kill_point("written")
-        _replace(tmp, path, directory)
-    except BaseException as exc:
-        _remove(tmp)
-        if isinstance(exc, OSError):  # e.g. -o names a directory, or the disk is full
-            raise GraphpassError(f"{path}: cannot write there ({exc.strerror or exc})") from None
-        raise
+    return tmp
 
 
 def remove_stale_temps(path: Path) -> None:
@@ -171,10 +180,9 @@ def _alive(pid: int) -> bool:
 
 
 def _replace(tmp: Path, path: Path, directory: bool) -> None:
-    os.chmod(tmp, (0o777 if directory else 0o666) & ~_umask())
     if directory and path.is_dir():
         _exchange(tmp, path)  # tmp now holds the old directory
-        _kill_point("exchanged")
+        kill_point("exchanged")
         _remove(tmp)
     else:
         os.replace(tmp, path)
@@ -211,7 +219,7 @@ def _parent(path: Path) -> Path:
     return path.parent if str(path.parent) else Path(".")
 
 
-def _kill_point(name: str) -> None:
+def kill_point(name: str) -> None:
     """Test hook: ``GRAPHPASS_TEST_KILL_AT=name`` kills the process here (SIGKILL), to
     check that an output survives a kill at this point of its replacement."""
     if os.environ.get("GRAPHPASS_TEST_KILL_AT") == name:

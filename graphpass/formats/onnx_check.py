@@ -6,9 +6,10 @@ analyses could not hold, refused at the edge with one line each.
   (onnx's shape inference raises ``ValidationError`` on such a model);
 * every tensor dimension is non-negative and every tensor's element count is
   one a device could hold (a dim of 2^63-1 overflowed the planner's int64 arrays);
-* every external-data location is a plain relative file name (no NUL or other
-  control characters; the path checks of ``onnx_io`` then keep it inside the
-  model's directory).
+* every external-data location (of an initializer or an attribute tensor, in
+  any graph, subgraph or function) is a plain relative file name (no NUL or
+  other control characters; the path checks of ``onnx_data`` then keep it
+  inside the model's directory).
 
 It reads the ``ModelProto`` and changes nothing; walks are iterative.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import math
 
 from graphpass.errors import GraphpassError
+from graphpass.formats.onnx_data import external_tensors
 from graphpass.ir.order import first_cycle
 
 #: The most elements a tensor may hold: 2^45 (256 TiB of float64) is beyond any
@@ -92,20 +94,19 @@ def _check_dims(value: str, dims: list, where: str) -> None:
 
 
 def _check_external_locations(model, where: str) -> None:
-    tensors = [*model.graph.initializer, *(s.values for s in model.graph.sparse_initializer)]
-    for tensor in tensors:
+    for tensor in external_tensors(model):
         for entry in tensor.external_data:
             if entry.key == "location" and not entry.value.isprintable():
-                raise GraphpassError(f"{where}: initializer {tensor.name!r}: external data "
+                raise GraphpassError(f"{where}: tensor {tensor.name!r}: external data "
                                      f"location {entry.value!r} holds a NUL or control "
                                      f"character, which no file name may; {_FIX}")
             if entry.key == "location" and any(
                     len(part.encode()) > NAME_MAX for part in entry.value.split("/")):
-                raise GraphpassError(f"{where}: initializer {tensor.name!r}: external data "
+                raise GraphpassError(f"{where}: tensor {tensor.name!r}: external data "
                                      f"location {entry.value!r} has a name longer than "
                                      f"{NAME_MAX} bytes, which no file system holds; {_FIX}")
             if entry.key in ("offset", "length") and not (entry.value.isdigit()
                                                           and entry.value.isascii()):
-                raise GraphpassError(f"{where}: initializer {tensor.name!r}: external data "
+                raise GraphpassError(f"{where}: tensor {tensor.name!r}: external data "
                                      f"{entry.key} {entry.value!r} is not a non-negative "
                                      f"integer; {_FIX}")

@@ -33,9 +33,10 @@ back, so an untouched round trip gives the same bytes.
 
 External data: tensors stored outside the model keep their location info
 (they are *not* loaded into memory). The writer copies each referenced data
-file beside the output under the same relative location (nothing to copy when
-writing into the source directory), so the written model references the same
-offsets and an untouched round trip is byte-identical, data files included.
+file whole beside the output, under a name the output owns and the content
+decides (``onnx_data``), so the written model reads the same bytes at the same
+offsets: an untouched round trip differs only in the locations, and the model
+and its data are replaced as one unit.
 
 Subgraphs (``If``/``Loop``/``Scan`` bodies) may read outer values by name,
 without an input slot. Each such capture becomes a control edge from the
@@ -50,12 +51,11 @@ conventions above (source ops, the read index), shared with the dialect.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
-from graphpass.formats.files import atomic_output, check_output_path
 from graphpass.formats.onnx_check import check_model
+from graphpass.formats.onnx_data import locations, write_with_data
 from graphpass.formats.onnx_order import INITIALIZER, INPUT, READ_INDEX, SOURCE_OPS, file_order
 from graphpass.formats.onnx_state import ONNXState
 from graphpass.formats.ort_artifacts import artifact_kind
@@ -128,7 +128,7 @@ def graph_from_model(model, source_dir: Path | str = ".") -> Graph:
         model=skeleton, inputs=list(onnx_graph.input), outputs=list(onnx_graph.output),
         value_info=list(onnx_graph.value_info), initializers=initializers,
         sparse_initializers=sparse, source_dir=Path(source_dir),
-        artifact=artifact_kind(model)))
+        artifact=artifact_kind(model), source_locations=tuple(locations(model))))
     sources = _source_values(onnx_graph, initializers, sparse)
     keys = _node_keys(onnx_graph.node, sources)
     producers: dict[str, Tensor] = {}
@@ -310,79 +310,8 @@ def _value_name(graph: Graph, tensor: Tensor, reader: str) -> str:
 
 
 def write_onnx(graph: Graph, path: Path) -> None:
-    """Write ``graph`` as an ONNX model; external data files are copied beside it."""
-    path = Path(path)
-    model = model_from_graph(graph)
-    try:
-        data = model.SerializeToString(deterministic=True)
-    except ValueError as exc:  # protobuf refuses messages over 2 GiB
-        raise GraphpassError(
-            f"{path}: the model is too large to serialise ({exc}); save its initializers as "
-            "external data (onnx.save_model(..., save_as_external_data=True)) and retry"
-        ) from None
-    check_output_path(path)
-    copies = _external_data_copies(graph, model, path.parent if str(path.parent) else Path("."))
-    with atomic_output(path) as tmp:  # the model is renamed in place after its data files
-        tmp.write_bytes(data)
-        for source, target in copies:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_output(target) as data_tmp:
-                shutil.copyfile(source, data_tmp)
-
-
-def external_locations(model) -> list[str]:
-    """The external-data file locations the model's initializers refer to, in order."""
-    import onnx
-
-    locations = []
-    for tensor in [*model.graph.initializer,
-                   *(s.values for s in model.graph.sparse_initializer)]:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            entry = {e.key: e.value for e in tensor.external_data}
-            if entry.get("location") and entry["location"] not in locations:
-                locations.append(entry["location"])
-    return locations
-
-
-def _external_data_copies(graph: Graph, model, out_dir: Path) -> list[tuple[Path, Path]]:
-    """``(source, target)`` of each external data file to copy beside the output, all
-    checked before anything is written: each must be a regular file inside the model's
-    directory, also after following symbolic links (a link to /etc/passwd is refused)."""
-    source_dir = Path(graph.format_state.source_dir)
-    root = source_dir.resolve()
-    copies = []
-    for location in external_locations(model):
-        try:
-            copies.extend(_external_data_copy(location, source_dir, root, out_dir))
-        except (OSError, ValueError) as exc:  # a link loop, a name the system refuses
-            raise GraphpassError(f"external data location {location!r}: cannot be looked "
-                                 f"up ({getattr(exc, 'strerror', None) or exc})") from None
-    return copies
-
-
-def _external_data_copy(location: str, source_dir: Path, root: Path,
-                        out_dir: Path) -> list[tuple[Path, Path]]:
-    """The one ``(source, target)`` copy for ``location``, or none when the output
-    already is the source; a user error for a location outside the model."""
-    relative = Path(location)
-    if relative.is_absolute() or ".." in relative.parts:
-        raise GraphpassError(
-            f"external data location {location!r} leaves the model's directory; "
-            "ONNX requires a relative path inside it (re-save the model)"
-        )
-    source, target = source_dir / relative, out_dir / relative
-    if not source.resolve().is_relative_to(root):
-        raise GraphpassError(
-            f"external data file {source} is a symbolic link to {source.resolve()}, "
-            "outside the model's directory; copy the data into the directory instead")
-    if not source.is_file():
-        raise GraphpassError(f"external data file {source} is missing or not a regular "
-                             "file; keep it beside the model it came with")
-    if target.is_dir():
-        raise GraphpassError(f"{target}: is a directory, where the external data file "
-                             f"{location!r} is to be written; choose another output")
-    if target.exists() or target.is_symlink():
-        check_output_path(target)  # a FIFO or device there would be replaced
-    if not (target.exists() and target.resolve() == source.resolve()):
-        return [(source, target)]
-    return []
+    """Write ``graph`` as an ONNX model; its external data files are copied beside
+    it, and the model and its data replace the old ones as one unit (``onnx_data``)."""
+    state = graph.format_state
+    write_with_data(model_from_graph(graph), Path(path), Path(state.source_dir),
+                    keep=state.source_locations)

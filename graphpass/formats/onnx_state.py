@@ -29,16 +29,20 @@ class ONNXState:
     source_dir: Path = Path(".")  # where relative external-data locations point
     #: Which onnxruntime training artifact the model is (``ort_artifacts``), if one.
     artifact: str | None = None
+    #: The external-data locations of the model as read (its data files are
+    #: inputs: a write beside them never removes one).
+    source_locations: tuple[str, ...] = ()
 
     def copy(self) -> ONNXState:
         """Independent containers (a builder may add to them), shared protos."""
         return ONNXState(self.model, list(self.inputs), list(self.outputs),
                          list(self.value_info), dict(self.initializers),
-                         dict(self.sparse_initializers), self.source_dir, self.artifact)
+                         dict(self.sparse_initializers), self.source_dir, self.artifact,
+                         self.source_locations)
 
     def provenance(self) -> frozenset[str]:
         """Fields that say where the graph came from, not what it is (``diff``)."""
-        return frozenset({"source_dir"})
+        return frozenset({"source_dir", "source_locations"})
 
     def describe(self) -> dict:
         """What ``inspect`` says of the container."""

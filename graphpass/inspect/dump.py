@@ -17,17 +17,26 @@ The ``.dot`` view shows only the neighbourhood of what the pass changed (the
 full graph with ``full=True`` / ``--dump-full``), rendered to ``.svg`` by the
 real Graphviz ``dot``; without it the ``.dot`` files are still written and one
 line says why there is no ``.svg``.
+
+The dumps are written to a staging directory (hidden, inside ``DIR`` where it
+exists, else beside where it will be) and moved into ``DIR`` only when the run
+succeeds: a failed run leaves ``DIR`` as it was. Only then are the files an
+earlier dump wrote there (the names above) and this one did not removed; other
+files in ``DIR`` are never touched.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
-from graphpass.formats.files import write_json
+from graphpass.formats.files import remove_stale_temps, temp_beside, write_json
 from graphpass.inspect.diff import GraphDiff, graph_diff
 from graphpass.inspect.dot import neighbourhood_dot, render_svg
 from graphpass.inspect.memory_plot import MemoryTimeline, step_timeline, write_memory_plot
@@ -47,12 +56,16 @@ class DumpInstrument(Instrument):
 
     ``notes`` collects one-line explanations of anything not written (no
     ``dot``, ONNX has no TensorBoard graph); each is printed once to stderr
-    unless ``quiet``, and all are kept in ``index.json``.
+    unless ``quiet``, and all are kept in ``index.json``. The dumps move into
+    ``dump_dir`` when the pipeline ends, or with ``hold`` when the caller calls
+    :meth:`commit` (after writing the graph); a failure discards them.
     """
 
     def __init__(self, dump_dir: str | Path, full: bool = False, *, quiet: bool = False,
-                 pipeline: PipelineOptions | None = None) -> None:
+                 pipeline: PipelineOptions | None = None, hold: bool = False) -> None:
         self.dump_dir = Path(dump_dir)
+        self.hold = hold
+        self._stage: Path | None = None
         self.full = full
         self.quiet = quiet
         self.pipeline = pipeline or PipelineOptions()
@@ -63,7 +76,8 @@ class DumpInstrument(Instrument):
         self._input_memory: MemoryTimeline | None = None
 
     def before_pipeline(self, graph: Graph, passes: list) -> None:
-        _prepare(self.dump_dir)
+        self.discard()
+        self._stage = _stage_for(self.dump_dir)
         self.index, self.notes = [], []
         self._dump(graph, "input", diff=None, before=None, pass_info={})
         self._previous = graph.copy()
@@ -73,10 +87,33 @@ class DumpInstrument(Instrument):
         """``memory.svg``: the input's step beside the final graph's, on one chart."""
         final = self._timeline(graph, "rewritten") if self._input_memory else None
         if final is not None:
-            write_memory_plot([self._input_memory, final], self.dump_dir / MEMORY_PLOT,
+            write_memory_plot([self._input_memory, final], self._stage / MEMORY_PLOT,
                               f"estimated live bytes of the training step, input vs after "
                               f"{len(self.index) - 1} passes")
         self._write_index(memory_plot=MEMORY_PLOT if final is not None else None)
+        if not self.hold:
+            self.commit()
+
+    def on_failure(self, graph: Graph) -> None:
+        self.discard()
+
+    def commit(self) -> None:
+        """Move the finished dumps into ``dump_dir`` (see the module)."""
+        if self._stage is not None:
+            stage, self._stage = self._stage, None
+            try:
+                _switch(stage, self.dump_dir)
+            except OSError as exc:
+                raise GraphpassError(f"--dump-dir {self.dump_dir}: cannot move the dumps "
+                                     f"into place ({exc.strerror or exc})") from None
+            finally:
+                _remove(stage)
+
+    def discard(self) -> None:
+        """Drop the dumps written so far; ``dump_dir`` stays as it was."""
+        if self._stage is not None:
+            _remove(self._stage)
+            self._stage = None
 
     def _timeline(self, graph: Graph, label: str) -> MemoryTimeline | None:
         try:
@@ -100,7 +137,7 @@ class DumpInstrument(Instrument):
         stem = f"{len(self.index):02d}-{_file_name(label)}"
         graph_def = _graph_def(graph)  # lowered once, for the text and the event file
         steps = [
-            ("graph text", lambda: [write_graph_text(graph, self.dump_dir / stem,
+            ("graph text", lambda: [write_graph_text(graph, self._stage / stem,
                                                      graph_def=graph_def).name]),
             ("graphviz", lambda: self._write_view(graph, diff, before, stem)),
             ("tensorboard", lambda: self._write_events(graph, graph_def, stem)),
@@ -116,12 +153,12 @@ class DumpInstrument(Instrument):
         self._write_index()
 
     def _write_index(self, **extra) -> None:
-        write_json(self.dump_dir / "index.json",
+        write_json(self._stage / "index.json",
                    {"dumps": self.index, "notes": self.notes, **extra})
 
     def _write_view(self, graph: Graph, diff: GraphDiff | None, before: Graph | None,
                     stem: str) -> list[str]:
-        dot_path = self.dump_dir / f"{stem}.dot"
+        dot_path = self._stage / f"{stem}.dot"
         dot_path.write_text(neighbourhood_dot(graph, diff, before=before, full=self.full,
                                               title=stem))
         svg_path, why_not = render_svg(dot_path)
@@ -134,13 +171,13 @@ class DumpInstrument(Instrument):
             self._note(f"no TensorBoard graphs: TensorBoard's graph dashboard reads TF "
                        f"GraphDefs, and this graph is {graph.format}")
             return []
-        events = write_event_file(graph_def, self.dump_dir / TENSORBOARD_DIR / stem)
-        return [str(events.relative_to(self.dump_dir))]
+        events = write_event_file(graph_def, self._stage / TENSORBOARD_DIR / stem)
+        return [str(events.relative_to(self._stage))]
 
     def _write_diff(self, diff: GraphDiff | None, stem: str) -> list[str]:
         if diff is None:
             return []
-        path = self.dump_dir / f"{stem}.diff.json"
+        path = self._stage / f"{stem}.diff.json"
         write_json(path, diff.to_json())
         return [path.name]
 
@@ -177,19 +214,13 @@ def write_graph_text(graph: Graph, stem: Path, *, graph_def=None) -> Path:
 
 
 def _write_onnx_text(graph: Graph, path: Path) -> Path:
-    """Via the ONNX writer (so the text is exactly what would be saved), then ``onnx.printer``."""
-    import onnx
+    """The model the ONNX writer builds, in ``onnx.printer``'s syntax; nothing is
+    written but the text (external data is shown at the input's locations)."""
     import onnx.printer
 
     from graphpass.formats import onnx_io
 
-    model_path = path.with_name(path.name + ".tmp.onnx")
-    try:
-        onnx_io.write_onnx(graph, model_path)
-        model = onnx.load(str(model_path), load_external_data=False)
-        path.write_text(onnx.printer.to_text(model))
-    finally:
-        model_path.unlink(missing_ok=True)
+    path.write_text(onnx.printer.to_text(onnx_io.model_from_graph(graph)))
     return path
 
 
@@ -212,35 +243,101 @@ def write_event_file(graph_def, logdir: Path) -> Path:
     return max(logdir.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime)
 
 
-def _prepare(dump_dir: Path) -> None:
-    """Create ``dump_dir``; clear only what an earlier dump wrote there (NN-* files)."""
-    if dump_dir.exists() and not dump_dir.is_dir():
-        raise GraphpassError(f"--dump-dir {dump_dir}: exists and is not a directory")
-    try:
-        dump_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise GraphpassError(f"--dump-dir {dump_dir}: cannot create it ({exc.strerror})") from None
-    for old in dump_dir.iterdir():
-        if old.is_file() and (_OWN_FILE.match(old.name) or old.name in ("index.json",
-                                                                         MEMORY_PLOT)):
-            old.unlink()
+def dump_dir_problem(dump_dir: Path) -> str | None:
+    """Why the dumps could not be staged for ``dump_dir`` and moved into it, or None:
+    checked before anything is written, since they move in after the graph."""
+    if os.path.lexists(dump_dir) and not dump_dir.is_dir():
+        return "exists and is not a directory"
+    holder = dump_dir
+    while not os.path.exists(holder) and holder != holder.parent:
+        if os.path.lexists(holder):
+            return f"{holder} is a symbolic link to nothing; name a directory"
+        holder = holder.parent
+    if not holder.is_dir():
+        return f"cannot be created ({holder} is a file, not a directory)"
+    if not os.access(holder, os.W_OK | os.X_OK):
+        return f"cannot write there ({holder} is not writable)"
+    if holder != dump_dir:
+        return None
     events = dump_dir / TENSORBOARD_DIR
+    if os.path.lexists(events) and not events.is_dir():
+        return f"{events} is not a directory, where the dumps write their event files"
+    for entry in dump_dir.iterdir():
+        if entry.is_dir() and (_OWN_FILE.match(entry.name)
+                               or entry.name in ("index.json", MEMORY_PLOT)):
+            return f"{entry} is a directory, where the dumps write a file; remove it"
+    return None
+
+
+def _stage_for(dump_dir: Path) -> Path:
+    """A new, empty directory for the dumps of one run: hidden inside ``dump_dir``
+    where it exists, else in the nearest directory above it that exists (a killed
+    run's is removed by the next run)."""
+    holder = dump_dir
+    while not holder.is_dir() and holder != holder.parent:
+        holder = holder.parent
+    remove_stale_temps(holder / dump_dir.name)
+    return temp_beside(holder / dump_dir.name, directory=True)
+
+
+def _switch(stage: Path, dump_dir: Path) -> None:
+    """Move the dumps in ``stage`` into ``dump_dir``: the whole directory where
+    none is there yet, else entry by entry (``index.json`` last), then remove
+    what an earlier dump wrote there and this one did not."""
+    if not dump_dir.is_dir():
+        dump_dir.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(stage, dump_dir)
+        return
+    events, new_events = dump_dir / TENSORBOARD_DIR, stage / TENSORBOARD_DIR
+    runs = sorted(new_events.iterdir()) if new_events.is_dir() else []
+    if runs:
+        events.mkdir(exist_ok=True)
+    for run in runs:
+        _remove(events / run.name)
+        os.rename(run, events / run.name)
+    written = sorted((p for p in stage.iterdir() if p.name != TENSORBOARD_DIR),
+                     key=lambda p: (p.name == "index.json", p.name))
+    for entry in written:
+        os.replace(entry, dump_dir / entry.name)
+    kept = {p.name for p in written} | {run.name for run in runs}
+    for old in dump_dir.iterdir():
+        if old.is_file() and old.name not in kept and (
+                _OWN_FILE.match(old.name) or old.name in ("index.json", MEMORY_PLOT)):
+            old.unlink()
     for old in events.iterdir() if events.is_dir() else ():
-        if old.is_dir() and re.match(r"^\d{2,}-", old.name):
+        if old.is_dir() and old.name not in kept and re.match(r"^\d{2,}-", old.name):
             shutil.rmtree(old)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
 
 
 def _file_name(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "pass"
 
 
+@contextmanager
 def rewrite_instruments(dump_dir: str | None, *, full: bool = False, quiet: bool = False,
-                        pipeline: PipelineOptions | None = None) -> list[Instrument]:
+                        pipeline: PipelineOptions | None = None) -> Iterator[list[Instrument]]:
     """The instruments ``graphpass rewrite`` runs with: dumps when ``dump_dir`` is set
     (the memory plot estimated for the pipeline's target runtime), and a progress
-    line on a terminal (silent otherwise, and with ``quiet``)."""
+    line on a terminal (silent otherwise, and with ``quiet``). The dumps move into
+    ``dump_dir`` when the block ends, after what it wrote; a failure discards them."""
     instruments: list[Instrument] = []
-    if dump_dir:
-        instruments.append(DumpInstrument(dump_dir, full=full, quiet=quiet, pipeline=pipeline))
+    dumps = DumpInstrument(dump_dir, full=full, quiet=quiet, pipeline=pipeline,
+                           hold=True) if dump_dir else None
+    if dumps is not None:
+        instruments.append(dumps)
     instruments.append(PassProgress(quiet=quiet))
-    return instruments
+    try:
+        yield instruments
+    except BaseException:
+        if dumps is not None:
+            dumps.discard()
+        raise
+    if dumps is not None:
+        dumps.commit()

@@ -66,26 +66,32 @@ class Pipeline:
         for pass_ in self.passes:
             _check_capabilities(pass_, graph)
         verify(graph, after="input", nodes=graph.take_edited())
-        for instrument in ctx.instruments:
-            instrument.before_pipeline(graph, self.passes)
-        results = []
-        for pass_ in self.passes:
+        try:
             for instrument in ctx.instruments:
-                instrument.before_pass(pass_, graph)
-            start = time.perf_counter()
-            changed = pass_.run(graph, ctx)
-            seconds = time.perf_counter() - start
-            if changed:
-                graph.forget_source()
-                ctx.analyses.invalidate(graph, pass_.preserves)
-                verify(graph, after=pass_.name, nodes=graph.take_edited(),
-                       checks=ctx.runtime(graph).ir_checks())
+                instrument.before_pipeline(graph, self.passes)
+            results = [self._run_pass(pass_, graph, ctx) for pass_ in self.passes]
             for instrument in ctx.instruments:
-                instrument.after_pass(pass_, graph, changed, seconds)
-            results.append(PassResult(pass_.name, changed, seconds, dict(pass_.report)))
-        for instrument in ctx.instruments:
-            instrument.after_pipeline(graph)
+                instrument.after_pipeline(graph)
+        except BaseException:
+            for instrument in ctx.instruments:
+                instrument.on_failure(graph)
+            raise
         return results
+
+    def _run_pass(self, pass_: Pass, graph: Graph, ctx: PassContext) -> PassResult:
+        for instrument in ctx.instruments:
+            instrument.before_pass(pass_, graph)
+        start = time.perf_counter()
+        changed = pass_.run(graph, ctx)
+        seconds = time.perf_counter() - start
+        if changed:
+            graph.forget_source()
+            ctx.analyses.invalidate(graph, pass_.preserves)
+            verify(graph, after=pass_.name, nodes=graph.take_edited(),
+                   checks=ctx.runtime(graph).ir_checks())
+        for instrument in ctx.instruments:
+            instrument.after_pass(pass_, graph, changed, seconds)
+        return PassResult(pass_.name, changed, seconds, dict(pass_.report))
 
 
 def _check_capabilities(pass_: Pass, graph: Graph) -> None:

@@ -26,3 +26,7 @@ class Instrument:
                    seconds: float) -> None: ...
 
     def after_pipeline(self, graph: Graph) -> None: ...
+
+    def on_failure(self, graph: Graph) -> None:
+        """A pass (or an instrument) raised after ``before_pipeline``: drop what was
+        prepared for the end of the pipeline."""
