@@ -423,3 +423,23 @@ def test_the_onnx_extra_installs_sympy():
                       if ast.literal_eval(key) == "onnx")
     assert any(r.startswith("sympy") for r in onnx_extra), onnx_extra
 
+
+def test_an_onnx_rewrite_words_its_fusion_caveat_for_onnxruntime():
+    """A value read once that copies read too: the caveat is the target runtime's
+    (``RuntimeModel.read_once_caveat``), not TF's, for an ONNX step."""
+    import graphpass
+    from graphpass.runtimes.base import RuntimeModel
+    from graphpass.runtimes.ort import ORTModel
+    from graphpass.runtimes.tf_executor import TFExecutorModel, XLAModel
+
+    graph = graphpass.load(ARTIFACTS / "conv_bn_ce" / "training_model.onnx")
+    summary = graphpass.run_passes(graph, {"recompute": ["auto"]})[0].report["summary"]
+    caveats = [line for line in summary if "not exact if" in line]
+    assert caveats, summary
+    assert all(line.strip().startswith("not exact if onnxruntime's graph optimizer fuses ")
+               for line in caveats), caveats
+    assert not any("TF" in line for line in summary), summary
+    assert TFExecutorModel().read_once_caveat(["a"]).startswith("not exact if TF fuses a into")
+    assert XLAModel().read_once_caveat(["a"]).startswith("not exact if TF or XLA fuses a ")
+    assert ORTModel().read_once_caveat([]) is None
+    assert RuntimeModel().read_once_caveat(["a"]) is None  # a runtime that fuses nothing
