@@ -6,6 +6,8 @@ from setuptools import find_packages, setup
 # `pip install graphpass onnx`). No extra may depend on TensorFlow in another way:
 # a second TensorFlow distribution would be written over the first, so `test` leaves
 # tf-keras out (the Keras fixtures need it: `pip install --no-deps tf-keras`).
+# `onnx` has sympy: onnxruntime's symbolic shape inference, which sizes its own
+# ops (`com.microsoft`), imports it; onnxruntime lists it only under an extra.
 TF = ">=2.21,<2.22"
 
 setup(
@@ -24,7 +26,7 @@ setup(
     extras_require={
         "tf": [f"tensorflow{TF}"],
         "tf-cpu": [f"tensorflow-cpu{TF}"],
-        "onnx": ["onnx>=1.16", "onnxruntime>=1.18"],
+        "onnx": ["onnx>=1.16", "onnxruntime>=1.18", "sympy>=1.12"],
         "test": ["pytest>=8", "pytest-xdist>=3.5", "ruff"],
     },
     entry_points={"console_scripts": ["graphpass=graphpass.cli:entry_point"]},

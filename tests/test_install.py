@@ -1,6 +1,8 @@
 """A fresh virtualenv with only the ``onnx`` extra: graphpass installs from this
-checkout without TensorFlow, rewrites and verifies an ONNX model, never imports
-TensorFlow, and names the extra when asked to read a TensorFlow graph.
+checkout without TensorFlow, rewrites and verifies an ONNX model, sizes
+onnxruntime's own ops with its symbolic shape inference (sympy comes with the
+extra), never imports TensorFlow, and names the extra when asked to read a
+TensorFlow graph.
 
 Slow: it creates a venv and installs from PyPI (numpy, networkx, matplotlib,
 onnx, onnxruntime). Everything lives under the test's tmp_path.
@@ -25,6 +27,12 @@ from graphpass.cli import main
 
 assert main(["rewrite", "model.onnx", "-o", "out.onnx", "--recompute", "block[1-3]/"]) == 0
 assert main(["verify", "model.onnx", "out.onnx", "--steps", "1", "--quiet"]) == 0
+import graphpass
+from graphpass.analysis.shapes import infer_shapes
+artifact = graphpass.load("artifact.onnx")
+infer_shapes(artifact)
+source = artifact.dialect.shape_source(artifact)
+assert "could not be imported" not in source, source
 err = io.StringIO()
 with contextlib.redirect_stderr(err):
     assert main(["inspect", "mlp_train.pb"]) == 2
@@ -55,6 +63,8 @@ def test_onnx_only_install_runs_without_tensorflow(tmp_path):
     work.mkdir()
     shutil.copy(ROOT / "tests" / "data" / "onnx_mlp.onnx", work / "model.onnx")
     shutil.copy(ROOT / "examples" / "mlp_train.pb", work / "mlp_train.pb")
+    shutil.copy(ROOT / "tests" / "data" / "ort_artifacts" / "transformer_ce" /
+                "training_model.onnx", work / "artifact.onnx")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     python = venv / "bin" / "python"
     install = subprocess.run([str(python), "-m", "pip", "install", "--quiet",

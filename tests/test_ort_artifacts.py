@@ -395,3 +395,51 @@ def test_a_recomputed_residual_keeps_its_layer_norm_out_of_ort_skip_fusion(tmp_p
     original, step = run_in_env(RUN_STEP, str(ARTIFACTS / "transformer_ce"), str(source),
                                 str(target))
     assert step == original
+
+
+def test_a_missing_sympy_is_named_with_the_extra_that_installs_it(monkeypatch):
+    """onnxruntime re-raises a missing sympy as an ImportError naming no module."""
+    import sys
+
+    from graphpass.dialects.onnx_contrib_shapes import CONVENTIONS, contrib_types
+
+    monkeypatch.setitem(sys.modules, "sympy", None)
+    monkeypatch.delitem(sys.modules, "onnxruntime.tools.symbolic_shape_infer", raising=False)
+    model = onnx.load(ARTIFACTS / "transformer_ce" / "training_model.onnx")
+    source = contrib_types(model, {})
+    assert source == (f"{CONVENTIONS} (onnxruntime's symbolic shape inference could not be "
+                      "imported (no sympy; pip install 'graphpass[onnx]' installs it))")
+
+
+def test_the_onnx_extra_installs_sympy():
+    import ast
+
+    from ort_training_env import ROOT
+
+    setup = ast.parse((ROOT / "setup.py").read_text())
+    extras = next(k.value for node in ast.walk(setup) if isinstance(node, ast.Call)
+                  for k in node.keywords if k.arg == "extras_require")
+    onnx_extra = next(ast.literal_eval(v) for key, v in zip(extras.keys, extras.values)
+                      if ast.literal_eval(key) == "onnx")
+    assert any(r.startswith("sympy") for r in onnx_extra), onnx_extra
+
+
+def test_an_onnx_rewrite_words_its_fusion_caveat_for_onnxruntime():
+    """A value read once that copies read too: the caveat is the target runtime's
+    (``RuntimeModel.read_once_caveat``), not TF's, for an ONNX step."""
+    import graphpass
+    from graphpass.runtimes.base import RuntimeModel
+    from graphpass.runtimes.ort import ORTModel
+    from graphpass.runtimes.tf_executor import TFExecutorModel, XLAModel
+
+    graph = graphpass.load(ARTIFACTS / "conv_bn_ce" / "training_model.onnx")
+    summary = graphpass.run_passes(graph, {"recompute": ["auto"]})[0].report["summary"]
+    caveats = [line for line in summary if "not exact if" in line]
+    assert caveats, summary
+    assert all(line.strip().startswith("not exact if onnxruntime's graph optimizer fuses ")
+               for line in caveats), caveats
+    assert not any("TF" in line for line in summary), summary
+    assert TFExecutorModel().read_once_caveat(["a"]).startswith("not exact if TF fuses a into")
+    assert XLAModel().read_once_caveat(["a"]).startswith("not exact if TF or XLA fuses a ")
+    assert ORTModel().read_once_caveat([]) is None
+    assert RuntimeModel().read_once_caveat(["a"]) is None  # a runtime that fuses nothing

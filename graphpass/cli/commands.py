@@ -198,7 +198,9 @@ class Verify(Command):
     """Train the original and the rewritten graph side by side and compare them.
 
     Both start from the same variable values and get the same inputs; losses
-    and every variable (ONNX: every output) are compared after every step.
+    and every variable (ONNX: every output; onnxruntime training artifacts: every
+    output, gradient and parameter) are compared after every step, beside each
+    step's peak memory, or "not measured" where it cannot be measured.
     The original runs twice on the same inputs first: if those runs differ
     (unseeded dropout, nondeterministic kernels), nothing is verified.
     Exits 0 on a match, 1 on a mismatch or an original that is not deterministic.

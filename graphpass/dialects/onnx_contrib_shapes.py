@@ -68,7 +68,7 @@ def contrib_types(model, types: dict) -> str:
     try:
         found, stopped = _symbolic(model)
     except ImportError as error:  # onnxruntime, or the sympy it needs
-        found, stopped = {}, f"could not be imported (no {error.name})"
+        found, stopped = {}, f"could not be imported ({_missing_module(error)})"
     except Exception as error:  # noqa: BLE001 - its own bugs must not stop a rewrite
         found, stopped = {}, f"it failed ({type(error).__name__})"
     for name, value in found.items():
@@ -77,6 +77,31 @@ def contrib_types(model, types: dict) -> str:
     convention_types(model.graph.node, types)
     return SYMBOLIC if stopped is None else \
         f"{CONVENTIONS} (onnxruntime's symbolic shape inference {stopped})"
+
+
+#: What onnxruntime's symbolic shape inference imports, in the order it does.
+_INFERENCE_IMPORTS = ("onnxruntime", "sympy", "packaging")
+
+
+def _missing_module(error: ImportError) -> str:
+    """``no sympy; pip install 'graphpass[onnx]' installs it``: the module whose import
+    failed. onnxruntime re-raises a missing sympy as an ImportError of its own,
+    which names no module, so the candidates are looked up."""
+    import importlib.util
+
+    name = error.name
+    if name is None:
+        for candidate in _INFERENCE_IMPORTS:
+            try:
+                if importlib.util.find_spec(candidate) is None:
+                    name = candidate
+                    break
+            except (ImportError, ValueError):
+                name = candidate
+                break
+    if name is None:
+        return str(error).splitlines()[0] if str(error) else "an import failed"
+    return f"no {name}; pip install 'graphpass[onnx]' installs it"
 
 
 def unknown_dims(shape: tuple | None) -> float:

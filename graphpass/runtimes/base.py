@@ -224,6 +224,22 @@ class RuntimeModel:
         value put between the two would change how the fused op rounds."""
         return False
 
+    #: Who may fuse a value into its one reader ("TF's Grappler"), for the caveat
+    #: ``read_once_caveat`` prints; empty for a runtime that fuses nothing.
+    fuser: str = ""
+
+    def read_once_caveat(self, values: list[str]) -> str | None:
+        """The rewrite summary's caveat for ``values``, each read once before the
+        rewrite and read by copies too now: the runtime may have fused one into its
+        one reader, and no longer can, so that reader may round otherwise. None
+        where the runtime fuses nothing."""
+        if not self.fuser or not values:
+            return None
+        more = " ..." if len(values) > 3 else ""
+        return (f"not exact if {self.fuser} fuses {', '.join(values[:3])}{more} into its "
+                "one reader: the copies read it too (mark from its producer on; check "
+                "with verify)")
+
     #: Products the runtime's graph optimizer may fold a constant factor into (and
     #: push across neighbouring products), so a copy of one is not its original.
     constant_folded_ops: frozenset[str] = frozenset()

@@ -17,6 +17,9 @@ class ORTModel(RuntimeModel):
     title = "onnxruntime's order and allocation planner"
     dependency = "data"
     heap = FREE_LIST
+    #: Its graph optimizer fuses a MatMul into the Add or scale reading it alone
+    #: (``ort_kernels.fuses_into_producer``), among others.
+    fuser = "onnxruntime's graph optimizer"
 
     def executions(self, graph: Graph, nodes: set[str], known: frozenset[str],
                    fetched: frozenset[str]) -> list[Execution]:

@@ -25,6 +25,7 @@ class TFKernelFacts(RuntimeModel):
     that write in place, containers filled from a tensor, and constant folding."""
 
     constant_folded_ops = frozenset({"Mul", "RealDiv", "Div"})
+    fuser = "TF"
 
     def container_input(self, graph: Graph, tensor: Tensor) -> int | None:
         return FILLED_FROM.get(graph.node(tensor.node).op) if tensor.port == 0 else None
@@ -158,3 +159,4 @@ class XLAModel(TFExecutorModel):
     name = "xla"
     title = "TF's executor (XLA clusters estimated as TF's kernels)"
     dependency = "data"
+    fuser = "TF or XLA"

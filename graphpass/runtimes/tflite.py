@@ -24,6 +24,7 @@ class TFLiteModel(TFKernelFacts):
     title = "TFLite's arena"
     dependency = "data"
     heap = ARENA
+    fuser = "TFLite's converter"
 
     def executions(self, graph: Graph, nodes: set[str], known: frozenset[str],
                    fetched: frozenset[str]) -> list[Execution]:

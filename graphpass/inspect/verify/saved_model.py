@@ -7,10 +7,14 @@ signature is called ``steps`` times on the same inputs: ``--feed`` arrays, else
 seeded random values of the signature's input specs. Each step calls the
 original twice first; if the two calls differ, the original is not
 deterministic and the comparison stops there. After every call the outputs and every
-variable the signature uses are compared; each call's peak allocator bytes is
-the CPU allocator's peak over the call (``None`` where the allocator keeps no
-statistics, e.g. with oneDNN off; one process, so peaks are indicative;
-``python -m tools.bench.keras3`` measures each in its own).
+variable the signature uses are compared.
+
+Each step's peak memory comes from allocation records, as for TF1 graphs
+(``tf_runner``): the CPU allocator's statistics leave buffers under 256 KiB out
+(a small step's peak would read 0 B) and exist only with oneDNN on. Eager calls leave no
+records, so after the comparison each SavedModel's signature is called on
+placeholders in a graph of its own and run by a traced ``Session`` on the same
+inputs, one run per step; a run without records is not measured.
 """
 
 from __future__ import annotations
@@ -65,13 +69,12 @@ def verify_saved_models(original: Path, rewritten: Path, key: str,
                           only_original=[n for n in names_a if n not in names_b],
                           only_rewritten=[n for n in names_b if n not in names_a])
     inputs = InputMaker(_input_specs(functions[0]), options)
+    batches = []
     for step in range(1, options.steps + 1):
-        feed = {name: tf.constant(value) for name, value in inputs.next().items()}
-        outputs, peaks = [], []
-        for function in functions:
-            baseline = _reset_memory_stats(tf)
-            outputs.append({k: v.numpy() for k, v in function(**feed).items()})
-            peaks.append(_peak_bytes(tf, baseline))
+        batch = inputs.next()
+        feed = {name: tf.constant(value) for name, value in batch.items()}
+        outputs = [{k: v.numpy() for k, v in function(**feed).items()}
+                   for function in functions]
         differs = first_difference(
             _step_values(outputs[0], outputs[1], names_a, names_again, list(names_a)), options)
         if differs is not None:
@@ -80,8 +83,57 @@ def verify_saved_models(original: Path, rewritten: Path, key: str,
         values = _step_values(outputs[0], outputs[2], names_a, names_b, common)
         losses = tuple([float(np.ravel(o[k])[0]) for k in sorted(o) if np.size(o[k])]
                        for o in (outputs[0], outputs[2]))
-        report.steps.append(compare_step(step, values, losses, (peaks[0], peaks[2]), options))
+        report.steps.append(compare_step(step, values, losses, (None, None), options))
+        batches.append(batch)
+    if batches:
+        _fill_peaks(report, (original, rewritten), key, batches)
     return report
+
+
+def _fill_peaks(report: VerifyReport, paths: tuple[Path, Path], key: str,
+                batches: list[dict]) -> None:
+    """Each step's peak of both SavedModels by their allocation records (module
+    docstring), or why not."""
+    import tensorflow as tf
+
+    from graphpass.inspect.verify.tf_runner import NO_RECORDS, RECORDS_SOURCE
+
+    report.memory = RECORDS_SOURCE + " (the signature run by a Session)"
+    try:
+        peaks = [_records_peaks(path, key, batches) for path in paths]
+    except (tf.errors.OpError, ValueError) as exc:  # the comparison stands; say why
+        report.memory_not_measured = f"the traced run failed: {str(exc).splitlines()[0]}"
+        return
+    for step, pair in zip(report.steps, zip(*peaks)):
+        step.peak_bytes = pair
+        if None in pair:
+            report.memory_not_measured = NO_RECORDS
+
+
+def _records_peaks(path: Path, key: str, batches: list[dict]) -> list[int | None]:
+    """Signature ``key`` of ``path`` in a TF1 graph, one traced run per batch: the
+    peak of each run's allocation records (None for a run without any)."""
+    import tensorflow as tf
+
+    from graphpass.inspect.step_stats import records_peak
+    from graphpass.inspect.verify.tf_runner import session_config
+
+    tf1 = tf.compat.v1
+    with tf.Graph().as_default() as graph:
+        function = tf.saved_model.load(str(path)).signatures[key]
+        holders = {name: tf1.placeholder(dtype, shape)
+                   for name, (dtype, shape) in _input_specs(function).items()}
+        outputs = list(function(**holders).values())
+        trace = tf1.RunOptions(trace_level=tf1.RunOptions.SOFTWARE_TRACE)
+        peaks = []
+        with tf1.Session(graph=graph, config=session_config(False)) as session:
+            session.run(tf1.global_variables_initializer())
+            for batch in batches:
+                metadata = tf1.RunMetadata()
+                session.run(outputs, {holders[n]: batch[n] for n in holders}, options=trace,
+                            run_metadata=metadata)
+                peaks.append(records_peak(metadata.step_stats) or None)
+    return peaks
 
 
 def _step_values(outputs_a: dict, outputs_b: dict, names_a: dict, names_b: dict,
@@ -109,19 +161,3 @@ def _input_specs(function) -> dict[str, tuple[str, tuple | None]]:
     return {name: (spec.dtype.name, tuple(spec.shape.as_list())
                    if spec.shape.rank is not None else None)
             for name, spec in sorted(specs.items())}
-
-
-def _reset_memory_stats(tf) -> int | None:
-    """Reset the CPU allocator's peak; its current bytes, or None without statistics."""
-    try:
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        return tf.config.experimental.get_memory_info("CPU:0")["current"]
-    except (ValueError, RuntimeError):  # allocator without statistics
-        return None
-
-
-def _peak_bytes(tf, baseline: int | None) -> int | None:
-    """The allocator's peak since ``_reset_memory_stats`` above its baseline."""
-    if baseline is None:
-        return None
-    return tf.config.experimental.get_memory_info("CPU:0")["peak"] - baseline

@@ -16,8 +16,10 @@ order, give the step's high-water mark of memory the step allocated
 (``inter_op_parallelism_threads=1``, so the schedule is stable). Unlike the CPU
 allocator's statistics, which TF keeps only with oneDNN on (and TF 2.21 turns
 oneDNN off on CPUs without avx512_vnni), this works on any CPU, and it counts
-each graph's step alone although both share the process's allocator. The
-verdict line gives the median over the steps.
+each graph's step alone although both share the process's allocator; buffers
+under 256 KiB, which the allocator's statistics leave out, have their records
+too. A step whose ``RunMetadata`` holds no allocation record is not measured
+(None), never 0 B. The verdict line gives the median over the steps.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from graphpass.inspect.verify.compare import InputMaker, compare_step, first_dif
 from graphpass.inspect.verify.report import VerifyOptions, VerifyReport
 from graphpass.ir.graph import Graph
 
+#: What measured a TF step's peak (``VerifyReport.memory``), and why one was not.
+RECORDS_SOURCE = "allocation records of each step's RunMetadata"
+NO_RECORDS = "the step's RunMetadata holds no allocation records"
 # A TemporaryVariable lives only inside one step: nothing to copy in or compare.
 SESSION_VARIABLE_OPS = VARIABLE_OPS - {"TemporaryVariable"}
 _INIT_COLLECTIONS = ("variables", "local_variables", "trainable_variables",
@@ -54,7 +59,8 @@ def verify_tf(original: Graph, rewritten: Graph, options: VerifyOptions) -> Veri
         common = sorted(set(a.variables) & set(b.variables))
         b.assign(a.values(common))
         report = VerifyReport("tf", common, sorted(set(a.variables) - set(b.variables)),
-                              sorted(set(b.variables) - set(a.variables)))
+                              sorted(set(b.variables) - set(a.variables)),
+                              memory=RECORDS_SOURCE)
         fetched = [name.split(":")[0] for name in losses + train_ops]
         inputs = InputMaker(_tf_placeholder_specs(original, fetched)
                              | _tf_placeholder_specs(rewritten, fetched), options)
@@ -86,6 +92,8 @@ def _run_tf_steps(a: _TFRunner, again: _TFRunner, b: _TFRunner, common: list[str
             values = _step_values(a, b, losses_a, losses_b, common)
             report.steps.append(compare_step(step, values, (losses_a, losses_b),
                                              (peak_a, peak_b), options))
+            if None in (peak_a, peak_b):
+                report.memory_not_measured = NO_RECORDS
 
 
 def _step_values(a: _TFRunner, b: _TFRunner, losses_a: list, losses_b: list,
@@ -193,7 +201,8 @@ class _TFRunner:
             self.session.run(ops, feed)
 
     def step(self, feeds: dict[str, np.ndarray], step: int) -> tuple[list, int | None]:
-        """One training step; returns the losses and the step's peak allocator bytes."""
+        """One training step; returns the losses and the step's peak bytes by its
+        allocation records (None where it has none)."""
         tf = self.tf
         feed = {name: value for name, value in feeds.items()
                 if name.split(":")[0] in self.graph}
@@ -204,7 +213,8 @@ class _TFRunner:
         except tf.errors.OpError as exc:
             raise GraphpassError(f"the {self.label} graph failed at step {step}: "
                                  f"{exc.message.splitlines()[0]}") from None
-        return [np.asarray(v) for v in out[: len(self.losses)]], records_peak(metadata.step_stats)
+        return [np.asarray(v) for v in out[: len(self.losses)]], \
+            records_peak(metadata.step_stats) or None
 
     def close(self) -> None:
         self.session.close()

@@ -331,11 +331,9 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
                 read = ", ".join(e["outputs_read"][:3])
                 line += f"; the backward reads only its outputs ({read})"
         summary.append(line)
-        if e["read_once"]:
-            summary.append(
-                f"  not exact if TF fuses {', '.join(e['read_once'][:3])}"
-                f"{' ...' if len(e['read_once']) > 3 else ''} into its one reader: the "
-                f"copies read it too (mark from its producer on; check with verify)")
+        caveat = runtime.read_once_caveat(e["read_once"]) if runtime else None
+        if caveat:
+            summary.append(f"  {caveat}")
     if entries and not any(e["copied"] for e in entries) and \
             any(e.get("outputs_read") for e in entries):
         summary.append(
