@@ -86,13 +86,13 @@ class RematPass(Pass):
         step = self._analyze(graph, ctx)
         check = step.runtime.exactness(graph, step.fetches)
         if check is None or check.unchecked:
-            edited = self._rewrite(graph, ctx, step)
+            edited = self._rewrite(graph, ctx, step, proven=False)
             self.report["summary"].extend(Exactness(check).summary() if edited else [])
             self.report["exactness"] = Exactness(check).to_json()
             return edited
         original, exactness = graph.copy(), Exactness(check)
         for attempt in range(EXACTNESS_ROUNDS + 1):
-            edited = self._rewrite(graph, ctx, step)
+            edited = self._rewrite(graph, ctx, step, proven=True)
             found = check.differences(graph, _stands_for) if edited else []
             if not found:
                 break
@@ -112,7 +112,9 @@ class RematPass(Pass):
         self.report["exactness"] = exactness.to_json()
         return edited
 
-    def _rewrite(self, graph: Graph, ctx: PassContext, step: Step) -> bool:
+    def _rewrite(self, graph: Graph, ctx: PassContext, step: Step, proven: bool) -> bool:
+        """One rewrite of ``graph``; ``proven``: the runtime's exactness check judges
+        it after (the summary needs no caveat of what the runtime might fuse)."""
         batch = self.options.batch_size
         estimate = self.estimates_memory(ctx)
         runtime = step.runtime
@@ -175,7 +177,8 @@ class RematPass(Pass):
         if replayed is not None and measured is not None:
             replayed.append(_replayed_peak(graph, step, batch, measured[1], written))
         self.report = _report(entries, skipped, step.dependency, peak_before, peak_after,
-                              auto, deferred, measured, shown, pinned, replayed, runtime)
+                              auto, deferred, measured, shown, pinned, replayed, runtime,
+                              caveats=not proven)
         return edited
 
     def estimates_memory(self, ctx: PassContext) -> bool:
@@ -308,7 +311,7 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
             measured: list[StepMeasurement] | None = None,
             shown: list[MemoryProfile] | None = None,
             pinned: Pinned | None = None, replayed: list[int] | None = None,
-            runtime: RuntimeModel | None = None) -> dict:
+            runtime: RuntimeModel | None = None, caveats: bool = True) -> dict:
     """The pass's report; the peaks are None when not estimated
     (``PassContext.estimates``); ``deferred``: the estimates without and with the
     updates deferred (``defer``), None if they were not; ``measured``: the step
@@ -331,7 +334,7 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
                 read = ", ".join(e["outputs_read"][:3])
                 line += f"; the backward reads only its outputs ({read})"
         summary.append(line)
-        caveat = runtime.read_once_caveat(e["read_once"]) if runtime else None
+        caveat = runtime.read_once_caveat(e["read_once"]) if runtime and caveats else None
         if caveat:
             summary.append(f"  {caveat}")
     if entries and not any(e["copied"] for e in entries) and \
