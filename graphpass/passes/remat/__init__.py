@@ -319,7 +319,9 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
     estimates before and after of the graph the runtime runs, None where not made
     (not shown, or a target with a model of its own); ``pinned``: the updates'
     reads pinned before the backward pass (``pin``); ``replayed``: the estimates
-    before and after in the order TF ran the measured steps, None where none ran."""
+    before and after in the order TF ran the measured steps, None where none ran;
+    ``caveats``: say what the runtime might fuse otherwise (not where its exactness
+    check judges the rewrite)."""
     summary = auto.summary() if auto else []
     for e in entries:
         line = f"segment {e['segment']}: "
