@@ -109,12 +109,16 @@ def differences(original_def, rewritten_def, stands_for: StandsFor,
     computed = {_unscaled(v)[1] for v in before.values()}
 
     def known(reference: str) -> bool:
-        return _unscaled(after.value(reference))[1] in computed
+        value = _unscaled(after.value(reference))[1]
+        return value in computed or value[0] in numbers_of_constants
+
+    numbers_of_constants = {n for key, n in numbers.items() if key[0] == "const"}
 
     found = []
     for node_def in rewritten_def.node:
         name = node_def.name
-        if stands_for(name) is None or node_def.op in MOVES_NO_BITS or known(name):
+        if stands_for(name) is None or node_def.op in MOVES_NO_BITS | {"Const"} or \
+                known(name):
             continue
         if all(known(i) for i in after.reads(name)):
             original = stands_for(name)
@@ -229,8 +233,11 @@ class _Numbering:
         node_def = self.nodes[name]
         reads = self.reads(name)
         original = self.stands_for(name)
-        if reads and (original is None or node_def.op in MOVES_NO_BITS):
+        if reads and node_def.op in MOVES_NO_BITS:
             return self._known(reads[0])
+        if reads and original is None:  # an ordering node: what it orders, not its signal
+            ordered = [r for r in reads if self.stands_for(_split(r)[0]) is not None]
+            return self._known((ordered or reads)[0])
         if not reads:
             key = ("const", _attrs_digest(node_def)) if node_def.op == "Const" \
                 else ("leaf", original or name)

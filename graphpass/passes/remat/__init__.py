@@ -48,8 +48,7 @@ from graphpass.passes.base import Pass
 from graphpass.passes.context import PassContext
 from graphpass.passes.remat.auto import auto_plan, step_estimator
 from graphpass.passes.remat.defer import defer_updates
-from graphpass.passes.remat.exactness import EXACTNESS_ROUNDS, Exactness
-from graphpass.passes.remat.exactness import stands_for as _stands_for
+from graphpass.passes.remat.exactness import EXACTNESS_ROUNDS, Exactness, stands_for_in
 from graphpass.passes.remat.marks import marked_segments
 from graphpass.passes.remat.pin import (
     SHOWN_ABOVE,
@@ -93,7 +92,8 @@ class RematPass(Pass):
         original, exactness = graph.copy(), Exactness(check)
         for attempt in range(EXACTNESS_ROUNDS + 1):
             edited = self._rewrite(graph, ctx, step, proven=True)
-            found = check.differences(graph, _stands_for) if edited else []
+            found = check.differences(
+                graph, stands_for_in(graph, self.report["segments"])) if edited else []
             if not found:
                 break
             graph.restore(original)

@@ -12,20 +12,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphpass.ir.graph import Graph
 from graphpass.passes.remat.marks import GENERATED_SCOPE, SCOPE
 from graphpass.runtimes import Difference, ExactnessCheck
+from graphpass.runtimes.base import StandsFor
 
 #: Rewrites made again after a check found copies computed otherwise.
 EXACTNESS_ROUNDS = 3
 
 
-def stands_for(name: str) -> str | None:
-    """The original a node of the rewrite stands for: a copy, the node it copies
-    (also for what the runtime made of a copy, which keeps its name's scope);
-    None for the nodes added only to order others."""
-    if name.startswith(SCOPE):
-        return name[len(SCOPE):]
-    return None if name.startswith(GENERATED_SCOPE) else name
+def stands_for_in(graph: Graph, segments: list[dict]) -> StandsFor:
+    """Which original each node of the rewritten ``graph`` stands for: a copy, the
+    node it copies (``segments``: the pass's entries, with their copies); a node
+    the runtime made of a copy (unknown to the IR, under the copies' scope), the
+    original it would have made it of; the other nodes graphpass added (ties,
+    ordering reads, kept readers), None: they only order others."""
+    copies = {c for entry in segments for c in entry["copies"]}
+
+    def stands_for(name: str) -> str | None:
+        if name in copies or (name.startswith(SCOPE) and name not in graph):
+            return name[len(SCOPE):]
+        return None if name.startswith(GENERATED_SCOPE) else name
+
+    return stands_for
 
 
 @dataclass
