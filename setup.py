@@ -5,7 +5,9 @@ from setuptools import find_packages, setup
 # same `onnxruntime` module, serves instead of onnxruntime when installed beside
 # `pip install graphpass onnx`). No extra may depend on TensorFlow in another way:
 # a second TensorFlow distribution would be written over the first, so `test` leaves
-# tf-keras out (the Keras fixtures need it: `pip install --no-deps tf-keras`).
+# tf-keras and keras-hub out (the Keras fixtures need them: `pip install --no-deps
+# tf-keras keras-hub`; keras-hub depends on tensorflow-text, which depends on
+# tensorflow); `test` holds what keras-hub imports.
 # `onnx` has sympy: onnxruntime's symbolic shape inference, which sizes its own
 # ops (`com.microsoft`), imports it; onnxruntime lists it only under an extra.
 TF = ">=2.21,<2.22"
@@ -27,7 +29,8 @@ setup(
         "tf": [f"tensorflow{TF}"],
         "tf-cpu": [f"tensorflow-cpu{TF}"],
         "onnx": ["onnx>=1.16", "onnxruntime>=1.18", "sympy>=1.12"],
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "ruff"],
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "ruff", "regex", "rich", "absl-py",
+                 "tokenizers"],
     },
     entry_points={"console_scripts": ["graphpass=graphpass.cli:entry_point"]},
 )

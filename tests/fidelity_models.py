@@ -8,7 +8,11 @@ MetaGraph). Built in a child process (``fidelity_child.py export``).
   ReLU6, depthwise convs, residual adds), Adam;
 * ``encoder``: two blocks of Keras 3 ``MultiHeadAttention`` + ``LayerNormalization``
   + ``Dense(gelu)`` feed-forward, Adam;
-* ``prenorm_ffn``: the TF1 pre-norm FFN of ``tools.fixtures.tf_models``.
+* ``prenorm_ffn``: the TF1 pre-norm FFN of ``tools.fixtures.tf_models``;
+* ``bert``, ``gpt2``: keras-hub's ``BertBackbone`` and ``GPT2Backbone`` from config
+  (no weights), dropout on, a classification head on the pooled output (BERT) and
+  the language-model loss through the tied embedding (GPT-2), Adam; exported as a
+  user exports a keras-hub training step (``_export_backbone``).
 
 It only builds; the runs and comparisons live in the child and the tests.
 """
@@ -18,7 +22,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-MODELS = ("gelu_mlp", "mobilenet", "encoder", "convnet", "prenorm_ffn")
+MODELS = ("gelu_mlp", "mobilenet", "encoder", "convnet", "prenorm_ffn", "bert", "gpt2")
+#: The inputs the child feeds are ints in [0, 4): vocabularies, segments and
+#: classes hold at least that many.
+BACKBONE = {"batch": 4, "sequence": 16, "vocabulary": 64, "layers": 2, "heads": 2,
+            "hidden": 32, "intermediate": 64}
 
 
 def model_path(directory: Path, name: str) -> Path:
@@ -29,6 +37,8 @@ def model_path(directory: Path, name: str) -> Path:
 def export(name: str, directory: Path) -> Path:
     if name == "prenorm_ffn":
         return _export_tf1(directory)
+    if name in ("bert", "gpt2"):
+        return _export_backbone(name, directory)
     import keras
     import tensorflow as tf
 
@@ -126,3 +136,67 @@ def _export_tf1(directory: Path) -> Path:
         {"loss": model.loss, "train_op": model.train_op, "init": model.init}))
     np.savez(path.with_suffix(".npz"), **model.feeds)
     return path
+
+
+def _export_backbone(name: str, directory: Path) -> Path:
+    """A keras-hub backbone's training step as a ``train`` signature. Its dropout
+    layers draw from ``SeedGenerator`` state variables, which
+    ``tf.saved_model.save`` must find tracked by the module (it refuses the step
+    otherwise): the module holds them (``self.seeds``)."""
+    import keras
+    import keras_hub
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    size = BACKBONE
+    batch, sequence = size["batch"], size["sequence"]
+    common = {"vocabulary_size": size["vocabulary"], "num_layers": size["layers"],
+              "num_heads": size["heads"], "hidden_dim": size["hidden"],
+              "intermediate_dim": size["intermediate"], "max_sequence_length": sequence}
+    ints = tf.TensorSpec((batch, sequence), tf.int32)
+    if name == "bert":
+        backbone = keras_hub.models.BertBackbone(num_segments=4, **common)
+        head = keras.layers.Dense(4)
+        specs = {"token_ids": ints, "segment_ids": ints, "padding_mask": ints,
+                 "y": tf.TensorSpec((batch,), tf.int32)}
+
+        def loss_of(inputs):
+            features = {k: inputs[k] for k in ("token_ids", "segment_ids", "padding_mask")}
+            logits = head(backbone(features, training=True)["pooled_output"])
+            return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                inputs["y"], logits, from_logits=True))
+    else:
+        backbone = keras_hub.models.GPT2Backbone(**common)
+        head = None
+        specs = {"token_ids": ints, "padding_mask": ints}
+
+        def loss_of(inputs):
+            features = {k: inputs[k] for k in ("token_ids", "padding_mask")}
+            hidden = backbone(features, training=True)
+            logits = backbone.token_embedding(hidden, reverse=True)
+            return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                inputs["token_ids"][:, 1:], logits[:, :-1], from_logits=True))
+
+    loss_of({key: tf.zeros(spec.shape, spec.dtype) for key, spec in specs.items()})
+    variables = backbone.trainable_variables + (head.trainable_variables if head else [])
+    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer.build(variables)
+    signature = [tf.TensorSpec(spec.shape, spec.dtype, name=key) for key, spec in specs.items()]
+
+    class Step(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone, self.head, self.optimizer = backbone, head, optimizer
+            self.seeds = [v for v in backbone.non_trainable_variables if "seed" in v.path]
+
+        @tf.function(input_signature=signature)
+        def train(self, *inputs):
+            with tf.GradientTape() as tape:
+                loss = loss_of(dict(zip(specs, inputs)))
+            grads = tape.gradient(loss, variables)
+            self.optimizer.apply_gradients(zip(grads, variables))
+            return {"loss": loss}
+
+    step = Step()
+    tf.saved_model.save(step, str(directory), signatures={"train": step.train})
+    return directory
