@@ -22,6 +22,17 @@ VERBOSE = Option("--verbose", "global", "show the runtimes' own start-up logging
                  "environment sets TF_CPP_MIN_LOG_LEVEL to 0", bool)
 
 
+class Parser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one ``graphpass: error:`` line (a
+    :class:`GraphpassError`, exit 2) naming the help to read, not the usage block."""
+
+    def error(self, message: str):
+        hint = ""
+        if message.endswith("expected one argument"):
+            hint = "; a value that starts with '-' is given as --option=VALUE"
+        raise GraphpassError(f"{message}{hint}; see {self.prog} --help")
+
+
 class VersionAction(argparse.Action):
     """``--version``: graphpass's version and each runtime's, then exit 0. The
     runtimes' versions come from package metadata, never from importing them."""
