@@ -8,7 +8,11 @@ analyses could not hold, refused at the edge with one line each.
   one a device could hold (a dim of 2^63-1 overflowed the planner's int64 arrays);
 * every external-data location is a plain relative file name (no NUL or other
   control characters; the path checks of ``onnx_io`` then keep it inside the
-  model's directory).
+  model's directory);
+* every tensor the model holds (initializers, sparse ones, attribute values, in
+  subgraphs and functions too) has a ``data_type`` onnx knows and a payload of
+  the size its dims and dtype give (``raw_data`` bytes, or values in the field
+  the dtype uses), as numpy would otherwise fail to read it far from here.
 
 It reads the ``ModelProto`` and changes nothing; walks are iterative.
 """
@@ -16,6 +20,7 @@ It reads the ``ModelProto`` and changes nothing; walks are iterative.
 from __future__ import annotations
 
 import math
+from functools import cache
 
 from graphpass.errors import GraphpassError
 from graphpass.ir.order import first_cycle
@@ -34,6 +39,8 @@ def check_model(model, where: str) -> None:
     for value, dims in _declared_shapes(model):
         _check_dims(value, dims, where)
     _check_external_locations(model, where)
+    for label, tensor in _tensors(model):
+        _check_payload(label, tensor, where)
 
 
 def _check_function_cycles(model, where: str) -> None:
@@ -109,3 +116,78 @@ def _check_external_locations(model, where: str) -> None:
                 raise GraphpassError(f"{where}: initializer {tensor.name!r}: external data "
                                      f"{entry.key} {entry.value!r} is not a non-negative "
                                      f"integer; {_FIX}")
+
+
+#: Elements per stored byte (``raw_data``) or per ``int32_data`` value of packed
+#: sub-byte dtypes: INT4/UINT4/FLOAT4E2M1 pack two, INT2/UINT2 four.
+_PACKED = {21: 2, 22: 2, 23: 2, 25: 4, 26: 4}
+#: Sub-byte dtypes whose packing graphpass does not read: their size is not checked.
+_UNCHECKED = {27, 28}
+_COMPLEX = {14, 15}
+_STRING, _EXTERNAL = 8, 1
+
+
+def _tensors(model):
+    """``(label, TensorProto)`` of every tensor ``model`` holds (module docstring)."""
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        for tensor in graph.initializer:
+            yield f"initializer {tensor.name!r}", tensor
+        for sparse in graph.sparse_initializer:
+            yield f"sparse initializer {sparse.values.name!r} (values)", sparse.values
+            yield f"sparse initializer {sparse.values.name!r} (indices)", sparse.indices
+        for node in graph.node:
+            yield from _attribute_tensors(node)
+            for attr in node.attribute:
+                graphs.extend([attr.g] if attr.HasField("g") else attr.graphs)
+    for function in model.functions:
+        for node in _nodes(function.node):
+            yield from _attribute_tensors(node)
+
+
+def _attribute_tensors(node):
+    for attr in node.attribute:
+        owner = f"node {node.name or node.op_type!r} attribute {attr.name!r}"
+        if attr.HasField("t"):
+            yield owner, attr.t
+        for tensor in attr.tensors:
+            yield owner, tensor
+        if attr.HasField("sparse_tensor"):
+            yield owner, attr.sparse_tensor.values
+
+
+def _check_payload(label: str, tensor, where: str) -> None:
+    """A user error where ``tensor``'s dtype is unknown or its payload is not the
+    size its dims give (external data is checked where it is read)."""
+    from onnx import helper
+
+    dtype = tensor.data_type
+    if dtype not in _known_dtypes():
+        raise GraphpassError(f"{where}: {label} has data_type {dtype}, which is not an "
+                             f"ONNX tensor type; {_FIX}")
+    if tensor.data_location == _EXTERNAL or dtype in _UNCHECKED:
+        return
+    count = math.prod(tensor.dims)
+    per = _PACKED.get(dtype, 1)
+    if tensor.raw_data:
+        if dtype == _STRING:
+            raise GraphpassError(f"{where}: {label} holds strings in raw_data, which only "
+                                 f"numbers may use; {_FIX}")
+        itemsize = 1 if dtype in _PACKED else helper.tensor_dtype_to_np_dtype(dtype).itemsize
+        expected, held, unit = -(-count // per) * itemsize, len(tensor.raw_data), "bytes"
+    else:
+        field = helper.tensor_dtype_to_field(dtype)
+        expected = -(-count // per) * (2 if dtype in _COMPLEX else 1)
+        held, unit = len(getattr(tensor, field)), f"values in {field}"
+    if held != expected:
+        raise GraphpassError(f"{where}: {label} has dims {list(tensor.dims)} of "
+                             f"{helper.tensor_dtype_to_string(dtype).split('.')[-1]}, so "
+                             f"{expected} {unit}, but holds {held}; {_FIX}")
+
+
+@cache
+def _known_dtypes() -> frozenset[int]:
+    from onnx import helper
+
+    return frozenset(helper.get_all_tensor_dtypes())
