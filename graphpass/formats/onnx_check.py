@@ -12,7 +12,12 @@ analyses could not hold, refused at the edge with one line each.
 * every tensor the model holds (initializers, sparse ones, attribute values, in
   subgraphs and functions too) has a ``data_type`` onnx knows and a payload of
   the size its dims and dtype give (``raw_data`` bytes, or values in the field
-  the dtype uses), as numpy would otherwise fail to read it far from here.
+  the dtype uses), as numpy would otherwise fail to read it far from here;
+* every node of an op onnx defines has as many inputs and outputs as the op's
+  schema allows and attributes of the kinds it declares (``perm`` of a
+  Transpose holds ints), and no node outside a function refers to a function's
+  attribute (``ref_attr_name``): the runtime models read attributes by the
+  schema's kinds.
 
 It reads the ``ModelProto`` and changes nothing; walks are iterative.
 """
@@ -41,6 +46,7 @@ def check_model(model, where: str) -> None:
     _check_external_locations(model, where)
     for label, tensor in _tensors(model):
         _check_payload(label, tensor, where)
+    _check_nodes(model, where)
 
 
 def _check_function_cycles(model, where: str) -> None:
@@ -191,3 +197,50 @@ def _known_dtypes() -> frozenset[int]:
     from onnx import helper
 
     return frozenset(helper.get_all_tensor_dtypes())
+
+
+def _check_nodes(model, where: str) -> None:
+    """Arity and attribute kinds against the schema, in the graph and its subgraphs."""
+    from onnx import AttributeProto
+
+    opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
+    for node in _nodes(model.graph.node):
+        label = f"node {node.name or node.op_type!r} ({node.op_type})"
+        for attr in node.attribute:
+            if attr.ref_attr_name:
+                raise GraphpassError(f"{where}: {label}: attribute {attr.name!r} refers to "
+                                     f"a function's attribute {attr.ref_attr_name!r}, which "
+                                     f"only a function body may; {_FIX}")
+        schema = _schema(node.op_type, node.domain or "ai.onnx",
+                         opsets.get(node.domain or "ai.onnx"))
+        if schema is None:
+            continue
+        for what, count, low, high in (
+                ("inputs", len(node.input), schema.min_input, schema.max_input),
+                ("outputs", len(node.output), schema.min_output, schema.max_output)):
+            if not low <= count <= high:
+                wanted = f"{low}" if low == high else f"{low} to {high}"
+                raise GraphpassError(f"{where}: {label} has {count} {what}, but "
+                                     f"{node.op_type}-{schema.since_version} takes {wanted}; "
+                                     f"{_FIX}")
+        for attr in node.attribute:
+            declared = schema.attributes.get(attr.name)
+            if declared is not None and attr.type != declared.type:
+                got = AttributeProto.AttributeType.Name(attr.type) \
+                    if attr.type in AttributeProto.AttributeType.values() else str(attr.type)
+                raise GraphpassError(
+                    f"{where}: {label}: attribute {attr.name!r} holds {got}, but "
+                    f"{node.op_type} declares it {declared.type.name}; {_FIX}")
+
+
+@cache
+def _schema(op_type: str, domain: str, version: int | None):
+    """The op's schema at the model's opset for its domain; None where onnx has none."""
+    from onnx import defs
+
+    if version is None:
+        return None
+    try:
+        return defs.get_schema(op_type, version, "" if domain == "ai.onnx" else domain)
+    except defs.SchemaError:
+        return None

@@ -194,9 +194,9 @@ def _graph_from_graph_def(graph_def, state: TFState | None, attrs: Iterable[dict
 
 def _checked_attrs(nodes) -> list[dict]:
     """Each node's attrs, having refused, before TF or the IR sees them, nodes
-    without a name or op, a name twice, and attrs TF's importer cannot take (a
-    bad dtype, a function placeholder outside a function body). One sweep, whose
-    attr dicts the IR takes, so they are made once."""
+    without a name or op, a name twice or starting with ``^``, and attrs TF's
+    importer cannot take (a bad dtype, a function placeholder outside a function
+    body). One sweep, whose attr dicts the IR takes, so they are made once."""
     names: set[str] = set()
     checked = []
     for node_def in nodes:
@@ -208,6 +208,9 @@ def _checked_attrs(nodes) -> list[dict]:
             )
         if name in names:
             raise GraphpassError(f"node name {name!r} appears twice; names must be unique")
+        if name.startswith("^"):  # an input naming it would read as a control input
+            raise GraphpassError(f"node name {name!r} starts with '^', which marks a control "
+                                 "input; the GraphDef is malformed: re-export it")
         names.add(name)
         attrs = dict(node_def.attr)
         problem = attrs_problem(op, attrs)
