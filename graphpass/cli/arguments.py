@@ -107,10 +107,13 @@ def read_config(path: Path) -> dict:
     except ImportError:  # Python < 3.11
         import tomli as tomllib
     from graphpass.formats.container import check_regular_file
+    from graphpass.formats.nesting import check_nesting
 
     check_regular_file(path, "--config ")
     try:
-        data = tomllib.loads(path.read_text())
+        text = path.read_text()
+        check_nesting(text.encode(), f"--config {path}", b"[{", b"]}")
+        data = tomllib.loads(text)
     except OSError as exc:
         raise GraphpassError(f"--config {path}: cannot read ({exc.strerror})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -95,12 +95,22 @@ def _graph_output(path: Path, inputs: dict[str, Path]) -> Path:
 
 def _check_dumps_dir(label: str, path: Path) -> None:
     from graphpass.formats.files import check_name_length, existing
+    from graphpass.inspect.dump import MEMORY_PLOT, TENSORBOARD_DIR
 
     found = existing(path)
     if found is not None and not stat.S_ISDIR(found.st_mode):
         raise GraphpassError(f"{label} {path}: exists and is not a directory")
     if found is None:
         check_name_length(path)
+        return
+    # The fixed names the dumps write: each, where it exists, of the kind written.
+    for name, directory in ((TENSORBOARD_DIR, True), ("index.json", False),
+                            (MEMORY_PLOT, False)):
+        inside = existing(path / name)
+        if inside is not None and stat.S_ISDIR(inside.st_mode) != directory:
+            raise GraphpassError(f"{label} {path}: {name} there is not a "
+                                 f"{'directory' if directory else 'regular file'}, which "
+                                 "the dumps write; remove it or choose another directory")
 
 
 def _check_apart(label: str, path: Path, kind: str, other: str, that: Path, *,

@@ -23,6 +23,7 @@ from graphpass.formats.files import (
     atomic_output,
     check_output_path,
 )
+from graphpass.formats.nesting import check_nesting
 from graphpass.formats.saved_model_files import copy_extras, plan_extras
 from graphpass.formats.tf_importer import imported_shapes, record_shapes
 from graphpass.formats.tf_library_check import check_library
@@ -337,6 +338,7 @@ def _parse(path: Path, message, is_text: bool, what: str):
     try:
         data = path.read_bytes()
         if is_text:
+            check_nesting(data, str(path))
             text_format.Parse(data.decode("utf-8"), message)
         else:
             message.ParseFromString(data)
