@@ -380,6 +380,15 @@ def _onnx_drop_initializer(rng, model) -> str:
     return f"drop initializer {name}"
 
 
+def _mutated(mutator: Callable, rng: random.Random, target) -> str:
+    """``mutator``'s description, or a note where an earlier field-level mutation
+    left nothing it works on (an emptied node list, a cleared graph)."""
+    try:
+        return mutator(rng, target)
+    except (IndexError, ValueError, KeyError, AttributeError, StopIteration) as exc:
+        return f"{mutator.__name__}: not applicable ({type(exc).__name__})"
+
+
 def _byte_mutation(rng, data: bytes) -> tuple[bytes, str]:
     if not data:
         return data, "empty"
@@ -434,7 +443,7 @@ def make_cases(fmt: str, count: int, seed: int, out_dir: Path, seeds: dict) -> l
         message = type(seeds[fmt])()
         message.CopyFrom(seeds[fmt])
         target = message if fmt == "onnx" else _graph_def(message)
-        mutations = [rng.choice(mutators)(rng, target)
+        mutations = [_mutated(rng.choice(mutators), rng, target)
                      for _ in range(1 + int(rng.random() < 0.3))]
         utf8 = [m for m in mutations if m.startswith("utf8")]
         data = _serialize(fmt, message, utf8, rng)

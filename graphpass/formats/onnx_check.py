@@ -238,7 +238,7 @@ def _schema(op_type: str, domain: str, version: int | None):
     """The op's schema at the model's opset for its domain; None where onnx has none."""
     from onnx import defs
 
-    if version is None:
+    if version is None or not 0 < version < 2**31:  # no opset onnx could have defined
         return None
     try:
         return defs.get_schema(op_type, version, "" if domain == "ai.onnx" else domain)
