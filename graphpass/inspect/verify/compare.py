@@ -80,15 +80,29 @@ def _checked_feed(name: str, value, spec: tuple[str, tuple | None]) -> np.ndarra
     given = f"--feed {name.split(':')[0]}: an array of {value.dtype} {_shape_text(value.shape)}"
     if not _shapes_agree(shape, value.shape):
         raise GraphpassError(f"{given}, but input {name} has shape {_shape_text(shape)}")
-    try:
-        wanted = np.dtype(dtype)
-    except TypeError:  # strings and other dtypes numpy does not name
-        if value.dtype.kind not in "SUO":
-            raise GraphpassError(f"{given}, but input {name} is {dtype}") from None
+    wanted = _numpy_dtype(dtype)
+    if wanted is None:  # strings, and dtypes numpy does not name: the runtime's to judge
+        if "string" in dtype and value.dtype.kind not in "SUO":
+            raise GraphpassError(f"{given}, but input {name} is {dtype}")
         return value
     if value.dtype.kind not in "biuf" or not np.can_cast(value.dtype, wanted, "same_kind"):
         raise GraphpassError(f"{given}, but input {name} is {dtype}, which it does not cast to")
     return value.astype(wanted, copy=False)
+
+
+def _numpy_dtype(dtype: str):
+    """The numpy dtype of an input's dtype name (TF's ``float32``, onnxruntime's
+    ``tensor(float)``), or None for strings and names numpy has no dtype for."""
+    from graphpass.ir.dtypes import np_dtype
+
+    name = dtype[len("tensor("):-1] if dtype.startswith("tensor(") else dtype
+    name = {"float": "float32", "double": "float64"}.get(name, name)
+    if "string" in name:
+        return None
+    try:
+        return np_dtype(name)
+    except TypeError:
+        return None
 
 
 def _with_batch(specs: dict[str, tuple[str, tuple | None]], given: dict,
