@@ -287,3 +287,21 @@ def test_dump_the_file_system_refuses_is_one_line(tmp_path, capsys):
     assert lines == [f"graphpass: error: --dump-dir {dumps}: cannot write the graph text "
                      "dump (Is a directory)"]
     assert not (tmp_path / "o.meta").exists()
+
+
+@pytest.mark.parametrize("damage,mentions", [
+    (lambda sig: sig.input_arg.add(), "has argument '<unnamed>' without a name"),
+    (lambda sig: setattr(sig.input_arg[0], "type", 0), "has no dtype (DataType 0"),
+    (lambda sig: sig.output_arg.add().CopyFrom(sig.output_arg[0]), "twice"),
+], ids=["unnamed", "no-dtype", "twice"])
+def test_function_signature_args_need_a_name_and_a_dtype(tmp_path, capsys, damage, mentions):
+    """TypeError in TF's ``as_dtype`` reading an argument node's dtype 0 (the hostile
+    fuzzer's field mutation added an empty argument to a TF2 step's signature)."""
+    def mutate(graph_def):
+        function = next(f for f in graph_def.library.function if f.signature.input_arg
+                        and f.signature.output_arg)
+        damage(function.signature)
+
+    path = _meta(tmp_path, mutate, "function_library.meta")
+    for argv in _commands(path, tmp_path, ".meta"):
+        _refused(capsys, argv, tmp_path, mentions)
