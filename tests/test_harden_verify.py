@@ -100,25 +100,11 @@ def test_feed_of_a_castable_dtype_is_given_in_the_input_dtype(inputs, capsys, mo
 
 @pytest.fixture(scope="module")
 def tf2_step(tmp_path_factory) -> Path:
-    """A TF2 SavedModel whose ``train`` signature updates one variable."""
-    import tensorflow as tf
+    """A TF2 SavedModel whose ``train`` signature updates one variable (exported in
+    a process of its own: another test may have left this one in graph mode)."""
+    from tools.fuzz_strategies import tf2_seed
 
-    class Step(tf.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = tf.Variable(tf.ones([4, 4]))
-
-        @tf.function(input_signature=[tf.TensorSpec([2, 4], tf.float32, name="x")])
-        def train(self, x):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.matmul(x, self.w) ** 2)
-            self.w.assign_sub(0.1 * tape.gradient(loss, self.w))
-            return {"loss": loss}
-
-    step = Step()
-    path = tmp_path_factory.mktemp("litert") / "step"
-    tf.saved_model.save(step, str(path), signatures={"train": step.train})
-    return path
+    return tf2_seed(tmp_path_factory.mktemp("litert"))
 
 
 def test_litert_savedmodel_tf_cannot_load_is_one_line(tf2_step, tmp_path, capsys):
