@@ -23,6 +23,7 @@ setup(
         "networkx>=3.0",
         "numpy>=1.26",
         "matplotlib>=3.7",  # --memory-plot and --dump-dir's memory.svg
+        "google-re2>=1.1",  # --recompute patterns: linear-time matching of any pattern
         "tomli>=2.0; python_version<'3.11'",
     ],
     extras_require={

@@ -4,7 +4,7 @@ onnxruntime's own ops with its symbolic shape inference (sympy comes with the
 extra), never imports TensorFlow, and names the extra when asked to read a
 TensorFlow graph.
 
-Slow: it creates a venv and installs from PyPI (numpy, networkx, matplotlib,
+Slow: it creates a venv and installs from PyPI (numpy, networkx, matplotlib, google-re2,
 onnx, onnxruntime). Everything lives under the test's tmp_path.
 """
 

@@ -142,13 +142,14 @@ def test_without_profile_nothing_runs(tmp_path, capsys):
 
 
 def test_feed_is_the_profiled_input(mlp_path, tmp_path, capsys):
-    """``--feed`` arrays are what the step runs on: a wrong shape fails the run."""
+    """``--feed`` arrays are what the step runs on: a wrong shape is refused before it."""
     wrong = tmp_path / "x.npy"
     np.save(wrong, np.zeros([3, 3], np.float32))
     assert main(["rewrite", str(mlp_path), "-o", str(tmp_path / "o.meta"), "--recompute",
                  "auto", "--profile", "--feed", f"x={wrong}"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "cannot run on its inputs" in err
+    assert len(err.splitlines()) == 1 and "--feed x: an array of float32 (3, 3), but " \
+        "input x:0 has shape (512, 256)" in err
 
 
 @pytest.mark.parametrize("argv, message", [

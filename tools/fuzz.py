@@ -11,6 +11,9 @@ UTF-8, recursive or dangling functions, extreme dims, external-data locations;
 parsers, partly byte-level; each runs ``inspect`` and one rewrite of
 :data:`REWRITES`. Command-line cases (``cli``) point outputs at inputs, at each
 other, at devices, FIFOs and links, with long names and extreme numbers.
+``fuzz_strategies.py`` adds a field-level mutator of any protobuf message and
+the ``hostile`` family (SavedModel link cycles, ``verify`` pairs and feeds,
+``--target litert``, huge budgets).
 
 Cases run in batches inside worker subprocesses: TF is imported once per
 worker, and a worker that dies (segfault) or stops answering (hang) takes only
@@ -43,10 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FORMATS = ("graphdef", "pbtxt", "metagraph", "library", "onnx", "cli")
+FORMATS = ("graphdef", "pbtxt", "metagraph", "library", "onnx", "cli", "hostile")
 #: The format families a benchmark run counts separately (``--family``).
 FAMILIES = {"tf": ("graphdef", "pbtxt", "metagraph", "library"), "onnx": ("onnx",),
-            "cli": ("cli",)}
+            "cli": ("cli",), "hostile": ("hostile",)}
 #: The rewrite a case runs besides ``inspect``, picked per case: a no-pass round
 #: trip, the planner, stale dropping, and every op recomputed for XLA (which
 #: imports the library into TF for shapes).
@@ -115,13 +118,14 @@ def seed_models() -> dict[str, object]:
 
 
 def _tf_mutators(fmt: str = "graphdef") -> list[Callable]:
-    from tools import fuzz_mutators
+    from tools import fuzz_mutators, fuzz_strategies
 
     basic = [_bad_port, _bad_port, _bad_port, _bad_type_attr, _bad_type_attr,
              _placeholder_attr, _empty_attr, _bad_shape_attr, _cycle, _cycle,
              _missing_input, _drop_node, _duplicate_name, _unknown_op, _bad_device,
              _shuffle_inputs, _control_of_self, _bad_tensor_attr,
-             *fuzz_mutators.tf_mutators()]
+             *fuzz_mutators.tf_mutators(),
+             *fuzz_strategies.tf_strategies()]
     if fmt == "library":  # mostly the library, sometimes the graph around it
         return fuzz_mutators.library_mutators() * 3 + basic
     return basic
@@ -284,12 +288,13 @@ def _control_of_self(rng, graph_def) -> str:
 
 
 def _onnx_mutators() -> list[Callable]:
-    from tools import fuzz_mutators
+    from tools import fuzz_mutators, fuzz_strategies
 
     return [_onnx_bad_utf8, _onnx_bad_utf8, _onnx_missing_input, _onnx_cycle,
             _onnx_op_type, _onnx_external, _onnx_external, _onnx_dims, _onnx_opset,
             _onnx_duplicate_output, _onnx_attr, _onnx_drop_initializer,
-            *fuzz_mutators.onnx_mutators() * 2]
+            *fuzz_mutators.onnx_mutators() * 2,
+            *fuzz_strategies.onnx_strategies()]
 
 
 def _onnx_bad_utf8(rng, model) -> str:
@@ -375,6 +380,15 @@ def _onnx_drop_initializer(rng, model) -> str:
     return f"drop initializer {name}"
 
 
+def _mutated(mutator: Callable, rng: random.Random, target) -> str:
+    """``mutator``'s description, or a note where an earlier field-level mutation
+    left nothing it works on (an emptied node list, a cleared graph)."""
+    try:
+        return mutator(rng, target)
+    except (IndexError, ValueError, KeyError, AttributeError, StopIteration) as exc:
+        return f"{mutator.__name__}: not applicable ({type(exc).__name__})"
+
+
 def _byte_mutation(rng, data: bytes) -> tuple[bytes, str]:
     if not data:
         return data, "empty"
@@ -419,6 +433,8 @@ def make_cases(fmt: str, count: int, seed: int, out_dir: Path, seeds: dict) -> l
     rng = random.Random(f"{fmt}:{seed}")
     if fmt == "cli":
         return _cli_cases(rng, count, seed, out_dir, seeds)
+    if fmt == "hostile":
+        return _hostile_cases(rng, count, seed, out_dir, seeds)
     mutators = _onnx_mutators() if fmt == "onnx" else _tf_mutators(fmt)
     suffix = {"graphdef": ".pb", "pbtxt": ".pbtxt", "metagraph": ".meta", "library": ".meta",
               "onnx": ".onnx"}[fmt]
@@ -427,7 +443,7 @@ def make_cases(fmt: str, count: int, seed: int, out_dir: Path, seeds: dict) -> l
         message = type(seeds[fmt])()
         message.CopyFrom(seeds[fmt])
         target = message if fmt == "onnx" else _graph_def(message)
-        mutations = [rng.choice(mutators)(rng, target)
+        mutations = [_mutated(rng.choice(mutators), rng, target)
                      for _ in range(1 + int(rng.random() < 0.3))]
         utf8 = [m for m in mutations if m.startswith("utf8")]
         data = _serialize(fmt, message, utf8, rng)
@@ -459,6 +475,21 @@ def _cli_cases(rng: random.Random, count: int, seed: int, out_dir: Path,
     return cases
 
 
+def _hostile_cases(rng: random.Random, count: int, seed: int, out_dir: Path,
+                   seeds: dict) -> list[Case]:
+    from tools.fuzz_strategies import make_hostile_case
+
+    cases = []
+    for index in range(count):
+        ident = f"hostile-{seed}-{index}"
+        case_dir = out_dir / ident
+        case_dir.mkdir(parents=True)
+        case = make_hostile_case(rng, case_dir, seeds, out_dir)
+        cases.append(Case(ident, "hostile", case_dir / "case.json",
+                          [f"{case['kind']}: {' '.join(case['argv'])}"]))
+    return cases
+
+
 def _external_files(case_dir: Path, out_dir: Path) -> None:
     """Files that the external-data mutations point at: one real, one a symlink out."""
     (case_dir / "data.bin").write_bytes(bytes(range(64)))
@@ -480,6 +511,10 @@ def check_case(path: Path, fmt: str) -> list[Outcome]:
         from tools.fuzz_mutators import check_cli_case
 
         return [Outcome(**o) for o in check_cli_case(path)]
+    if fmt == "hostile":
+        from tools.fuzz_strategies import check_hostile_case
+
+        return [Outcome(**o) for o in check_hostile_case(path)]
     outcomes = []
     out = path.with_name("out" + path.suffix)
     extra = list(REWRITES[random.Random(path.parent.name).randrange(len(REWRITES))])

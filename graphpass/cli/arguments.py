@@ -22,6 +22,17 @@ VERBOSE = Option("--verbose", "global", "show the runtimes' own start-up logging
                  "environment sets TF_CPP_MIN_LOG_LEVEL to 0", bool)
 
 
+class Parser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one ``graphpass: error:`` line (a
+    :class:`GraphpassError`, exit 2) naming the help to read, not the usage block."""
+
+    def error(self, message: str):
+        hint = ""
+        if message.endswith("expected one argument"):
+            hint = "; a value that starts with '-' is given as --option=VALUE"
+        raise GraphpassError(f"{message}{hint}; see {self.prog} --help")
+
+
 class VersionAction(argparse.Action):
     """``--version``: graphpass's version and each runtime's, then exit 0. The
     runtimes' versions come from package metadata, never from importing them."""
@@ -96,10 +107,13 @@ def read_config(path: Path) -> dict:
     except ImportError:  # Python < 3.11
         import tomli as tomllib
     from graphpass.formats.container import check_regular_file
+    from graphpass.formats.nesting import check_nesting
 
     check_regular_file(path, "--config ")
     try:
-        data = tomllib.loads(path.read_text())
+        text = path.read_text()
+        check_nesting(text.encode(), f"--config {path}", b"[{", b"]}")
+        data = tomllib.loads(text)
     except OSError as exc:
         raise GraphpassError(f"--config {path}: cannot read ({exc.strerror})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

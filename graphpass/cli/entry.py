@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from graphpass.cli.arguments import add_global_flags, first_line
+from graphpass.cli.arguments import Parser, add_global_flags, first_line
 from graphpass.cli.commands import COMMANDS
 from graphpass.cli.files import frozen_graphs
 from graphpass.cli.quiet import quiet_runtimes
@@ -26,8 +26,7 @@ EXIT_BROKEN_PIPE = 141
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     """The ``graphpass`` parser and ``{name: command}``."""
-    parser = argparse.ArgumentParser(
-        prog="graphpass", description="The graphpass command line.")
+    parser = Parser(prog="graphpass", description="The graphpass command line.")
     add_global_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True)
     commands = {}
@@ -43,10 +42,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser, commands = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # named with the subcommand's help, which lists its options
+            raise GraphpassError(f"unrecognized arguments: {' '.join(unknown)}; see "
+                                 f"graphpass {args.command} --help")
         with quiet_runtimes(args.verbose), frozen_graphs():
             return commands[args.command].run(args)
-    except SystemExit as exc:  # argparse: --help, --version (0) or a usage error (2)
+    except SystemExit as exc:  # argparse: --help or --version (0)
         return exc.code if isinstance(exc.code, int) else 2
     except GraphpassError as exc:
         print(f"graphpass: error: {error_line(exc)}", file=sys.stderr)

@@ -116,7 +116,12 @@ def _reshape(graph: Graph, name: str, tensor: Tensor, shape: list[int], version:
     if version >= 5:
         target = constant(graph, f"{name}/shape", shape, "int64")
         return op(graph, name, "Reshape", [tensor, target])
-    return op(graph, name, "Reshape", [tensor], shape=shape)
+    import onnx
+
+    # Reshape-1's attribute, typed here: an empty list (a scalar) tells onnx no type.
+    attr = onnx.AttributeProto(name="shape", type=onnx.AttributeProto.INTS)
+    attr.ints.extend(shape)
+    return op(graph, name, "Reshape", [tensor], shape=attr)
 
 
 def cast(graph: Graph, name: str, tensor: Tensor, dtype: str) -> Tensor:

@@ -175,7 +175,8 @@ def attrs_problem(op: str, attrs: dict) -> tuple[str, str] | None:
         kind = value.WhichOneof("value")
         wanted = dtype_attrs.get(key)
         if kind == "type":
-            usable = wanted != "list(type)" and is_dtype(value.type)
+            usable = wanted != "list(type)" and is_dtype(value.type) \
+                and value.type in _allowed_dtypes(op).get(key, (value.type,))
         elif kind == "list":
             usable = wanted != "type" and all(map(is_dtype, value.list.type))
         else:  # a shape, a tensor, a string, ...: only a placeholder or a dtype attr's kind
@@ -194,6 +195,14 @@ def attr_problem(op: str, key: str, value) -> str | None:
                 "body may hold")
     if kind == "type" and not is_dtype(value.type):
         return f"holds DataType {value.type}, which is not a TensorFlow dtype"
+    allowed = _allowed_dtypes(op).get(key)
+    if kind == "type" and allowed is not None and value.type not in allowed:
+        from tensorflow.core.framework import types_pb2
+
+        names = sorted(map(types_pb2.DataType.Name, allowed))
+        listed = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        return (f"holds {types_pb2.DataType.Name(value.type)}, which {op} does not take "
+                f"(it takes {listed})")
     if kind == "list":
         bad = [t for t in value.list.type if not is_dtype(t)]
         if bad:
@@ -210,6 +219,17 @@ def _dtype_attrs(op: str) -> dict[str, str]:
     definition = op_def(op)
     return {a.name: a.type for a in definition.attr if a.type in ("type", "list(type)")} \
         if definition else {}
+
+
+@cache
+def _allowed_dtypes(op: str) -> dict[str, frozenset[int]]:
+    """The OpDef's ``type`` attrs that allow only some dtypes: name -> those dtypes
+    (TF's importer refuses a node holding another)."""
+    definition = op_def(op)
+    if not definition:
+        return {}
+    return {a.name: frozenset(a.allowed_values.list.type) for a in definition.attr
+            if a.type == "type" and a.allowed_values.list.type}
 
 
 @cache

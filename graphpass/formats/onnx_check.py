@@ -9,7 +9,16 @@ analyses could not hold, refused at the edge with one line each.
 * every external-data location (of an initializer or an attribute tensor, in
   any graph, subgraph or function) is a plain relative file name (no NUL or
   other control characters; the path checks of ``onnx_data`` then keep it
-  inside the model's directory).
+  inside the model's directory);
+* every tensor the model holds (initializers, sparse ones, attribute values, in
+  subgraphs and functions too) has a ``data_type`` onnx knows and a payload of
+  the size its dims and dtype give (``raw_data`` bytes, or values in the field
+  the dtype uses), as numpy would otherwise fail to read it far from here;
+* every node of an op onnx defines has as many inputs and outputs as the op's
+  schema allows and attributes of the kinds it declares (``perm`` of a
+  Transpose holds ints), and no node outside a function refers to a function's
+  attribute (``ref_attr_name``): the runtime models read attributes by the
+  schema's kinds.
 
 It reads the ``ModelProto`` and changes nothing; walks are iterative.
 """
@@ -17,6 +26,7 @@ It reads the ``ModelProto`` and changes nothing; walks are iterative.
 from __future__ import annotations
 
 import math
+from functools import cache
 
 from graphpass.errors import GraphpassError
 from graphpass.formats.onnx_data import external_tensors
@@ -36,6 +46,9 @@ def check_model(model, where: str) -> None:
     for value, dims in _declared_shapes(model):
         _check_dims(value, dims, where)
     _check_external_locations(model, where)
+    for label, tensor in _tensors(model):
+        _check_payload(label, tensor, where)
+    _check_nodes(model, where)
 
 
 def _check_function_cycles(model, where: str) -> None:
@@ -110,3 +123,125 @@ def _check_external_locations(model, where: str) -> None:
                 raise GraphpassError(f"{where}: tensor {tensor.name!r}: external data "
                                      f"{entry.key} {entry.value!r} is not a non-negative "
                                      f"integer; {_FIX}")
+
+
+#: Elements per stored byte (``raw_data``) or per ``int32_data`` value of packed
+#: sub-byte dtypes: INT4/UINT4/FLOAT4E2M1 pack two, INT2/UINT2 four.
+_PACKED = {21: 2, 22: 2, 23: 2, 25: 4, 26: 4}
+#: Sub-byte dtypes whose packing graphpass does not read: their size is not checked.
+_UNCHECKED = {27, 28}
+_COMPLEX = {14, 15}
+_STRING, _EXTERNAL = 8, 1
+
+
+def _tensors(model):
+    """``(label, TensorProto)`` of every tensor ``model`` holds (module docstring)."""
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        for tensor in graph.initializer:
+            yield f"initializer {tensor.name!r}", tensor
+        for sparse in graph.sparse_initializer:
+            yield f"sparse initializer {sparse.values.name!r} (values)", sparse.values
+            yield f"sparse initializer {sparse.values.name!r} (indices)", sparse.indices
+        for node in graph.node:
+            yield from _attribute_tensors(node)
+            for attr in node.attribute:
+                graphs.extend([attr.g] if attr.HasField("g") else attr.graphs)
+    for function in model.functions:
+        for node in _nodes(function.node):
+            yield from _attribute_tensors(node)
+
+
+def _attribute_tensors(node):
+    for attr in node.attribute:
+        owner = f"node {node.name or node.op_type!r} attribute {attr.name!r}"
+        if attr.HasField("t"):
+            yield owner, attr.t
+        for tensor in attr.tensors:
+            yield owner, tensor
+        if attr.HasField("sparse_tensor"):
+            yield owner, attr.sparse_tensor.values
+
+
+def _check_payload(label: str, tensor, where: str) -> None:
+    """A user error where ``tensor``'s dtype is unknown or its payload is not the
+    size its dims give (external data is checked where it is read)."""
+    from onnx import helper
+
+    dtype = tensor.data_type
+    if dtype not in _known_dtypes():
+        raise GraphpassError(f"{where}: {label} has data_type {dtype}, which is not an "
+                             f"ONNX tensor type; {_FIX}")
+    if tensor.data_location == _EXTERNAL or dtype in _UNCHECKED:
+        return
+    count = math.prod(tensor.dims)
+    per = _PACKED.get(dtype, 1)
+    if tensor.raw_data:
+        if dtype == _STRING:
+            raise GraphpassError(f"{where}: {label} holds strings in raw_data, which only "
+                                 f"numbers may use; {_FIX}")
+        itemsize = 1 if dtype in _PACKED else helper.tensor_dtype_to_np_dtype(dtype).itemsize
+        expected, held, unit = -(-count // per) * itemsize, len(tensor.raw_data), "bytes"
+    else:
+        field = helper.tensor_dtype_to_field(dtype)
+        expected = -(-count // per) * (2 if dtype in _COMPLEX else 1)
+        held, unit = len(getattr(tensor, field)), f"values in {field}"
+    if held != expected:
+        raise GraphpassError(f"{where}: {label} has dims {list(tensor.dims)} of "
+                             f"{helper.tensor_dtype_to_string(dtype).split('.')[-1]}, so "
+                             f"{expected} {unit}, but holds {held}; {_FIX}")
+
+
+@cache
+def _known_dtypes() -> frozenset[int]:
+    from onnx import helper
+
+    return frozenset(helper.get_all_tensor_dtypes())
+
+
+def _check_nodes(model, where: str) -> None:
+    """Arity and attribute kinds against the schema, in the graph and its subgraphs."""
+    from onnx import AttributeProto
+
+    opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
+    for node in _nodes(model.graph.node):
+        label = f"node {node.name or node.op_type!r} ({node.op_type})"
+        for attr in node.attribute:
+            if attr.ref_attr_name:
+                raise GraphpassError(f"{where}: {label}: attribute {attr.name!r} refers to "
+                                     f"a function's attribute {attr.ref_attr_name!r}, which "
+                                     f"only a function body may; {_FIX}")
+        schema = _schema(node.op_type, node.domain or "ai.onnx",
+                         opsets.get(node.domain or "ai.onnx"))
+        if schema is None:
+            continue
+        for what, count, low, high in (
+                ("inputs", len(node.input), schema.min_input, schema.max_input),
+                ("outputs", len(node.output), schema.min_output, schema.max_output)):
+            if not low <= count <= high:
+                wanted = f"{low}" if low == high else f"{low} to {high}"
+                raise GraphpassError(f"{where}: {label} has {count} {what}, but "
+                                     f"{node.op_type}-{schema.since_version} takes {wanted}; "
+                                     f"{_FIX}")
+        for attr in node.attribute:
+            declared = schema.attributes.get(attr.name)
+            if declared is not None and attr.type != declared.type:
+                got = AttributeProto.AttributeType.Name(attr.type) \
+                    if attr.type in AttributeProto.AttributeType.values() else str(attr.type)
+                raise GraphpassError(
+                    f"{where}: {label}: attribute {attr.name!r} holds {got}, but "
+                    f"{node.op_type} declares it {declared.type.name}; {_FIX}")
+
+
+@cache
+def _schema(op_type: str, domain: str, version: int | None):
+    """The op's schema at the model's opset for its domain; None where onnx has none."""
+    from onnx import defs
+
+    if version is None or not 0 < version < 2**31:  # no opset onnx could have defined
+        return None
+    try:
+        return defs.get_schema(op_type, version, "" if domain == "ai.onnx" else domain)
+    except defs.SchemaError:
+        return None

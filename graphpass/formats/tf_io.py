@@ -10,7 +10,6 @@ along on the node (``tf_node_def``).
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -24,6 +23,8 @@ from graphpass.formats.files import (
     atomic_output,
     check_output_path,
 )
+from graphpass.formats.nesting import check_nesting
+from graphpass.formats.saved_model_files import copy_extras, plan_extras
 from graphpass.formats.tf_importer import imported_shapes, record_shapes
 from graphpass.formats.tf_library_check import check_library
 from graphpass.formats.tf_node_def import keep_extras, write_extras
@@ -194,9 +195,9 @@ def _graph_from_graph_def(graph_def, state: TFState | None, attrs: Iterable[dict
 
 def _checked_attrs(nodes) -> list[dict]:
     """Each node's attrs, having refused, before TF or the IR sees them, nodes
-    without a name or op, a name twice, and attrs TF's importer cannot take (a
-    bad dtype, a function placeholder outside a function body). One sweep, whose
-    attr dicts the IR takes, so they are made once."""
+    without a name or op, a name twice or starting with ``^``, and attrs TF's
+    importer cannot take (a bad dtype, a function placeholder outside a function
+    body). One sweep, whose attr dicts the IR takes, so they are made once."""
     names: set[str] = set()
     checked = []
     for node_def in nodes:
@@ -208,6 +209,9 @@ def _checked_attrs(nodes) -> list[dict]:
             )
         if name in names:
             raise GraphpassError(f"node name {name!r} appears twice; names must be unique")
+        if name.startswith("^"):  # an input naming it would read as a control input
+            raise GraphpassError(f"node name {name!r} starts with '^', which marks a control "
+                                 "input; the GraphDef is malformed: re-export it")
         names.add(name)
         attrs = dict(node_def.attr)
         problem = attrs_problem(op, attrs)
@@ -334,6 +338,7 @@ def _parse(path: Path, message, is_text: bool, what: str):
     try:
         data = path.read_bytes()
         if is_text:
+            check_nesting(data, str(path))
             text_format.Parse(data.decode("utf-8"), message)
         else:
             message.ParseFromString(data)
@@ -391,37 +396,9 @@ def _write_saved_model(graph: Graph, path: Path, text: bool) -> None:
         raise GraphpassError(f"{path}: the directory exists and is not a SavedModel, so it "
                              "would be replaced; choose a new or empty output directory")
     check_output_path(path, directory=True)
-    extras = [source / extra for extra in ("variables", "assets", "assets.extra")
-              if (source / extra).exists() or (source / extra).is_symlink()]
-    for extra in extras:
-        _check_inside(extra, source.resolve())
+    extras = plan_extras(source)
     with atomic_output(path, directory=True) as tmp:
         name = "saved_model.pbtxt" if text else "saved_model.pb"
         (tmp / name).write_bytes(serialize(saved_model, text))
         # fingerprint.pb is left behind on purpose: it hashes the old saved_model.pb.
-        for extra in extras:
-            if extra.is_dir():
-                shutil.copytree(extra, tmp / extra.name)
-            else:
-                shutil.copy2(extra, tmp / extra.name)
-
-
-def _check_inside(path: Path, root: Path) -> None:
-    """Refuse a SavedModel extra that is, holds, or links to anything but regular
-    files and directories inside the model's directory ``root``. The copy follows
-    links, as a reader of the model would, so this walk does too (each real
-    directory once, so a link cycle ends), checking each item before entering it."""
-    seen, stack = set(), [path]
-    while stack:
-        item = stack.pop()
-        real = item.resolve()
-        if not real.is_relative_to(root):
-            raise GraphpassError(f"{item}: a symbolic link to {real}, outside the SavedModel "
-                                 "directory; graphpass copies only files inside it")
-        if real.is_dir():
-            if real not in seen:
-                seen.add(real)
-                stack.extend(sorted(item.iterdir()))
-        elif not real.is_file():
-            raise GraphpassError(f"{item}: not a regular file or directory (or a broken "
-                                 "link); a SavedModel holds only files and directories")
+        copy_extras(extras, tmp)

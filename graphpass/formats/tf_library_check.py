@@ -1,8 +1,9 @@
 """The checks a TF function library must pass before anything walks it or hands
 it to TensorFlow: every function reference resolves, no function calls itself
 (directly or through others: TF's C++ recurses without end on such a library and
-crashes the process), and every input inside a function body names an argument
-or a node of that body with an integer port.
+crashes the process), every argument and result of a signature has a name and a
+dtype, and every input inside a function body names an argument or a node of
+that body with an integer port.
 
 One pass over the library, iterative (a chain of 500 nested calls is fine), each
 problem one ``GraphpassError`` naming the function and the node. It reads the
@@ -12,7 +13,7 @@ it writes) is ``tf_function``'s question.
 
 from __future__ import annotations
 
-from graphpass.dialects.tf_ops import attrs_problem, op_def
+from graphpass.dialects.tf_ops import attrs_problem, is_dtype, op_def
 from graphpass.errors import GraphpassError
 from graphpass.ir.order import first_cycle
 
@@ -75,9 +76,31 @@ def _callees(node_def, functions: dict, where: str, owner: str) -> list[str]:
     return found
 
 
+def _check_signature(fdef, where: str) -> None:
+    """Every argument and result has a name of its own and a dtype: a TF dtype, or
+    one of the signature's attrs (a body imports each argument as a node of it)."""
+    name = fdef.signature.name
+    declared = {a.name for a in fdef.signature.attr}
+    for kind, args in (("argument", fdef.signature.input_arg),
+                       ("result", fdef.signature.output_arg)):
+        seen = set()
+        for arg in args:
+            if not arg.name or arg.name in seen:
+                raise GraphpassError(f"{where}: function {name!r} has {kind} "
+                                     f"{arg.name or '<unnamed>'!r} "
+                                     f"{'twice' if arg.name else 'without a name'}; {_FIX}")
+            seen.add(arg.name)
+            typed_by = [a for a in (arg.type_attr, arg.number_attr, arg.type_list_attr) if a]
+            if not is_dtype(arg.type) and not (typed_by and set(typed_by) <= declared):
+                raise GraphpassError(f"{where}: function {name!r}: {kind} {arg.name!r} has "
+                                     f"no dtype (DataType {arg.type}, and no attr of the "
+                                     f"signature gives one); {_FIX}")
+
+
 def _check_body(fdef, where: str) -> None:
     """Every input of a body node names an argument or a node of the body, with an
     integer port (``node:output_arg:index``)."""
+    _check_signature(fdef, where)
     name = fdef.signature.name
     args = {a.name for a in fdef.signature.input_arg}
     nodes = {n.name for n in fdef.node_def}

@@ -87,9 +87,10 @@ class DumpInstrument(Instrument):
         """``memory.svg``: the input's step beside the final graph's, on one chart."""
         final = self._timeline(graph, "rewritten") if self._input_memory else None
         if final is not None:
-            write_memory_plot([self._input_memory, final], self._stage / MEMORY_PLOT,
-                              f"estimated live bytes of the training step, input vs after "
-                              f"{len(self.index) - 1} passes")
+            with _writing(self.dump_dir, MEMORY_PLOT):
+                write_memory_plot([self._input_memory, final], self._stage / MEMORY_PLOT,
+                                  f"estimated live bytes of the training step, input vs "
+                                  f"after {len(self.index) - 1} passes")
         self._write_index(memory_plot=MEMORY_PLOT if final is not None else None)
         if not self.hold:
             self.commit()
@@ -147,14 +148,16 @@ class DumpInstrument(Instrument):
         with Progress(f"dump {stem}", total=len(steps), quiet=self.quiet) as progress:
             for done, (what, write) in enumerate(steps):
                 progress.update(done, what)
-                files += write()
+                with _writing(self.dump_dir, what):
+                    files += write()
         self.index.append({"dump": stem, **pass_info, "nodes": len(graph), "files": files,
                            "diff_counts": diff.counts() if diff is not None else None})
         self._write_index()
 
     def _write_index(self, **extra) -> None:
-        write_json(self._stage / "index.json",
-                   {"dumps": self.index, "notes": self.notes, **extra})
+        with _writing(self.dump_dir, "index.json"):
+            write_json(self._stage / "index.json",
+                       {"dumps": self.index, "notes": self.notes, **extra})
 
     def _write_view(self, graph: Graph, diff: GraphDiff | None, before: Graph | None,
                     stem: str) -> list[str]:
@@ -314,6 +317,17 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     elif path.exists() or path.is_symlink():
         path.unlink()
+
+
+@contextmanager
+def _writing(dump_dir: Path, what: str) -> Iterator[None]:
+    """A file system's refusal to write a dump (full, read-only, a directory where
+    a file goes) as one line."""
+    try:
+        yield
+    except OSError as exc:
+        raise GraphpassError(f"--dump-dir {dump_dir}: cannot write the {what} dump "
+                             f"({exc.strerror or exc})") from None
 
 
 def _file_name(label: str) -> str:

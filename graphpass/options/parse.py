@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 
 from graphpass.errors import GraphpassError
+from graphpass.options.patterns import compile_pattern
 from graphpass.options.table import OPTIONS, Option
 from graphpass.options.types import (
     AUTO,
@@ -25,7 +26,7 @@ from graphpass.options.types import (
     RuntimeConfig,
     StaleOptions,
 )
-from graphpass.units import parse_bytes
+from graphpass.units import parse_bytes, quoted
 
 _RELATIVE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*x\s*")
 
@@ -34,6 +35,8 @@ _RELATIVE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*x\s*")
 #: sizes a tensor's byte count (a product of dims) can hold.
 INT64_LIMIT = 2**63
 MAX_BATCH_SIZE = 2**31 - 1
+#: The largest relative budget (``--memory-budget 1000x``): any above 1x asks for nothing.
+MAX_BUDGET_FACTOR = 1000
 #: TF and ONNX store an output port as an int32.
 MAX_PORT = 2**31 - 1
 _PORTED = re.compile(r"(.*):(\d+)")
@@ -197,7 +200,12 @@ def _budget(given: dict) -> tuple[int | None, float | None]:
         return (None if absolute is None else parse_bytes(absolute)), None
     found = _RELATIVE.fullmatch(str(relative))
     if found:
-        return None, float(found.group(1))
+        factor = float(found.group(1))
+        if factor > MAX_BUDGET_FACTOR:
+            raise GraphpassError(f"--memory-budget {quoted(relative)}: out of range; at "
+                                 f"most {MAX_BUDGET_FACTOR}x the estimated peak (a budget "
+                                 "above 1x is met by recomputing nothing)")
+        return None, factor
     return parse_bytes(relative, "--memory-budget"), None
 
 
@@ -228,10 +236,7 @@ def positive_batch_size(value, flag: str = "--batch-size") -> int | None:
 
 def _check_patterns(patterns: tuple[str, ...]) -> None:
     for pattern in patterns:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise GraphpassError(f"--recompute {pattern!r} is not a valid regex: {exc}") from None
+        compile_pattern(pattern)
 
 
 def _lower(given: dict, target: str) -> LowerOptions | None:

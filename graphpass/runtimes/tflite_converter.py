@@ -33,7 +33,11 @@ def saved_signatures(directory: str | os.PathLike) -> list[str]:
     """The recipe's signatures the SavedModel at ``directory`` has."""
     from tensorflow.python.saved_model import loader_impl
 
-    meta = loader_impl.parse_saved_model(str(directory)).meta_graphs[0]
+    try:
+        meta = loader_impl.parse_saved_model(str(directory)).meta_graphs[0]
+    except Exception as exc:  # TF's IOError or a protobuf DecodeError
+        raise GraphpassError(f"TFLite's converter cannot read {directory}: "
+                             f"{_first_line(exc)}") from None
     return [s for s in SIGNATURES if s in meta.signature_def]
 
 
@@ -45,7 +49,14 @@ def convert(directory: str | os.PathLike, signatures: list[str] | None = None) -
     if "train" not in keys:
         raise GraphpassError(f"{directory}: --target litert converts a SavedModel's 'train' "
                              "signature (TFLite's on-device training recipe); it has none")
-    converter = tf.lite.TFLiteConverter.from_saved_model(str(directory), signature_keys=keys)
+    try:
+        # Loading reads the function library, which TF may refuse where graphpass's
+        # reader did not (an op TF does not register): the converter never starts.
+        converter = tf.lite.TFLiteConverter.from_saved_model(str(directory),
+                                                             signature_keys=keys)
+    except Exception as exc:  # TF's own errors, one class per status code
+        raise GraphpassError(f"TFLite's converter cannot load the SavedModel: "
+                             f"{_first_line(exc).split('. ')[0]}") from None
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS,
                                            tf.lite.OpsSet.SELECT_TF_OPS]
     converter.experimental_enable_resource_variables = True
@@ -63,8 +74,12 @@ def _refusal(exc: Exception) -> str:
         return (f"TFLite's converter cannot convert {len(ops)} op(s) of the step, neither "
                 f"builtin nor Select TF ops: {', '.join(ops[:10])}; move them out of the step "
                 "or use --target tf")
-    first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
-    return f"TFLite's converter refused the step: {first.strip()}"
+    return f"TFLite's converter refused the step: {_first_line(exc)}"
+
+
+def _first_line(exc: Exception) -> str:
+    return next((line for line in str(exc).splitlines() if line.strip()),
+                type(exc).__name__).strip()
 
 
 @dataclass(frozen=True)

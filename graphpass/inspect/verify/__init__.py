@@ -50,7 +50,18 @@ def verify_files(original: str | Path, rewritten: str | Path,
     if kind_a == ONNX:
         if options.xla:
             raise GraphpassError("--xla applies to TF graphs; ONNX models run in onnxruntime")
+        from graphpass.analysis.step_location import load
+
+        for path in (original, rewritten):  # the reader's checks, before onnxruntime's
+            load(path)
         kinds = _artifact_kinds(Path(original), Path(rewritten))
+        if len(set(kinds)) > 1:
+            named = {TRAINING: "an onnxruntime training artifact",
+                     GRADIENTS: "an onnxruntime gradient graph", None: "a plain ONNX model"}
+            raise GraphpassError(f"{original} is {named.get(kinds[0], kinds[0])} but "
+                                 f"{rewritten} is {named.get(kinds[1], kinds[1])}; verify "
+                                 "compares two models of the same kind")
+        kinds = set(kinds)
         if kinds == {TRAINING}:
             require_onnxruntime_training("verifying")
             from graphpass.inspect.verify.ort_training_runner import verify_ort_training
@@ -80,13 +91,13 @@ def verify_files(original: str | Path, rewritten: str | Path,
                      options)
 
 
-def _artifact_kinds(original: Path, rewritten: Path) -> set[str | None]:
+def _artifact_kinds(original: Path, rewritten: Path) -> list[str | None]:
     """Which of onnxruntime's training artifacts each ONNX file is (``ort_artifacts``)."""
     require_onnx("verifying")
     import onnx
 
-    return {artifact_kind(onnx.load(str(p), load_external_data=False))
-            for p in (original, rewritten)}
+    return [artifact_kind(onnx.load(str(p), load_external_data=False))
+            for p in (original, rewritten)]
 
 
 def enable_cpu_autojit() -> None:

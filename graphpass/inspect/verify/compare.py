@@ -18,13 +18,18 @@ from graphpass.inspect.verify.report import StepReport, VerifyOptions
 class InputMaker:
     """The same inputs for both graphs each step: given arrays, else seeded random values."""
 
-    def __init__(self, specs: dict[str, tuple[str, tuple | None]], options: VerifyOptions
-                 ) -> None:
+    def __init__(self, specs: dict[str, tuple[str, tuple | None]], options: VerifyOptions,
+                 rewritten: dict[str, tuple[str, tuple | None]] | None = None) -> None:
+        """``specs``: the original's inputs; ``rewritten``: the rewritten model's, which
+        must be the same (a rewrite keeps its original's inputs)."""
+        if rewritten is not None:
+            check_same_inputs(specs, rewritten)
         given = {_spec_name(name, specs): value for name, value in options.feeds.items()}
         unknown = sorted(set(given) - set(specs))
         if unknown:
             raise GraphpassError(f"--feed {unknown[0]}: the step reads no placeholder of that "
                                  f"name; it reads: {', '.join(sorted(specs)) or 'none'}")
+        given = {name: _checked_feed(name, value, specs[name]) for name, value in given.items()}
         self.given = given
         self.specs = _with_batch(specs, given, options.batch_size)
         self.rng = np.random.RandomState(options.seed)
@@ -33,6 +38,71 @@ class InputMaker:
         made = {name: random_value(self.rng, dtype, shape)
                 for name, (dtype, shape) in sorted(self.specs.items())}
         return dict(sorted({**made, **self.given}.items()))
+
+
+def check_same_inputs(original: dict[str, tuple[str, tuple | None]],
+                      rewritten: dict[str, tuple[str, tuple | None]]) -> None:
+    """A user error where the two models read different inputs (names, dtypes, or
+    static dims both know): no feed fits both, so they are not a rewrite and its
+    original."""
+    fix = "verify compares a rewritten model with its original, which read the same inputs"
+    if set(original) != set(rewritten):
+        only = sorted(set(original) ^ set(rewritten))[:5]
+        raise GraphpassError(f"the original reads inputs {_names(original)} and the rewritten "
+                             f"{_names(rewritten)} (not both: {', '.join(only)}); {fix}")
+    for name, (dtype, shape) in sorted(original.items()):
+        other_dtype, other_shape = rewritten[name]
+        if dtype != other_dtype or not _shapes_agree(shape, other_shape):
+            raise GraphpassError(f"input {name} is {dtype} {_shape_text(shape)} in the original "
+                                 f"but {other_dtype} {_shape_text(other_shape)} in the "
+                                 f"rewritten model; {fix}")
+
+
+def _names(specs: dict) -> str:
+    names = sorted(specs)
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "") \
+        if names else "none"
+
+
+def _shapes_agree(a: tuple | None, b: tuple | None) -> bool:
+    """Same rank and no dim that both know and that differs (unknown agrees)."""
+    if a is None or b is None:
+        return True
+    return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
+
+
+def _checked_feed(name: str, value, spec: tuple[str, tuple | None]) -> np.ndarray:
+    """``--feed`` ``value`` for the input ``name`` of ``spec``: its shape one the
+    input takes and its dtype castable to the input's (floats from ints, wider to
+    narrower floats), given in the input's dtype; a user error otherwise."""
+    dtype, shape = spec
+    value = np.asarray(value)
+    given = f"--feed {name.split(':')[0]}: an array of {value.dtype} {_shape_text(value.shape)}"
+    if not _shapes_agree(shape, value.shape):
+        raise GraphpassError(f"{given}, but input {name} has shape {_shape_text(shape)}")
+    wanted = _numpy_dtype(dtype)
+    if wanted is None:  # strings, and dtypes numpy does not name: the runtime's to judge
+        if "string" in dtype and value.dtype.kind not in "SUO":
+            raise GraphpassError(f"{given}, but input {name} is {dtype}")
+        return value
+    if value.dtype.kind not in "biuf" or not np.can_cast(value.dtype, wanted, "same_kind"):
+        raise GraphpassError(f"{given}, but input {name} is {dtype}, which it does not cast to")
+    return value.astype(wanted, copy=False)
+
+
+def _numpy_dtype(dtype: str):
+    """The numpy dtype of an input's dtype name (TF's ``float32``, onnxruntime's
+    ``tensor(float)``), or None for strings and names numpy has no dtype for."""
+    from graphpass.ir.dtypes import np_dtype
+
+    name = dtype[len("tensor("):-1] if dtype.startswith("tensor(") else dtype
+    name = {"float": "float32", "double": "float64"}.get(name, name)
+    if "string" in name:
+        return None
+    try:
+        return np_dtype(name)
+    except TypeError:
+        return None
 
 
 def _with_batch(specs: dict[str, tuple[str, tuple | None]], given: dict,

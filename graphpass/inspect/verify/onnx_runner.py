@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from graphpass.errors import GraphpassError
 from graphpass.inspect.progress import Progress
 from graphpass.inspect.verify.compare import InputMaker, compare_step, first_difference
 from graphpass.inspect.verify.report import VerifyOptions, VerifyReport
@@ -29,16 +30,15 @@ def verify_onnx(original: Path, rewritten: Path, options: VerifyOptions) -> Veri
     """
     import onnxruntime as ort
 
-    sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
-                for p in (original, original, rewritten)]
+    sessions = [_session(ort, p) for p in (original, original, rewritten)]
     outputs = [[o.name for o in s.get_outputs()] for s in sessions]
     common = [n for n in outputs[0] if n in outputs[2]]
     report = VerifyReport("onnx", common, sorted(set(outputs[0]) - set(common)),
                           sorted(set(outputs[2]) - set(common)),
                           memory_not_measured=NOT_MEASURED)
-    specs = {i.name: (_ORT_DTYPES.get(i.type, i.type), _static(i.shape))
-             for s in sessions for i in s.get_inputs()}
-    inputs = InputMaker(specs, options)
+    specs = [{i.name: (_ORT_DTYPES.get(i.type, i.type), _static(i.shape))
+              for i in s.get_inputs()} for s in sessions]
+    inputs = InputMaker(specs[0], options, specs[2])
     with Progress("verify step", total=options.steps, quiet=options.quiet) as progress:
         for step in range(1, options.steps + 1):
             progress.update(step, "running")
@@ -54,6 +54,16 @@ def verify_onnx(original: Path, rewritten: Path, options: VerifyOptions) -> Veri
             values = {n: (results[0][n], results[2][n]) for n in common}
             report.steps.append(compare_step(step, values, ([], []), (None, None), options))
     return report
+
+
+def _session(ort, path: Path):
+    """An inference session of ``path``; a model onnxruntime refuses is one line."""
+    try:
+        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime's own Fail, InvalidGraph, NotImplemented...
+        reason = next((line for line in str(exc).splitlines() if line.strip()),
+                      type(exc).__name__)
+        raise GraphpassError(f"onnxruntime cannot load {path}: {reason.strip()}") from None
 
 
 def _static(shape) -> tuple | None:

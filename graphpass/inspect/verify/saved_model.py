@@ -68,7 +68,7 @@ def verify_saved_models(original: Path, rewritten: Path, key: str,
     report = VerifyReport(format="tf", compared=common,
                           only_original=[n for n in names_a if n not in names_b],
                           only_rewritten=[n for n in names_b if n not in names_a])
-    inputs = InputMaker(_input_specs(functions[0]), options)
+    inputs = InputMaker(_input_specs(functions[0]), options, _input_specs(functions[2]))
     batches = []
     for step in range(1, options.steps + 1):
         batch = inputs.next()

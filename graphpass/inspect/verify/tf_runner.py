@@ -62,8 +62,8 @@ def verify_tf(original: Graph, rewritten: Graph, options: VerifyOptions) -> Veri
                               sorted(set(b.variables) - set(a.variables)),
                               memory=RECORDS_SOURCE)
         fetched = [name.split(":")[0] for name in losses + train_ops]
-        inputs = InputMaker(_tf_placeholder_specs(original, fetched)
-                             | _tf_placeholder_specs(rewritten, fetched), options)
+        inputs = InputMaker(_tf_placeholder_specs(original, fetched), options,
+                            _tf_placeholder_specs(rewritten, fetched))
         _run_tf_steps(a, again, b, common, inputs, options, report)
     finally:
         for runner in runners:

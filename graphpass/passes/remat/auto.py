@@ -44,6 +44,7 @@ from graphpass.passes.remat.refine import refine_min_peak
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
 from graphpass.passes.remat.verdict import AutoPlan, over_budget_message
 from graphpass.runtimes import RuntimeModel
+from graphpass.units import MAX_BYTES
 
 #: The estimate a plan is judged by: the step's graph, its fetches and the batch size.
 Estimator = Callable[[Graph, list[str], "int | None"], MemoryProfile]
@@ -119,7 +120,8 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
                           sizes, ignore_reader=is_generated, runtime=step.runtime)
     budget = options.memory_budget_bytes
     if options.memory_budget_fraction is not None:
-        budget = int(options.memory_budget_fraction * (measured_before or before))
+        budget = min(int(options.memory_budget_fraction * (measured_before or before)),
+                     MAX_BYTES)
     waits = state_math_waits(graph, step)
 
     def rewritten(segments: list[Segment]) -> tuple[Graph, list[dict]]:

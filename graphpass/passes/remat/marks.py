@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.options import RematOptions
+from graphpass.options.patterns import compile_pattern
 
 GENERATED_SCOPE = "graphpass/"
 SCOPE = "graphpass/remat/"
@@ -70,7 +71,7 @@ def marked_segments(graph: Graph, options: RematOptions, forward: set[str],
 
 def _match(graph: Graph, pattern: str) -> dict[str, list[str]]:
     """Matched text -> node names, in graph order (one segment per matched text)."""
-    regex = re.compile(pattern)
+    regex = compile_pattern(pattern)
     hits: dict[str, list[str]] = {}
     for name in graph:
         found = regex.match(name)
@@ -81,7 +82,7 @@ def _match(graph: Graph, pattern: str) -> dict[str, list[str]]:
 
 def _no_match_message(graph: Graph, pattern: str, forward: set[str]) -> str:
     scopes = sorted({n.rsplit("/", 1)[0] + "/" for n in forward if "/" in n})
-    close = difflib.get_close_matches(pattern, scopes, n=5, cutoff=0.3) or scopes[:5]
+    close = difflib.get_close_matches(pattern[:200], scopes, n=5, cutoff=0.3) or scopes[:5]
     return (f"--recompute {pattern!r} matches no forward node; closest scopes: "
             f"{', '.join(close) or '(none)'}")
 

@@ -269,11 +269,14 @@ def tupleize(graph: Graph, segment: str, gradient_ops: list[str], dependency: st
 
 def gate_by_data(graph: Graph, scope: str, tensors: list[Tensor],
                  readers: Callable[[str], bool], runtime: RuntimeModel) -> None:
-    """Rewire the readers of each of ``tensors`` that ``readers`` accepts to
+    """Rewire the readers of each float of ``tensors`` that ``readers`` accepts to
     ``tensor + stop_gradient(tiny * s)``, ``s`` summing the first element of every
-    one of ``tensors`` in the order given (one signal per dtype): none of those
-    readers can run before all of ``tensors`` exist."""
+    float of ``tensors`` in the order given (one signal per dtype): none of those
+    readers can run before all of those floats exist."""
     dialect = graph.dialect
+    # Only floats carry the signal: a quantized, string or bool value has no tiny
+    # number to add (those readers are not held back).
+    tensors = [t for t in tensors if dialect.is_float(graph, t)]
     signal: dict[str, Tensor] = {}
     for tensor in tensors:
         dtype = dialect.dtype(graph, tensor)

@@ -138,7 +138,8 @@ class Pinned:
         lines = []
         if self.held_is_estimate:
             low = self.as_gradients_appear
-            ratio = "" if after is None else f" ({after / low:.2f}x of it after the rewrite)"
+            ratio = "" if after is None or not low else \
+                f" ({after / low:.2f}x of it after the rewrite)"
             lines.append(
                 f"the original's estimate holds every gradient to the end of the step, as "
                 f"TF's executor runs it in the processes that queue the updates' inputs "
