@@ -257,8 +257,8 @@ def test_config_nested_thousands_deep_is_refused(tmp_path, capsys, text):
 
 @pytest.mark.parametrize("source", ["mlp_sgd.meta", "onnx_mlp.onnx"])
 @pytest.mark.parametrize("occupied,mentions", [
-    ("tensorboard", "tensorboard there is not a directory"),
-    ("index.json/", "index.json there is not a regular file"),
+    ("tensorboard", "tensorboard is not a directory"),
+    ("index.json/", "index.json is a directory"),
 ])
 def test_dump_dir_names_of_the_wrong_kind_are_refused_first(tmp_path, capsys, source,
                                                             occupied, mentions):
@@ -284,8 +284,8 @@ def test_dump_the_file_system_refuses_is_one_line(tmp_path, capsys):
     assert main(["rewrite", str(model), "-o", str(tmp_path / "o.meta"), "--dump-dir",
                  str(dumps)]) == 2
     lines = capsys.readouterr().err.splitlines()
-    assert lines == [f"graphpass: error: --dump-dir {dumps}: cannot write the graph text "
-                     "dump (Is a directory)"]
+    assert lines == [f"graphpass: error: --dump-dir {dumps}: {dumps / '00-input.pbtxt'} is a "
+                     "directory, where the dumps write a file; remove it"]
     assert not (tmp_path / "o.meta").exists()
 
 
