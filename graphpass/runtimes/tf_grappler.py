@@ -23,6 +23,7 @@ It reads the graph and never edits it; node names Grappler keeps are the IR's
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import subprocess
@@ -185,7 +186,27 @@ def _keep_shapes(graph: Graph, optimized: Graph) -> None:
                                for ir, mine in zip(shapes, own)] + own[len(shapes):]
 
 
+#: Grappler's last answers, by question: the estimate and the exactness check ask
+#: for the same graphs (the original, the rewrite as written) under one setting.
+_ANSWERS: dict[tuple, bytes] = {}
+ANSWERS_KEPT = 4
+
+
 def optimize(graph_def, fetch_nodes: list[str], onednn: bool):
+    """:func:`_ask_grappler`, answered from the last answers where the same graph,
+    fetches and setting were asked before (a fresh ``GraphDef`` each time)."""
+    from tensorflow.core.framework import graph_pb2
+
+    question = graph_def.SerializeToString(deterministic=True)
+    key = (hashlib.sha256(question).hexdigest(), tuple(fetch_nodes), onednn)
+    if key not in _ANSWERS:
+        _ANSWERS[key] = _ask_grappler(graph_def, fetch_nodes, onednn).SerializeToString()
+        while len(_ANSWERS) > ANSWERS_KEPT:
+            _ANSWERS.pop(next(iter(_ANSWERS)))
+    return graph_pb2.GraphDef.FromString(_ANSWERS[key])
+
+
+def _ask_grappler(graph_def, fetch_nodes: list[str], onednn: bool):
     """Grappler's output for ``graph_def`` with ``fetch_nodes`` fetched, as a
     ``Session`` with a default ``ConfigProto`` runs it: on the graph placed first
     (a session places before it optimizes; the remapper fuses a convolution or
