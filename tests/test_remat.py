@@ -294,3 +294,54 @@ def test_cli_rewrite_with_config_and_report(tmp_path, capsys):
     assert remat["report"]["released_bytes"] > 0
     rewritten = graphpass.load(out)
     assert sum(n.startswith(SCOPE) for n in rewritten) == remat["report"]["nodes_added"]
+
+
+def test_exactness_is_checked_on_both_onednn_settings_unless_trusted(tmp_path, capsys):
+    """The default asks Grappler for the original's and the rewrite's graphs with
+    oneDNN on and off and says so; ``--exactness trust`` writes the same plan
+    without asking, and says that nothing was checked."""
+    outputs = {}
+    for mode in ("check", "trust"):
+        out, report = tmp_path / f"{mode}.pb", tmp_path / f"{mode}.json"
+        assert main(["rewrite", str(ROOT / "examples" / "mlp_train.pb"), "-o", str(out),
+                     "--recompute", "block[1-7]/", "--exactness", mode,
+                     "--report", str(report)]) == 0
+        outputs[mode] = out.read_bytes()
+        exactness = json.loads(report.read_text())["passes"][0]["report"]["exactness"]
+        summary = capsys.readouterr().out
+        if mode == "check":
+            assert exactness == {"checked": True, "configurations": ["oneDNN on", "oneDNN off"],
+                                 "refused": False, "kept": [], "differences": []}
+            assert "exactness checked on the graph TF runs, oneDNN on and oneDNN off" in summary
+        else:
+            assert exactness == {"checked": False, "reason": "--exactness trust"}
+            assert "exactness not checked: --exactness trust (check with verify)" in summary
+    assert outputs["check"] == outputs["trust"]
+
+
+def test_exactness_numbers_values_not_names():
+    """``tf_exactness.differences`` on hand-made executed graphs: a product grouped
+    otherwise differs, unless the factor it moves is a power of two (exact in any
+    grouping); operand order of a commutative kernel and names do not count."""
+    import tensorflow as tf
+
+    from graphpass.runtimes.tf_exactness import differences
+
+    def graph(factor: float, grouping: str, names=("m1", "m2")):
+        graph_def = tf.compat.v1.GraphDef()
+        for name in ("a", "b"):
+            graph_def.node.add(name=name, op="Placeholder").attr["dtype"].type = 1
+        const = graph_def.node.add(name="c", op="Const")
+        const.attr["dtype"].type = 1
+        const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(factor, tf.float32))
+        factor_of, other = ("a", "b") if grouping == "ca" else ("b", "a")
+        inner, outer = names
+        graph_def.node.add(name=inner, op="Mul", input=["c", factor_of])
+        graph_def.node.add(name=outer, op="Mul", input=[other, inner])
+        return graph_def
+
+    same = lambda name: name  # noqa: E731 - every node stands for itself
+    assert differences(graph(0.5, "ca"), graph(0.5, "ca", ("x", "m2")), same) == []
+    assert differences(graph(0.5, "ca"), graph(0.5, "cb"), same) == []
+    found = differences(graph(0.3, "ca"), graph(0.3, "cb"), same)
+    assert [d.node for d in found] == ["m1"] and "never" in found[0].reason

@@ -16,6 +16,7 @@ from graphpass.options.table import OPTIONS, Option
 from graphpass.options.types import (
     AUTO,
     BUDGET,
+    CHECK,
     MIN_PEAK,
     TARGET_ALIASES,
     LowerOptions,
@@ -172,6 +173,7 @@ def _remat(given: dict, target: str) -> RematOptions | None:
         loop_trips=positive_batch_size(given.get("loop_trips"), "--loop-trips"),
         dependency=_dependency(given, target),
         tupleize_grads=bool(given.get("tupleize_grads")),
+        exactness=given.get("exactness") or CHECK,
     )
 
 

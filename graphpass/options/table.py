@@ -16,6 +16,7 @@ from graphpass.errors import GraphpassError
 from graphpass.options.types import (
     DEPENDENCIES,
     DEVICES,
+    EXACTNESS,
     ONEDNN,
     POLICIES,
     TARGET_ALIASES,
@@ -89,6 +90,10 @@ OPTIONS: tuple[Option, ...] = (
            "tf, data for xla, litert and ONNX)", choices=DEPENDENCIES),
     Option("--tupleize-grads", "remat", "release a segment's gradients only when all are "
            "computed", bool),
+    Option("--exactness", "remat", "check (default): ask the target runtime for the graph "
+           "it runs (TF: Grappler, oneDNN on and off) and keep, not recompute, what it "
+           "would compute otherwise; trust: write without asking (check with verify)",
+           choices=EXACTNESS),
     Option("--target", "lower", "runtime the graph is for (default tf; tpu implies xla; "
            "litert, alias tflite: TensorFlow Lite's converter and interpreter)",
            choices=TARGETS + tuple(TARGET_ALIASES)),

@@ -18,6 +18,10 @@ TARGETS = ("tf", "xla", "litert")
 TARGET_ALIASES = {"tflite": "litert"}
 DEVICES = ("cpu", "gpu", "tpu")
 DEPENDENCIES = ("control", "data")
+#: ``--exactness`` values: ask the target runtime whether the rewrite computes what
+#: the original does and keep what it would compute otherwise (the default), or not.
+CHECK, TRUST = "check", "trust"
+EXACTNESS = (CHECK, TRUST)
 XLA_CLUSTERS = ("step", "none")
 #: ``--onednn`` values.
 ONEDNN = ("on", "off")
@@ -68,6 +72,7 @@ class RematOptions:
     loop_trips: int | None = None  # the estimate's trip count where the graph has none
     dependency: str | None = None  # None: the context's default
     tupleize_grads: bool = False
+    exactness: str = CHECK  # EXACTNESS
 
 
 @dataclass(frozen=True)

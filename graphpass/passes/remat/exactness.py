@@ -37,6 +37,16 @@ def stands_for_in(graph: Graph, segments: list[dict]) -> StandsFor:
     return stands_for
 
 
+class Trusted:
+    """``--exactness trust``: the check the user chose not to make."""
+
+    configurations: tuple[str, ...] = ()
+    unchecked = "--exactness trust"
+
+    def differences(self, rewritten: Graph, stands_for: StandsFor) -> list[Difference]:
+        return []
+
+
 @dataclass
 class Exactness:
     """``check``: the runtime's check, None where the runtime cannot be asked."""
