@@ -42,6 +42,9 @@ from graphpass.runtimes.tf_grappler import fetch_nodes, optimize
 #: Kernels whose result does not depend on the order of their two operands.
 COMMUTATIVE = frozenset({"Mul", "AddV2", "Add", "Maximum", "Minimum", "SquaredDifference",
                          "_MklAdd", "_MklAddV2", "_MklMaximum", "_MklSquaredDifference"})
+#: Kernels that compute no value a step's numbers depend on: constants (leaves) and
+#: what only orders (Grappler turns a folded ``ShapeN`` into a ``NoOp``).
+COMPUTES_NOTHING = frozenset({"Const", "NoOp", "ControlTrigger"})
 #: Kernels that pass their first input's bits on unchanged.
 MOVES_NO_BITS = frozenset({"Identity", "Snapshot", "Reshape", "Squeeze", "ExpandDims",
                            "StopGradient", "PreventGradient", "_MklIdentity"})
@@ -117,7 +120,7 @@ def differences(original_def, rewritten_def, stands_for: StandsFor,
     found = []
     for node_def in rewritten_def.node:
         name = node_def.name
-        if stands_for(name) is None or node_def.op in MOVES_NO_BITS | {"Const"} or \
+        if stands_for(name) is None or node_def.op in MOVES_NO_BITS | COMPUTES_NOTHING or \
                 known(name):
             continue
         if all(known(i) for i in after.reads(name)):

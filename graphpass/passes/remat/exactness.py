@@ -65,11 +65,15 @@ class Exactness:
         lines = [f"exactness checked on the graph TF runs, {checked}: "
                  + ("the rewrite computed otherwise and was not made" if self.refused
                     else "every copy and original computes what the original does")]
-        if self.left_out:
-            kept = sorted({o for d in self.left_out for o in d.copied})
+        kept = sorted({o for d in self.left_out for o in d.copied})
+        if self.copying_nothing and not self.refused:
+            lines.append("  nothing is recomputed: with copies, TF computed otherwise where "
+                         "no copy is near (the rewrite's ordering)")
+        elif kept:
             lines.append(f"  {len(kept)} values kept, not recomputed, where copies "
                          f"computed otherwise: {', '.join(kept[:3])}"
                          f"{' ...' if len(kept) > 3 else ''}")
+        if self.left_out:
             lines.extend(f"    {d.describe()}" for d in self.left_out[:3])
         return lines
 
