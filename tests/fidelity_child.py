@@ -7,14 +7,14 @@ from the signature's specs with a fixed seed) or a TF1 ``.meta`` file with a
 ``<file>.json`` beside it naming the loss, the train op and the init op, and a
 ``<file>.npz`` holding the feeds.
 
-    python tests/fidelity_child.py export MODEL DIR   (tests/fidelity_models.py)
-    python tests/fidelity_child.py run PATH OUT_DIR   (3 steps: OUT_DIR/values.npz,
-                                                      the losses and variables, and
-                                                      OUT_DIR/kernels.json, the
-                                                      executed graph's kernels)
+    python tests/fidelity_child.py export MODEL DIR        (tests/fidelity_models.py)
+    python tests/fidelity_child.py run OUT_DIR PATH [PATH...]
+        3 steps of each model, one after the other: OUT_DIR/<i>/values.npz, the
+        losses and variables, and OUT_DIR/<i>/kernels.json, the executed graph's
+        kernels, for the i-th PATH
 
-One process runs both, the kernels read from the first of the steps: the TF start
-and the model's load are most of a small model's run.
+One process runs both, the kernels read from the first of the steps, and runs every
+model given: the TF start and the model's load are most of a small model's run.
 It builds and runs; it never compares (``kernel_parity`` and the tests do).
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -68,14 +69,20 @@ def _tf1_graph(tf, path: Path):
     return graph
 
 
-def run(path: Path, out: Path) -> None:
-    """``STEPS`` steps: the losses and every variable's final value in
-    ``values.npz``, the kernels the first step executed in ``kernels.json``."""
+def run(out: Path, paths: list[Path]) -> None:
+    """``STEPS`` steps of each model: the losses and every variable's final value in
+    ``<i>/values.npz``, the kernels the first step executed in ``<i>/kernels.json``."""
+    dumps: set[Path] = set()
+    for i, path in enumerate(paths):
+        _run_one(path, out / str(i), out / "dumps", dumps)
+
+
+def _run_one(path: Path, out: Path, dump_dir: Path, dumped: set[Path]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if _is_tf1(path):
         losses, values, partitions = _session_steps(path)
     else:
-        losses, values, partitions = _eager_steps(path, out / "dumps")
+        losses, values, partitions = _eager_steps(path, dump_dir, dumped)
     import numpy as np
 
     np.savez(out / "values.npz", __losses__=np.array(losses), **values)
@@ -128,12 +135,15 @@ def _session_steps(path: Path) -> tuple[list, dict, list]:
     return losses, values, list(metadata.partition_graphs)
 
 
-def _eager_steps(path: Path, dumps: Path) -> tuple[list, dict, list]:
-    """Eager steps with TF's debug graph dumper on (read when TF starts)."""
-    assert "tensorflow" not in sys.modules, "the dumper must be set before TF starts"
-    dumps.mkdir(parents=True, exist_ok=True)
-    os.environ.update(TF_DUMP_GRAPH_PREFIX=str(dumps), TF_DUMP_GRAPH_NAME_FILTER="*",
-                      TF_DUMP_GRAPH_GROUPS="main")
+def _eager_steps(path: Path, dumps: Path, dumped: set[Path]) -> tuple[list, dict, list]:
+    """Eager steps with TF's debug graph dumper on (read when TF starts): the
+    partition graphs are the dumps this model's steps wrote (``dumped``: those of
+    the models before it, to which this adds its own)."""
+    if not dumps.exists():
+        assert "tensorflow" not in sys.modules, "the dumper must be set before TF starts"
+        dumps.mkdir(parents=True)
+        os.environ.update(TF_DUMP_GRAPH_PREFIX=str(dumps), TF_DUMP_GRAPH_NAME_FILTER="*",
+                          TF_DUMP_GRAPH_GROUPS="main")
     import tensorflow as tf
     from google.protobuf import text_format
 
@@ -143,9 +153,11 @@ def _eager_steps(path: Path, dumps: Path) -> tuple[list, dict, list]:
     losses = [function(**inputs)["loss"].numpy() for _ in range(STEPS)]
     # Keras 3 names repeat (every Dense has a "kernel"): the position tells.
     values = {f"{i}:{v.name}": v.numpy() for i, v in enumerate(function.variables)}
-    partitions = [text_format.Parse(dump.read_text(), tf.compat.v1.GraphDef()) for dump
-                  in sorted(dumps.glob("*_partition_*after_partition_passes.pbtxt"))]
-    assert partitions, f"TF wrote no partition graphs under {dumps}"
+    mine = sorted(set(dumps.glob("*_partition_*after_partition_passes.pbtxt")) - dumped)
+    dumped.update(mine)
+    partitions = [text_format.Parse(dump.read_text(), tf.compat.v1.GraphDef())
+                  for dump in mine]
+    assert partitions, f"TF wrote no partition graphs for {path} under {dumps}"
     return losses, values, partitions
 
 
@@ -161,11 +173,18 @@ def _attrs_digest(node) -> str:
     return digest.hexdigest()[:16]
 
 
+#: A node of the stale gate's branch, which TF lowered and inlined into the step:
+#: ``<If>/then/_<k>/<body node>``.
+_INLINED_BRANCH = re.compile(r"graphpass/drop_stale/.+?/(?:then|else)/_\d+/(.+)")
+
+
 def _body_name(name: str) -> str:
-    """A node's name in its function body: inlining prefixes it with the call(s)."""
+    """A node's name in its function body: inlining prefixes it with the call(s),
+    and with the conditional's and branch's names for a node of a lowered branch."""
     while name.startswith("StatefulPartitionedCall/"):
         name = name[len("StatefulPartitionedCall/"):]
-    return name
+    inlined = _INLINED_BRANCH.fullmatch(name)
+    return inlined.group(1) if inlined else name
 
 
 def main(argv: list[str]) -> None:
@@ -175,7 +194,7 @@ def main(argv: list[str]) -> None:
 
         export(path, Path(rest[0]))
     elif command == "run":
-        run(Path(path), Path(rest[0]))
+        run(Path(path), [Path(p) for p in rest])
     else:
         raise SystemExit(f"unknown command {command!r}")
 

@@ -9,10 +9,15 @@ MetaGraph). Built in a child process (``fidelity_child.py export``).
 * ``encoder``: two blocks of Keras 3 ``MultiHeadAttention`` + ``LayerNormalization``
   + ``Dense(gelu)`` feed-forward, Adam;
 * ``prenorm_ffn``: the TF1 pre-norm FFN of ``tools.fixtures.tf_models``;
-* ``bert``, ``gpt2``: keras-hub's ``BertBackbone`` and ``GPT2Backbone`` from config
-  (no weights), dropout on, a classification head on the pooled output (BERT) and
-  the language-model loss through the tied embedding (GPT-2), Adam; exported as a
-  user exports a keras-hub training step (``_export_backbone``).
+* ``BACKBONES``: keras-hub's backbones from config (no weights), dropout on, Adam,
+  one per family that computes otherwise: ``bert`` (post-norm encoder, exact
+  GELU), ``albert`` (factorised embedding, one layer shared), ``gpt2`` (pre-norm
+  decoder, approximate GELU, tied embedding), ``llama`` (rotary embeddings,
+  grouped-query attention, RMSNorm, gated SiLU), ``gemma`` (approximate GELU
+  gating, multi-query attention) and ``vit`` (patches by a strided convolution,
+  a class token); a classification head (encoders) or the language-model loss
+  (decoders); exported as a user exports a keras-hub training step
+  (``_export_backbone``).
 
 It only builds; the runs and comparisons live in the child and the tests.
 """
@@ -22,7 +27,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-MODELS = ("gelu_mlp", "mobilenet", "encoder", "convnet", "prenorm_ffn", "bert", "gpt2")
+BACKBONES = ("bert", "albert", "gpt2", "llama", "gemma", "vit")
+MODELS = ("gelu_mlp", "mobilenet", "encoder", "convnet", "prenorm_ffn", *BACKBONES)
 #: The inputs the child feeds are ints in [0, 4): vocabularies, segments and
 #: classes hold at least that many.
 BACKBONE = {"batch": 4, "sequence": 16, "vocabulary": 64, "layers": 2, "heads": 2,
@@ -37,7 +43,7 @@ def model_path(directory: Path, name: str) -> Path:
 def export(name: str, directory: Path) -> Path:
     if name == "prenorm_ffn":
         return _export_tf1(directory)
-    if name in ("bert", "gpt2"):
+    if name in BACKBONES:
         return _export_backbone(name, directory)
     import keras
     import tensorflow as tf
@@ -124,11 +130,16 @@ _KERAS = {"gelu_mlp": _gelu_mlp, "mobilenet": _mobilenet, "encoder": _encoder,
 
 
 def _export_tf1(directory: Path) -> Path:
-    import numpy as np
-
     from tools.fixtures.tf_models import prenorm_ffn
 
-    model = prenorm_ffn(layers=4)
+    return write_tf1(prenorm_ffn(layers=4), directory)
+
+
+def write_tf1(model, directory: Path) -> Path:
+    """A TF1 fixture (``tools.fixtures.tf_models.Model``) as the child runs it: the
+    MetaGraph, its names (``.json``) and feeds (``.npz``)."""
+    import numpy as np
+
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "model.meta"
     path.write_bytes(model.meta_graph.SerializeToString())
@@ -148,35 +159,7 @@ def _export_backbone(name: str, directory: Path) -> Path:
     import tensorflow as tf
 
     keras.utils.set_random_seed(0)
-    size = BACKBONE
-    batch, sequence = size["batch"], size["sequence"]
-    common = {"vocabulary_size": size["vocabulary"], "num_layers": size["layers"],
-              "num_heads": size["heads"], "hidden_dim": size["hidden"],
-              "intermediate_dim": size["intermediate"], "max_sequence_length": sequence}
-    ints = tf.TensorSpec((batch, sequence), tf.int32)
-    if name == "bert":
-        backbone = keras_hub.models.BertBackbone(num_segments=4, **common)
-        head = keras.layers.Dense(4)
-        specs = {"token_ids": ints, "segment_ids": ints, "padding_mask": ints,
-                 "y": tf.TensorSpec((batch,), tf.int32)}
-
-        def loss_of(inputs):
-            features = {k: inputs[k] for k in ("token_ids", "segment_ids", "padding_mask")}
-            logits = head(backbone(features, training=True)["pooled_output"])
-            return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
-                inputs["y"], logits, from_logits=True))
-    else:
-        backbone = keras_hub.models.GPT2Backbone(**common)
-        head = None
-        specs = {"token_ids": ints, "padding_mask": ints}
-
-        def loss_of(inputs):
-            features = {k: inputs[k] for k in ("token_ids", "padding_mask")}
-            hidden = backbone(features, training=True)
-            logits = backbone.token_embedding(hidden, reverse=True)
-            return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
-                inputs["token_ids"][:, 1:], logits[:, :-1], from_logits=True))
-
+    backbone, head, specs, loss_of = _BACKBONES[name](keras, keras_hub, tf)
     loss_of({key: tf.zeros(spec.shape, spec.dtype) for key, spec in specs.items()})
     variables = backbone.trainable_variables + (head.trainable_variables if head else [])
     optimizer = keras.optimizers.Adam(1e-3)
@@ -200,3 +183,114 @@ def _export_backbone(name: str, directory: Path) -> Path:
     step = Step()
     tf.saved_model.save(step, str(directory), signatures={"train": step.train})
     return directory
+
+
+def _text_sizes() -> dict:
+    size = BACKBONE
+    return {"vocabulary_size": size["vocabulary"], "num_layers": size["layers"],
+            "hidden_dim": size["hidden"], "intermediate_dim": size["intermediate"]}
+
+
+def _token_specs(tf, names: tuple[str, ...]) -> dict:
+    ints = tf.TensorSpec((BACKBONE["batch"], BACKBONE["sequence"]), tf.int32)
+    return dict.fromkeys(names, ints)
+
+
+def _classifier(keras, tf, backbone, head, features, pooled):
+    """The loss of a classification head on what ``pooled`` takes of the
+    backbone's output on ``features`` (names of inputs, or one input's name),
+    labels ``y``."""
+    def loss_of(inputs):
+        given = inputs[features] if isinstance(features, str) else {
+            k: inputs[k] for k in features}
+        logits = head(pooled(backbone(given, training=True)))
+        return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+            inputs["y"], logits, from_logits=True))
+    return loss_of
+
+
+def _language_model(keras, tf, backbone, logits_of):
+    """The next-token loss of a decoder, logits from its output by ``logits_of``."""
+    def loss_of(inputs):
+        hidden = backbone({k: inputs[k] for k in ("token_ids", "padding_mask")}, training=True)
+        logits = logits_of(hidden)
+        return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+            inputs["token_ids"][:, 1:], logits[:, :-1], from_logits=True))
+    return loss_of
+
+
+def _labels(tf) -> dict:
+    return {"y": tf.TensorSpec((BACKBONE["batch"],), tf.int32)}
+
+
+def _bert(keras, keras_hub, tf):
+    features = ("token_ids", "segment_ids", "padding_mask")
+    backbone = keras_hub.models.BertBackbone(
+        num_segments=4, num_heads=BACKBONE["heads"],
+        max_sequence_length=BACKBONE["sequence"], **_text_sizes())
+    head = keras.layers.Dense(4)
+    return (backbone, head, {**_token_specs(tf, features), **_labels(tf)},
+            _classifier(keras, tf, backbone, head, features, lambda o: o["pooled_output"]))
+
+
+def _albert(keras, keras_hub, tf):
+    """A factorised embedding (narrower than the hidden width, projected up) and
+    one transformer layer shared by every repetition."""
+    features = ("token_ids", "segment_ids", "padding_mask")
+    backbone = keras_hub.models.AlbertBackbone(
+        num_segments=4, num_heads=BACKBONE["heads"], embedding_dim=BACKBONE["hidden"] // 2,
+        num_groups=1, num_inner_repetitions=1, dropout=0.1,
+        max_sequence_length=BACKBONE["sequence"], **_text_sizes())
+    head = keras.layers.Dense(4)
+    return (backbone, head, {**_token_specs(tf, features), **_labels(tf)},
+            _classifier(keras, tf, backbone, head, features, lambda o: o["pooled_output"]))
+
+
+def _gpt2(keras, keras_hub, tf):
+    backbone = keras_hub.models.GPT2Backbone(
+        num_heads=BACKBONE["heads"], max_sequence_length=BACKBONE["sequence"],
+        **_text_sizes())
+    return (backbone, None, _token_specs(tf, ("token_ids", "padding_mask")),
+            _language_model(keras, tf, backbone,
+                            lambda h: backbone.token_embedding(h, reverse=True)))
+
+
+def _llama(keras, keras_hub, tf):
+    """Rotary position embeddings, grouped-query attention (4 query heads
+    sharing 2 key/value heads), RMSNorm, a gated SiLU feed-forward and an
+    untied output embedding (``LlamaCausalLM``'s head)."""
+    backbone = keras_hub.models.LlamaBackbone(
+        num_query_heads=4, num_key_value_heads=2, dropout=0.1, tie_word_embeddings=False,
+        **_text_sizes())
+    return (backbone, None, _token_specs(tf, ("token_ids", "padding_mask")),
+            _language_model(keras, tf, backbone,
+                            lambda h: backbone.token_embedding(h, reverse=True)))
+
+
+def _gemma(keras, keras_hub, tf):
+    """Approximate GELU gating (``pow(x, 3)``, which Grappler shares with its
+    gradient's ``pow(x, 2)``), RMSNorm with ``1 + scale``, multi-query attention,
+    the embedding scaled by the width's square root and tied to the output."""
+    backbone = keras_hub.models.GemmaBackbone(
+        num_query_heads=2, num_key_value_heads=1, head_dim=16, dropout=0.1,
+        **_text_sizes())
+    return (backbone, None, _token_specs(tf, ("token_ids", "padding_mask")),
+            _language_model(keras, tf, backbone,
+                            lambda h: backbone.token_embedding(h, reverse=True)))
+
+
+def _vit(keras, keras_hub, tf):
+    """Patches embedded by a strided convolution, a class token, pre-norm blocks."""
+    side, batch = 16, BACKBONE["batch"]
+    backbone = keras_hub.models.ViTBackbone(
+        image_shape=(side, side, 3), patch_size=4, num_layers=BACKBONE["layers"],
+        num_heads=BACKBONE["heads"], hidden_dim=BACKBONE["hidden"],
+        mlp_dim=BACKBONE["intermediate"], dropout_rate=0.1)
+    head = keras.layers.Dense(4)
+    images = {"images": tf.TensorSpec((batch, side, side, 3), tf.float32)}
+    return (backbone, head, {**images, **_labels(tf)},
+            _classifier(keras, tf, backbone, head, "images", lambda o: o[:, 0]))
+
+
+_BACKBONES = {"bert": _bert, "albert": _albert, "gpt2": _gpt2, "llama": _llama,
+              "gemma": _gemma, "vit": _vit}

@@ -58,11 +58,20 @@ class Stepped(NamedTuple):
 def stepped(model: Path, onednn: bool) -> Stepped:
     """Train ``model`` in a child process with oneDNN set as asked: the kernels its
     first step executed and the values its steps left."""
+    return stepped_each([model], onednn)[0]
+
+
+def stepped_each(models: list[Path], onednn: bool) -> list[Stepped]:
+    """:func:`stepped` of each model, one after the other in one child process."""
     with tempfile.TemporaryDirectory() as scratch:
-        run_child("run", model, scratch, onednn=onednn)
-        found = json.loads((Path(scratch) / "kernels.json").read_text())
-        with np.load(Path(scratch) / "values.npz") as data:
-            values = {key: data[key] for key in data.files}
+        run_child("run", scratch, *models, onednn=onednn)
+        return [_stepped_in(Path(scratch) / str(i)) for i in range(len(models))]
+
+
+def _stepped_in(directory: Path) -> Stepped:
+    found = json.loads((directory / "kernels.json").read_text())
+    with np.load(directory / "values.npz") as data:
+        values = {key: data[key] for key in data.files}
     kernels = {name: (op, tuple(fused), tuple(inputs), attrs)
                for name, (op, fused, inputs, attrs) in found.items()}
     return Stepped(kernels, values)

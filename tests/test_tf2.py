@@ -346,12 +346,14 @@ def test_graph_def_whose_top_level_calls_the_step(saved, tmp_path):
 @pytest.mark.parametrize("staleness,applied", [(0, True), (-1, False)])
 def test_stale_gradients_in_the_step_function(saved, tmp_path, staleness, applied):
     """``iterations`` is the step counter and the apply (Keras's slot updates included)
-    moves into a functional If: staleness 0 in one process applies every step,
-    bit for bit like the original; -1 drops every step, so nothing moves."""
+    moves into a functional If, marked for TF's executor to lower and inline before
+    Grappler (as ``tf.cond`` marks its own): staleness 0 in one process applies
+    every step, bit for bit like the original; -1 drops every step, so nothing moves."""
     source = saved.get("mlp", "sgd")
     _rewrite(source, tmp_path / "out", "--drop-stale", str(staleness))
     graph = graphpass.load(tmp_path / "out")
-    assert any(graph.node(n).op == "If" for n in graph)
+    gates = [n for n in graph if graph.node(n).op == "If"]
+    assert gates and all(graph.node(n).attrs["_lower_using_switch_merge"].b for n in gates)
     if applied:
         _assert_trains_like(tmp_path / "out", "mlp", saved.reference(source, "mlp"))
         return

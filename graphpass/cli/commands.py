@@ -24,6 +24,7 @@ from graphpass.cli.files import (
     read_feeds,
     staged_json,
 )
+from graphpass.cli.inexact import measure, written_inexact
 from graphpass.cli.litert import check_source
 from graphpass.cli.text import LIST_LIMIT, describe_text, rewrite_summary
 from graphpass.errors import GraphpassError
@@ -98,6 +99,8 @@ class Rewrite(Command):
             checked = runtime.check_written(graph, source, report["passes"])
             if checked is not None:
                 report[runtime.name] = checked
+            if written_inexact(report):
+                report["inexact_measured"] = measure(graph, options)
             # The report is complete before the graph is written and renamed in place
             # after it: a failed graph write leaves neither, and nothing fails after.
             with staged_json(options.report, report):

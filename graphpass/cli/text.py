@@ -9,6 +9,7 @@ reads files, imports a runtime or decides an exit status.
 
 from __future__ import annotations
 
+from graphpass.cli.inexact import measured_line
 from graphpass.units import format_bytes
 
 #: How many names of a long list the text shows without ``--all``.
@@ -35,6 +36,8 @@ def rewrite_summary(report: dict) -> str:
         lines.extend(f"    {line}" for line in result["report"].get("summary", []))
     checked = report.get(report.get("target_runtime", ""), {})
     lines.extend(f"  {line}" for line in checked.get("summary", []))
+    if "inexact_measured" in report:
+        lines.append(measured_line(report["inexact_measured"]))
     return "\n".join(lines)
 
 

@@ -250,7 +250,7 @@ class TFBuilders:
 
     def functional_if(self, graph: Graph, name: str, pred: Tensor,
                       branches: tuple[list[str], list[str]], results: tuple[float, float],
-                      device: str = "") -> Tensor:
+                      device: str = "", inlined: bool = False) -> Tensor:
         """Move two sets of nodes into the then/else functions of one functional ``If``.
 
         Why a function: XLA compiles ``If`` (it rejects v1 Switch/Merge), and inside a
@@ -261,6 +261,11 @@ class TFBuilders:
         moved into it ran; its stateful nodes are also control outputs, so the function
         runtime never prunes them. Moved nodes must not be read outside their branch,
         and ref tensors cannot be inputs (raise ``ValueError``). Returns the If's output.
+
+        ``inlined``: TF's executor lowers the If to Switch/Merge and inlines its
+        branches before Grappler (``_lower_using_switch_merge``, as ``tf.cond``
+        marks its own), so they compile with the rest of the step as the nodes
+        did before they moved; unmarked, each branch is optimized on its own.
         """
         moved = [set(branch) for branch in branches]
         for members in moved:
@@ -287,7 +292,8 @@ class TFBuilders:
         if_node = self._op(graph, name, "If", [pred, *inputs], controls, device=device,
                            Tcond=self._dt(graph, pred), Tin=TypeList(types),
                            Tout=TypeList([DType("float32")]),
-                           then_branch=Func(functions[0]), else_branch=Func(functions[1]))
+                           then_branch=Func(functions[0]), else_branch=Func(functions[1]),
+                           **({"_lower_using_switch_merge": True} if inlined else {}))
         doomed = set().union(*moved)
         # Readers before what they read, among the moved nodes only: the rest of the
         # graph may hold v1 while loops, whose back edges make it cyclic.

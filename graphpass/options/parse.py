@@ -86,6 +86,7 @@ def pipeline_options(values: Mapping) -> PipelineOptions:
         target=target,
         device=given.get("device"),
         runtime=runtime_config(given),
+        exactness=given.get("exactness") or CHECK,
         regions=RegionOptions(loss=given.get("loss"),
                               train_ops=tuple(given.get("train_op") or ()),
                               global_step=given.get("global_step")),
@@ -173,7 +174,6 @@ def _remat(given: dict, target: str) -> RematOptions | None:
         loop_trips=positive_batch_size(given.get("loop_trips"), "--loop-trips"),
         dependency=_dependency(given, target),
         tupleize_grads=bool(given.get("tupleize_grads")),
-        exactness=given.get("exactness") or CHECK,
     )
 
 

@@ -90,10 +90,12 @@ OPTIONS: tuple[Option, ...] = (
            "tf, data for xla, litert and ONNX)", choices=DEPENDENCIES),
     Option("--tupleize-grads", "remat", "release a segment's gradients only when all are "
            "computed", bool),
-    Option("--exactness", "remat", "check (default): ask the target runtime for the graph "
-           "it runs (TF: Grappler, oneDNN on and off) and keep, not recompute, what it "
-           "would compute otherwise; trust: write without asking (check with verify)",
-           choices=EXACTNESS),
+    Option("--exactness", "runtime", "check (default): ask the target runtime for the "
+           "graph it runs (TF: Grappler, oneDNN on and off); remat keeps, not recomputes, "
+           "what it would compute otherwise, --drop-stale refuses a gate it would; "
+           "allow-inexact: write such a rewrite, name what differs, and train both "
+           "graphs 3 steps here to print by how much; trust: write without asking "
+           "(check with verify)", choices=EXACTNESS),
     Option("--target", "lower", "runtime the graph is for (default tf; tpu implies xla; "
            "litert, alias tflite: TensorFlow Lite's converter and interpreter)",
            choices=TARGETS + tuple(TARGET_ALIASES)),

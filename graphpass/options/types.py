@@ -19,9 +19,10 @@ TARGET_ALIASES = {"tflite": "litert"}
 DEVICES = ("cpu", "gpu", "tpu")
 DEPENDENCIES = ("control", "data")
 #: ``--exactness`` values: ask the target runtime whether the rewrite computes what
-#: the original does and keep what it would compute otherwise (the default), or not.
-CHECK, TRUST = "check", "trust"
-EXACTNESS = (CHECK, TRUST)
+#: the original does and keep what it would compute otherwise (the default); write
+#: it anyway, naming what differs and measuring by how much; or do not ask.
+CHECK, ALLOW_INEXACT, TRUST = "check", "allow-inexact", "trust"
+EXACTNESS = (CHECK, ALLOW_INEXACT, TRUST)
 XLA_CLUSTERS = ("step", "none")
 #: ``--onednn`` values.
 ONEDNN = ("on", "off")
@@ -72,7 +73,6 @@ class RematOptions:
     loop_trips: int | None = None  # the estimate's trip count where the graph has none
     dependency: str | None = None  # None: the context's default
     tupleize_grads: bool = False
-    exactness: str = CHECK  # EXACTNESS
 
 
 @dataclass(frozen=True)
@@ -93,12 +93,14 @@ class StaleOptions:
 @dataclass(frozen=True)
 class PipelineOptions:
     """What the passes run with: the resolved target (``--device tpu`` implies xla;
-    ``tflite`` is ``litert``), the target runtime's configuration,
+    ``tflite`` is ``litert``), the target runtime's configuration, whether a
+    rewrite's exactness is asked of it,
     the region overrides, and one options object per requested pass (None: not run)."""
 
     target: str = "tf"
     device: str | None = None
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    exactness: str = CHECK  # EXACTNESS: whether passes ask the runtime before writing
     regions: RegionOptions = field(default_factory=RegionOptions)
     remat: RematOptions | None = None
     lower: LowerOptions | None = None

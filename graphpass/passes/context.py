@@ -19,6 +19,7 @@ from graphpass.analysis.manager import AnalysisManager
 from graphpass.analysis.measured import Profiler
 from graphpass.ir.graph import Graph
 from graphpass.options import PipelineOptions, RuntimeConfig
+from graphpass.options.types import CHECK
 from graphpass.passes.instrument import Instrument
 from graphpass.runtimes import RuntimeModel, runtime_for
 
@@ -32,11 +33,14 @@ class PassContext:
     that plans by the estimate (``--recompute auto``) estimates regardless.
     ``profiler``: ``--profile``'s runner of the step (``analysis.measured``), or None:
     then nothing runs. ``runtime_config``: the target runtime's configuration
-    (oneDNN, threads), which :meth:`runtime` hands the runtime model."""
+    (oneDNN, threads), which :meth:`runtime` hands the runtime model; ``exactness``:
+    ``check`` (passes ask that runtime whether a rewrite computes what the
+    original does before they keep it) or ``trust``."""
 
     target: str = "tf"
     device: str | None = None
     runtime_config: RuntimeConfig = field(default_factory=RuntimeConfig)
+    exactness: str = CHECK
     instruments: tuple[Instrument, ...] = ()
     analyses: AnalysisManager = field(default_factory=AnalysisManager)
     estimates: bool = True
@@ -47,7 +51,7 @@ class PassContext:
                      estimates: bool = True, profiler: Profiler | None = None
                      ) -> PassContext:
         return cls(target=options.target, device=options.device,
-                   runtime_config=options.runtime,
+                   runtime_config=options.runtime, exactness=options.exactness,
                    instruments=tuple(instruments),
                    analyses=AnalysisManager(options.regions), estimates=estimates,
                    profiler=profiler)

@@ -133,6 +133,10 @@ class RuntimeModel:
     #: A process may run the step with every update held to the end of the step
     #: (TF's v1 session on a graph it imports): the estimate weighs that schedule too.
     holds_updates: bool = False
+    #: The runtime compiles a functional conditional's branches with the rest of
+    #: the step (TF's executor lowers an ``If`` marked so before Grappler, as it does
+    #: ``tf.cond``'s), not each branch on its own (XLA).
+    inlines_conditionals: bool = False
     #: The model can ask the real runtime for the graph it runs (``oracle``).
     has_oracle: bool = False
     #: The ``RuntimeConfig`` fields this model reads (the summary shows them).

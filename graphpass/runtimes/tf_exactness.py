@@ -23,14 +23,16 @@ reads is computed somewhere in the original, is where the two part: a
 Kernels that move no bits (``Identity``, ``Reshape`` and the like) pass their
 input's number on: Grappler removes some of them by context too. The caller says
 which node of the rewrite stands for which original (a copy for the node it
-copies) and which nodes it added only to order others (they pass their first
-input on).
+copies) and which nodes it added only to order or gate others (they pass their
+first input on). A node of a conditional's branch that TF inlined into the step
+(``_lower_using_switch_merge``) stands for what its body node stands for.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import re
 
 from graphpass.formats.tf_io import graph_def_from_graph
 from graphpass.installed import TENSORFLOW, installed
@@ -48,6 +50,8 @@ COMPUTES_NOTHING = frozenset({"Const", "NoOp", "ControlTrigger"})
 #: Kernels that pass their first input's bits on unchanged.
 MOVES_NO_BITS = frozenset({"Identity", "Snapshot", "Reshape", "Squeeze", "ExpandDims",
                            "StopGradient", "PreventGradient", "_MklIdentity"})
+#: A node whose outputs each pass an input on: ``(PORTS, values by port)``.
+PORTS = "ports"
 #: How deep above a node that computes otherwise its causes are looked for among
 #: the copies it reads (Grappler's rewrites reach a few kernels).
 CAUSE_DEPTH = 6
@@ -79,6 +83,7 @@ class TFExactness:
         if self.unchecked:
             return []
         graph_def = graph_def_from_graph(rewritten)
+        stands_for = _through_inlined_branches(stands_for, _inlined_conditionals(graph_def))
         found: dict[str, Difference] = {}
         for onednn, label in zip(self.settings, self.configurations):
             try:
@@ -89,6 +94,36 @@ class TFExactness:
             for difference in differences(self.executed[onednn], executed, stands_for, label):
                 found.setdefault(difference.node, difference)
         return list(found.values())
+
+
+#: Kernels TF's executor lowers to Switch/Merge when marked so, inlining each branch.
+CONDITIONALS = frozenset({"If", "StatelessIf"})
+#: What TF names a lowered branch's node: ``<If>/then/_<k>/<body node>``.
+_INLINED = re.compile(r"(?:then|else)/_\d+/(.+)")
+
+
+def _inlined_conditionals(graph_def) -> tuple[str, ...]:
+    """The conditionals TF lowers and inlines before Grappler, longest name first."""
+    lowered = [n.name for n in graph_def.node if n.op in CONDITIONALS
+               and n.attr["_lower_using_switch_merge"].b]
+    return tuple(sorted(lowered, key=len, reverse=True))
+
+
+def _through_inlined_branches(stands_for: StandsFor, calls: tuple[str, ...]) -> StandsFor:
+    """``stands_for`` of the executed graph: a node TF inlined from a branch of one
+    of ``calls`` stands for what the body node of that name stands for."""
+    if not calls:
+        return stands_for
+
+    def executed(name: str) -> str | None:
+        for call in calls:
+            if name.startswith(call + "/"):
+                body = _INLINED.fullmatch(name[len(call) + 1:])
+                if body:
+                    return stands_for(body.group(1))
+        return stands_for(name)
+
+    return executed
 
 
 def _first_line(exc: Exception) -> str:
@@ -213,6 +248,8 @@ class _Numbering:
         if name not in self.computed:
             return ("back", self.stands_for(name) or name, port)
         number = self.computed[name]
+        if isinstance(number, tuple) and number[0] == PORTS:
+            return number[1][int(port)]
         if isinstance(number, tuple):
             return number
         return (number, port)
@@ -238,6 +275,8 @@ class _Numbering:
         original = self.stands_for(name)
         if reads and node_def.op in MOVES_NO_BITS:
             return self._known(reads[0])
+        if node_def.op == "IdentityN":  # output k is input k
+            return (PORTS, tuple(self._known(i) for i in reads))
         if reads and original is None:  # an ordering node: what it orders, not its signal
             ordered = [r for r in reads if self.stands_for(_split(r)[0]) is not None]
             return self._known((ordered or reads)[0])

@@ -65,6 +65,7 @@ class TFExecutorModel(TFKernelFacts):
     allocator_headroom = 0.18
     queues_newest_first = True
     holds_updates = True
+    inlines_conditionals = True
     has_oracle = True
     reads_config = ("onednn", "intra_op_threads")
     hand_model = HAND_MODEL
@@ -159,4 +160,5 @@ class XLAModel(TFExecutorModel):
     name = "xla"
     title = "TF's executor (XLA clusters estimated as TF's kernels)"
     dependency = "data"
+    inlines_conditionals = False
     fuser = "TF or XLA"

@@ -44,15 +44,14 @@ from graphpass.analysis.runtime_memory import (
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.options import RematOptions
-from graphpass.options.types import CHECK
 from graphpass.passes.base import Pass
 from graphpass.passes.context import PassContext
+from graphpass.passes.exactness import exactness_check, inexact_allowed
 from graphpass.passes.remat.auto import auto_plan, step_estimator
 from graphpass.passes.remat.defer import defer_updates
 from graphpass.passes.remat.exactness import (
     EXACTNESS_ROUNDS,
     Exactness,
-    Trusted,
     stands_for_in,
 )
 from graphpass.passes.remat.marks import marked_segments
@@ -87,10 +86,10 @@ class RematPass(Pass):
         """The rewrite, proven exact where the runtime can be asked: a rewrite in
         which the runtime computes some copy otherwise is undone and made again
         without copying what those copies stand for (kept instead), at most
-        ``EXACTNESS_ROUNDS`` times; then with nothing copied; else not at all."""
+        ``EXACTNESS_ROUNDS`` times; then with nothing copied; else not at all. With
+        ``--exactness allow-inexact`` the first rewrite is kept, what differs named."""
         step = self._analyze(graph, ctx)
-        check = step.runtime.exactness(graph, step.fetches) \
-            if self.options.exactness == CHECK else Trusted()
+        check = exactness_check(ctx, graph, step.fetches)
         if check is None or check.unchecked:
             edited = self._rewrite(graph, ctx, step, proven=False)
             self.report["summary"].extend(Exactness(check).summary() if edited else [])
@@ -102,6 +101,9 @@ class RematPass(Pass):
             found = check.differences(
                 graph, stands_for_in(graph, self.report["segments"])) if edited else []
             if not found:
+                break
+            if inexact_allowed(ctx):
+                exactness.written_anyway = found
                 break
             graph.restore(original)
             exactness.left_out.extend(found)

@@ -13,7 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphpass.ir.graph import Graph
-from graphpass.passes.remat.marks import GENERATED_SCOPE, SCOPE
+from graphpass.passes.exactness import (
+    Trusted,
+    checked_json,
+    checked_line,
+    differences_json,
+    inexact_lines,
+    kept_names,
+)
+from graphpass.passes.remat.marks import SCOPE
 from graphpass.runtimes import Difference, ExactnessCheck
 from graphpass.runtimes.base import StandsFor
 
@@ -32,39 +40,32 @@ def stands_for_in(graph: Graph, segments: list[dict]) -> StandsFor:
     def stands_for(name: str) -> str | None:
         if name in copies or (name.startswith(SCOPE) and name not in graph):
             return name[len(SCOPE):]
-        return None if name.startswith(GENERATED_SCOPE) else name
+        return kept_names(name)
 
     return stands_for
-
-
-class Trusted:
-    """``--exactness trust``: the check the user chose not to make."""
-
-    configurations: tuple[str, ...] = ()
-    unchecked = "--exactness trust"
-
-    def differences(self, rewritten: Graph, stands_for: StandsFor) -> list[Difference]:
-        return []
 
 
 @dataclass
 class Exactness:
     """``check``: the runtime's check, None where the runtime cannot be asked."""
 
-    check: ExactnessCheck | None
+    check: ExactnessCheck | Trusted | None
     left_out: list[Difference] = field(default_factory=list)
     copying_nothing: bool = False
     refused: bool = False
+    #: What the runtime computes otherwise in the rewrite written anyway
+    #: (``--exactness allow-inexact``).
+    written_anyway: list[Difference] = field(default_factory=list)
 
     def summary(self) -> list[str]:
-        if self.check is None:
-            return []
-        if self.check.unchecked:
-            return [f"exactness not checked: {self.check.unchecked} (check with verify)"]
-        checked = " and ".join(self.check.configurations)
-        lines = [f"exactness checked on the graph TF runs, {checked}: "
-                 + ("the rewrite computed otherwise and was not made" if self.refused
-                    else "every copy and original computes what the original does")]
+        if self.written_anyway:
+            return checked_line(self.check, "the rewrite computes otherwise") \
+                + inexact_lines(self.written_anyway)
+        lines = checked_line(self.check, "the rewrite computed otherwise and was not made"
+                             if self.refused else
+                             "every copy and original computes what the original does")
+        if not lines or self.check.unchecked:
+            return lines
         kept = sorted({o for d in self.left_out for o in d.copied})
         if self.copying_nothing and not self.refused:
             lines.append("  nothing is recomputed: with copies, TF computed otherwise where "
@@ -78,13 +79,10 @@ class Exactness:
         return lines
 
     def to_json(self) -> dict:
-        if self.check is None or self.check.unchecked:
-            reason = self.check.unchecked if self.check else \
-                "the target runtime cannot be asked"
-            return {"checked": False, "reason": reason}
-        return {"checked": True, "configurations": list(self.check.configurations),
-                "refused": self.refused,
+        checked = checked_json(self.check)
+        if not checked["checked"]:
+            return checked
+        return {**checked, "refused": self.refused,
                 "kept": sorted({o for d in self.left_out for o in d.copied}),
-                "differences": [{"node": d.node, "original": d.original, "reason": d.reason,
-                                 "configuration": d.configuration}
-                                for d in self.left_out]}
+                "differences": differences_json(self.left_out),
+                "inexact": differences_json(self.written_anyway)}

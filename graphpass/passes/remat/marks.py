@@ -16,8 +16,8 @@ from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.options import RematOptions
 from graphpass.options.patterns import compile_pattern
+from graphpass.passes.exactness import GENERATED_SCOPE
 
-GENERATED_SCOPE = "graphpass/"
 SCOPE = "graphpass/remat/"
 KEPT_SCOPE = "graphpass/remat_kept/"
 HINT_ATTR = "_recompute_hint"

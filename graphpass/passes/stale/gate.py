@@ -154,16 +154,17 @@ def gate_with_switch(graph: Graph, scope: str, pred: Tensor, unit: list[str], co
 
 
 def gate_with_if(graph: Graph, scope: str, pred: Tensor, unit: list[str],
-                  counter: str | None, device: str) -> Tensor:
+                  counter: str | None, device: str, inlined: bool) -> Tensor:
     """XLA form: the unit becomes the then-branch function, the counter increment (if
     there is a counter) the else-branch one; the If returns 0.0 (applied) or 1.0
-    (dropped)."""
+    (dropped). ``inlined``: the runtime compiles the branches with the step (the
+    update math as in the original), as TF's executor does with an If marked so."""
     dialect = graph.dialect
     one = dialect.constant(graph, f"{scope}/one", 1.0, "float32", device)
     dropped = [one.node]
     if counter is not None:
         dropped.append(dialect.assign_add_variable(graph, f"{scope}/count_drop", counter, one))
     gate = dialect.functional_if(graph, f"{scope}/if", pred, (unit, dropped),
-                                 results=(0.0, 1.0), device=device)
+                                 results=(0.0, 1.0), device=device, inlined=inlined)
     dialect.set_attr(graph, gate.node, GATE_ATTR, scope)
     return gate

@@ -74,7 +74,7 @@ def plan_step(graph: Graph, step: TrainStep, global_step: str) -> StepPlan:
     return StepPlan(
         train_op=step.train_op,
         unit=ordered,
-        entries=entries,
+        entries=_seeds(graph, entries, step),
         snapshot_after=[c for c in inherited if c not in downstream and depths[c] == 0],
         check_after=check_after,
         exits=list(dict.fromkeys(exits)),
@@ -141,6 +141,24 @@ def _gradient_entries(graph: Graph, step: TrainStep,
         entries = [n for n in graph if n in producers]
     sources = [n for n in graph if n in backward and n not in computed]
     return entries, entries + sources
+
+
+def _seeds(graph: Graph, entries: list[str], step: TrainStep) -> list[str]:
+    """The entries the loss's gradient starts from (they read the loss or no
+    forward value at all), where every gradient descends from them: ordering those
+    orders every gradient, and the entries that read forward values only (the
+    ``pow(x, 2)`` of a GELU's gradient) keep no control input, which would stop
+    Grappler from sharing them with the forward pass (it merges equal nodes only
+    with equal control inputs) and so change how it groups the forward's
+    arithmetic. Else every entry."""
+    loss = step.loss.node
+    forward = graph.ancestors([loss])
+    producers = {t.node for t in step.gradients}
+    seeds = [e for e in entries
+             if all(p == loss or p not in forward for p in graph.producers(e))]
+    if seeds and producers <= graph.descendants(seeds) | set(seeds):
+        return seeds
+    return entries
 
 
 def _outside_control_inputs(graph: Graph, names, inside: set[str]) -> list[str]:
