@@ -28,7 +28,8 @@ import json
 from pathlib import Path
 
 BACKBONES = ("bert", "albert", "gpt2", "llama", "gemma", "vit")
-MODELS = ("gelu_mlp", "mobilenet", "encoder", "convnet", "prenorm_ffn", *BACKBONES)
+MODELS = ("gelu_mlp", "mobilenet", "mobilenet_v1", "encoder", "convnet", "prenorm_ffn",
+          "tf_keras_transformer", "tf_keras_lstm", *BACKBONES)
 #: The inputs the child feeds are ints in [0, 4): vocabularies, segments and
 #: classes hold at least that many.
 BACKBONE = {"batch": 4, "sequence": 16, "vocabulary": 64, "layers": 2, "heads": 2,
@@ -37,12 +38,12 @@ BACKBONE = {"batch": 4, "sequence": 16, "vocabulary": 64, "layers": 2, "heads": 
 
 def model_path(directory: Path, name: str) -> Path:
     """Where ``export`` puts ``name``'s model under ``directory``."""
-    return directory / "model.meta" if name == "prenorm_ffn" else directory
+    return directory / "model.meta" if name in TF1 else directory
 
 
 def export(name: str, directory: Path) -> Path:
-    if name == "prenorm_ffn":
-        return _export_tf1(directory)
+    if name in TF1:
+        return write_tf1(TF1[name](), directory)
     if name in BACKBONES:
         return _export_backbone(name, directory)
     import keras
@@ -57,6 +58,7 @@ def export(name: str, directory: Path) -> Path:
         def __init__(self):
             super().__init__()
             self.model, self.optimizer = model, optimizer
+            self.seeds = _seed_states(model)  # dropout's SeedGenerator (as _export_backbone)
 
         @tf.function(input_signature=[x_spec, y_spec])
         def train(self, x, y):
@@ -85,6 +87,15 @@ def _mobilenet(keras, tf):
     batch, side = 4, 32
     model = keras.applications.MobileNetV2(weights=None, input_shape=(side, side, 3),
                                            classes=4, alpha=0.35)
+    return (model, tf.TensorSpec((batch, side, side, 3), tf.float32, name="x"),
+            tf.TensorSpec((batch,), tf.int32, name="y"),
+            lambda y, p: tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, p)))
+
+
+def _mobilenet_v1(keras, tf):
+    batch, side = 4, 32
+    model = keras.applications.MobileNet(weights=None, input_shape=(side, side, 3),
+                                         classes=4, alpha=0.25)
     return (model, tf.TensorSpec((batch, side, side, 3), tf.float32, name="x"),
             tf.TensorSpec((batch,), tf.int32, name="y"),
             lambda y, p: tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, p)))
@@ -125,14 +136,31 @@ def _convnet(keras, tf):
                 y, p, from_logits=True)))
 
 
-_KERAS = {"gelu_mlp": _gelu_mlp, "mobilenet": _mobilenet, "encoder": _encoder,
-          "convnet": _convnet}
+_KERAS = {"gelu_mlp": _gelu_mlp, "mobilenet": _mobilenet, "mobilenet_v1": _mobilenet_v1,
+          "encoder": _encoder, "convnet": _convnet}
 
 
-def _export_tf1(directory: Path) -> Path:
+def _prenorm_ffn():
     from tools.fixtures.tf_models import prenorm_ffn
 
-    return write_tf1(prenorm_ffn(layers=4), directory)
+    return prenorm_ffn(layers=4)
+
+
+def _tf_keras_transformer():
+    from tools.fixtures.keras_models import transformer
+
+    return transformer(size=16, batch=4)
+
+
+def _tf_keras_lstm():
+    from tools.fixtures.loop_models import lstm
+
+    return lstm(seq=8, batch=4, units=16)
+
+
+#: The TF1 models (MetaGraphs): our pre-norm FFN, and tf_keras models in graph mode.
+TF1 = {"prenorm_ffn": _prenorm_ffn, "tf_keras_transformer": _tf_keras_transformer,
+       "tf_keras_lstm": _tf_keras_lstm}
 
 
 def write_tf1(model, directory: Path) -> Path:
@@ -170,7 +198,7 @@ def _export_backbone(name: str, directory: Path) -> Path:
         def __init__(self):
             super().__init__()
             self.backbone, self.head, self.optimizer = backbone, head, optimizer
-            self.seeds = [v for v in backbone.non_trainable_variables if "seed" in v.path]
+            self.seeds = _seed_states(backbone)
 
         @tf.function(input_signature=signature)
         def train(self, *inputs):
@@ -183,6 +211,11 @@ def _export_backbone(name: str, directory: Path) -> Path:
     step = Step()
     tf.saved_model.save(step, str(directory), signatures={"train": step.train})
     return directory
+
+
+def _seed_states(model) -> list:
+    """The ``SeedGenerator`` state variables of a Keras 3 model's dropout layers."""
+    return [v for v in model.non_trainable_variables if "seed" in v.path]
 
 
 def _text_sizes() -> dict:
