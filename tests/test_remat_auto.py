@@ -436,3 +436,25 @@ def test_merged_gradients_wait_on_the_same_edges(tmp_path):
     for name, sibling in pairs:
         assert sorted(graph.control_inputs(name)) == sorted(graph.control_inputs(sibling)), \
             name
+
+
+def test_a_plan_without_gain_is_not_written(tmp_path, capsys):
+    """On a step whose best plan's estimate is not below 0.98x of the original's
+    (a tiny v1 cond and while loop), auto recomputes nothing: the graph is written
+    unchanged and the summary says why (#47: a plan estimated at 1.00x measured
+    twice the original's peak)."""
+    from graphpass.passes.remat.auto import NO_GAIN
+
+    model = tf_models.control_flow()
+    source, out = tmp_path / "model.meta", tmp_path / "out.meta"
+    model.save(source)
+    report = tmp_path / "report.json"
+    assert main(["rewrite", str(source), "-o", str(out), "--recompute", "auto",
+                 "--report", str(report)]) == 0
+    remat = json.loads(report.read_text())["passes"][0]
+    assert not remat["changed"]
+    assert not any(n.startswith(SCOPE) for n in graphpass.load(out))
+    assert "no segment recomputed: the best plan's estimate" in capsys.readouterr().out
+    auto = remat["report"]["auto"]
+    assert auto["segments"] == []
+    assert any(f"is not below {NO_GAIN}x the step's" in note for note in auto["notes"])

@@ -188,11 +188,22 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
     else:
         segments = _plan_chain(chain, plan, target, options, estimate, trial,
                                can_defer(graph, step), turns, step.runtime)
+    if segments and plan.estimate > NO_GAIN * before:
+        plan.notes.append(f"no segment recomputed: the best plan's estimate "
+                          f"({format_bytes(plan.estimate)}) is not below {NO_GAIN}x the "
+                          f"step's ({format_bytes(before)}), so recomputing would cost time "
+                          "for no memory")
+        plan.estimate, plan.segments, segments = written, [], []
     if segments and not segments[0].in_turn:
         plan.notes.append("segments not recomputed in turn: the estimate is lower with each "
                           "waiting only for its own trigger")
     plan.seconds = time.perf_counter() - start
     return plan, segments
+
+
+#: A plan is written only if its estimate is below this share of the step's: the
+#: estimate's own error is of this order, and recomputing costs time.
+NO_GAIN = 0.98
 
 
 def _loop_notes(graph: Graph, step: Step, options: RematOptions) -> list[str]:
