@@ -5,7 +5,10 @@ MetaGraph). Built in a child process (``fidelity_child.py export``).
 
 * ``gelu_mlp``: Keras 3 ``Dense(64, gelu)`` x3 + ``Dense(1)``, Adam;
 * ``mobilenet``: Keras 3 ``MobileNetV2(alpha=0.35)`` at 32x32 (BatchNormalization,
-  ReLU6, depthwise convs, residual adds), Adam;
+  ReLU6, depthwise convs, residual adds), Adam; ``mobilenet_v1``: Keras 3
+  ``MobileNet(alpha=0.25)`` (depthwise separable convolutions, no residuals, dropout);
+* ``tf_keras_transformer``, ``tf_keras_lstm``: tf_keras models in TF1 graph mode
+  (``tools.fixtures.keras_models``, ``loop_models``), exported as MetaGraphs;
 * ``encoder``: two blocks of Keras 3 ``MultiHeadAttention`` + ``LayerNormalization``
   + ``Dense(gelu)`` feed-forward, Adam;
 * ``prenorm_ffn``: the TF1 pre-norm FFN of ``tools.fixtures.tf_models``;
@@ -84,18 +87,18 @@ def _gelu_mlp(keras, tf):
 
 
 def _mobilenet(keras, tf):
-    batch, side = 4, 32
-    model = keras.applications.MobileNetV2(weights=None, input_shape=(side, side, 3),
-                                           classes=4, alpha=0.35)
-    return (model, tf.TensorSpec((batch, side, side, 3), tf.float32, name="x"),
-            tf.TensorSpec((batch,), tf.int32, name="y"),
-            lambda y, p: tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, p)))
+    return _application(keras, tf, keras.applications.MobileNetV2, alpha=0.35)
 
 
 def _mobilenet_v1(keras, tf):
+    return _application(keras, tf, keras.applications.MobileNet, alpha=0.25)
+
+
+def _application(keras, tf, application, **options):
+    """A Keras 3 application with ``weights=None`` classifying 4 classes of 32x32
+    images, batch 4."""
     batch, side = 4, 32
-    model = keras.applications.MobileNet(weights=None, input_shape=(side, side, 3),
-                                         classes=4, alpha=0.25)
+    model = application(weights=None, input_shape=(side, side, 3), classes=4, **options)
     return (model, tf.TensorSpec((batch, side, side, 3), tf.float32, name="x"),
             tf.TensorSpec((batch,), tf.int32, name="y"),
             lambda y, p: tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, p)))
