@@ -35,7 +35,8 @@ class PassContext:
     then nothing runs. ``runtime_config``: the target runtime's configuration
     (oneDNN, threads), which :meth:`runtime` hands the runtime model; ``exactness``:
     ``check`` (passes ask that runtime whether a rewrite computes what the
-    original does before they keep it) or ``trust``."""
+    original does before they keep it), ``allow-inexact`` (they ask, and keep it
+    anyway, naming what differs) or ``trust`` (they do not ask)."""
 
     target: str = "tf"
     device: str | None = None

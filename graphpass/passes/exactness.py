@@ -93,6 +93,7 @@ def added_nodes(rewritten: Graph, original: Graph):
 
 
 def kept_names(name: str) -> str | None:
-    """A rewrite that copies nothing: each node stands for the node of its name;
-    what graphpass added (under ``GENERATED_SCOPE``) only orders or gates others."""
+    """The nodes of a rewrite that are no copies: each stands for the node of its
+    name, except what graphpass added (under ``GENERATED_SCOPE``), which only
+    orders or gates others."""
     return None if name.startswith(GENERATED_SCOPE) else name

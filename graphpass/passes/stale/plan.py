@@ -147,7 +147,7 @@ def _seeds(graph: Graph, entries: list[str], step: TrainStep) -> list[str]:
     """The entries the loss's gradient starts from (they read the loss or no
     forward value at all), where every gradient descends from them: ordering those
     orders every gradient, and the entries that read forward values only (the
-    ``pow(x, 2)`` of a GELU's gradient) keep no control input, which would stop
+    ``pow(x, 2)`` of a GELU's gradient) gain no control input, which would stop
     Grappler from sharing them with the forward pass (it merges equal nodes only
     with equal control inputs) and so change how it groups the forward's
     arithmetic. Else every entry."""
