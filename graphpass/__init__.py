@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from graphpass.errors import GraphpassError
+from graphpass.ir.dialects import register_format
 
 if TYPE_CHECKING:
     from graphpass.analysis.step_location import load
@@ -32,6 +33,36 @@ def __getattr__(name: str):
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'graphpass' has no attribute {name!r}")
+
+
+def _tf_dialect():
+    from graphpass.dialects.tf import TFDialect
+
+    return TFDialect()
+
+
+def _tf_state():
+    from graphpass.formats.tf_state import TFState
+
+    return TFState()
+
+
+def _onnx_dialect():
+    from graphpass.dialects.onnx import ONNXDialect
+
+    return ONNXDialect()
+
+
+def _onnx_state():
+    from graphpass.formats.onnx_state import ONNXState
+
+    return ONNXState()
+
+
+# The formats graphpass reads, registered with the IR (which cannot import them):
+# every import of a graphpass module runs this package's code first.
+register_format("tf", _tf_dialect, _tf_state)
+register_format("onnx", _onnx_dialect, _onnx_state)
 
 
 def run_passes(graph: Graph, options: Mapping | PipelineOptions,

@@ -139,3 +139,12 @@ def test_tools_folders_keep_their_direction_and_nobody_edits_sys_path(tmp_path):
         "to tools.fixtures",
         "tests/test_x.py:2: a test imports the private _helper from tools.fixtures.models",
         "tools/bench/remat.py:2: edits sys.path; run from the repository root instead"]
+
+
+def test_an_import_by_string_fires_outside_the_composition_root(tmp_path):
+    found = _problems(tmp_path, {
+        "graphpass/__init__.py": "import importlib\nimportlib.import_module('graphpass.cli')\n",
+        "graphpass/ir/graph.py": "import importlib\n\n\ndef dialect():\n"
+                                 "    return importlib.import_module('graphpass.dialects.tf')\n"})
+    assert found == ["graphpass/ir/graph.py:5: imports a module by string, which the layer "
+                     "rules cannot see; import it, or have a higher layer hand it down"]

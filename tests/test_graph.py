@@ -407,3 +407,15 @@ def test_input_nodes_are_the_data_and_control_inputs():
         assert graph.input_nodes(name) == ([t.node for t in graph.inputs(name)],
                                            graph.control_inputs(name))
     assert graph.input_nodes("d") == (["b", "c"], ["a", "b", "c"])
+
+
+def test_formats_are_registered_by_the_package_and_an_unknown_one_is_named():
+    """The IR names no dialect: the package registers TF's and ONNX's with it."""
+    from graphpass.dialects.onnx import ONNXDialect
+    from graphpass.dialects.tf import TFDialect
+
+    assert isinstance(Graph("tf").dialect, TFDialect)
+    assert isinstance(Graph("onnx").dialect, ONNXDialect)
+    with pytest.raises(ValueError, match=r"no format state registered for format 'caffe' "
+                                         r"\(registered: onnx, tf;"):
+        Graph("caffe")

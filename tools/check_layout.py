@@ -35,7 +35,12 @@ Rules (ROOT defaults to the repository holding this file):
    (``graph.format_state``) or ``meta`` keys (``x.meta["key"]``,
    ``x.meta.get("key")``, ...), or spells a TF colocation
    (``"loc:@"``); they ask the ``Dialect`` protocol instead.
-5. **Tools in folders that say so**: ``tools.fixtures`` imports neither
+5. **No import by string** in ``graphpass/`` (``importlib.import_module``,
+   ``__import__``): it hides an edge from rules 1-2. The one exception is the
+   composition root, ``graphpass/__init__.py``, whose public names load lazily;
+   a lower layer that needs a higher one is handed it (the formats register
+   their dialects with the IR there).
+6. **Tools in folders that say so**: ``tools.fixtures`` imports neither
    ``tools.bench`` nor a script of ``tools/``; tests never import ``tools.bench``
    nor a ``_private`` name from ``tools``; nothing in ``tools/`` or ``tests/``
    edits ``sys.path`` (pytest's ``pythonpath`` and ``python -m`` do that).
@@ -251,6 +256,28 @@ def pass_problems(root: Path) -> list[str]:
     return problems
 
 
+def _imports_by_string(node: ast.AST) -> bool:
+    """``importlib.import_module(...)`` / ``import_module(...)`` or ``__import__(...)``."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    return name in ("import_module", "__import__")
+
+
+def string_import_problems(root: Path) -> list[str]:
+    problems = []
+    for name, path in modules(root, "graphpass").items():
+        if name == "graphpass":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if _imports_by_string(node):
+                problems.append(f"{path.relative_to(root)}:{node.lineno}: imports a module "
+                                f"by string, which the layer rules cannot see; import it, "
+                                f"or have a higher layer hand it down")
+    return problems
+
+
 def _edits_sys_path(node: ast.AST) -> bool:
     """``sys.path.insert(...)``/``append``/``extend``, or an assignment to ``sys.path``."""
     def is_sys_path(value: ast.AST) -> bool:
@@ -303,7 +330,7 @@ def tools_problems(root: Path) -> list[str]:
 def problems(root: Path) -> list[str]:
     return [*circle_problems(root, "graphpass"), *circle_problems(root, "tools"),
             *layer_problems(root), *length_problems(root), *pass_problems(root),
-            *tools_problems(root)]
+            *string_import_problems(root), *tools_problems(root)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,23 +1,28 @@
 """Which dialect serves which format, and which type holds a format's graph-level
 data: the tables ``Graph.dialect`` and a new ``Graph``'s ``format_state`` read.
 
-Module paths, not imports: the IR sits below the dialects (which import it),
-and TF's and ONNX's dialects are heavy, so each is imported on first use.
+The IR sits below the dialects and formats (they import it), so it cannot name
+them: each format registers itself here (``register_format``), from the package's
+composition root (``graphpass/__init__.py``), with factories that import the
+heavy TF and ONNX modules on first use. A format nobody registered is an error
+that says so, never a silent fallback.
 """
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
 from typing import Any
 
-_DIALECTS: dict[str, str] = {
-    "tf": "graphpass.dialects.tf:TFDialect",
-    "onnx": "graphpass.dialects.onnx:ONNXDialect",
-}
-_STATES: dict[str, str] = {
-    "tf": "graphpass.formats.tf_state:TFState",
-    "onnx": "graphpass.formats.onnx_state:ONNXState",
-}
+_DIALECTS: dict[str, Callable[[], Any]] = {}
+_STATES: dict[str, Callable[[], Any]] = {}
+
+
+def register_format(format: str, dialect: Callable[[], Any],
+                    empty_state: Callable[[], Any]) -> None:
+    """Serve ``format`` with ``dialect()`` (a ``graphpass.dialects.base.Dialect``)
+    and give its graphs built from nothing ``empty_state()`` as their record."""
+    _DIALECTS[format] = dialect
+    _STATES[format] = empty_state
 
 
 def dialect_for(format: str) -> Any:
@@ -30,10 +35,11 @@ def empty_state(format: str) -> Any:
     return _made(_STATES, format, "format state")
 
 
-def _made(table: dict[str, str], format: str, what: str) -> Any:
-    """An instance of the class ``table`` names for ``format``, imported on first use."""
+def _made(table: dict[str, Callable[[], Any]], format: str, what: str) -> Any:
     try:
-        module, cls = table[format].split(":")
+        factory = table[format]
     except KeyError:
-        raise ValueError(f"no {what} for format {format!r}") from None
-    return getattr(importlib.import_module(module), cls)()
+        known = ", ".join(sorted(table)) or "none"
+        raise ValueError(f"no {what} registered for format {format!r} "
+                         f"(registered: {known}; see ir.dialects.register_format)") from None
+    return factory()
