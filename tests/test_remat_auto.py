@@ -458,3 +458,15 @@ def test_a_plan_without_gain_is_not_written(tmp_path, capsys):
     auto = remat["report"]["auto"]
     assert auto["segments"] == []
     assert any(f"is not below {NO_GAIN}x the step's" in note for note in auto["notes"])
+
+
+def test_the_predicted_step_time_counts_what_is_recomputed(model):
+    """A training step runs each forward matmul once and two in its gradient, so
+    recomputing 7 of 8 blocks adds about 7/8 of a third; recomputing fewer adds
+    less; the summary says it."""
+    _, marked = _rewrite(model, recompute=["block[1-7]/"])
+    _, fewer = _rewrite(model, recompute=["block[1-3]/"])
+    extra = marked.report["estimated_extra_step_time"]
+    assert 0.2 < extra < 0.4
+    assert 0 < fewer.report["estimated_extra_step_time"] < extra
+    assert f"estimated step time +{extra:.1%}" in "\n".join(marked.report["summary"])

@@ -11,6 +11,14 @@ too) cost ``2 * sqrt(|a| |b| |out| / batch)``, which is ``2 M N K`` for
 ``[M, K] x [K, N]``; convolutions (forward and both gradients) cost
 ``2 |y| |kernel| / C_y`` with ``y`` the output-side activation; everything
 else costs one operation per output element.
+
+Time is a roofline: one run of an op costs the larger of its FLOPs over the
+machine's balance and the bytes it reads and writes (``Sizes.work``, in bytes
+moved), since on a CPU an elementwise op, a normalisation or a copy waits on
+memory while a matmul or a convolution waits on arithmetic. A step's time is the
+sum over its ops (one inter-op thread); what a rewrite adds to it is the work of
+what it recomputes (``extra_step_time``). Only ratios are used, so the balance is
+the one constant the figure depends on.
 """
 
 from __future__ import annotations
@@ -20,9 +28,14 @@ import math
 from graphpass.analysis.memory import tensor_bytes
 from graphpass.analysis.shapes import infer_shapes
 from graphpass.ir.graph import Graph, Tensor
+from graphpass.runtimes import RuntimeModel
 
 #: Op classes a dialect reports (``Dialect.op_class``).
 MATMUL, CONV, CHEAP, OTHER = "matmul", "conv", "cheap", "other"
+#: Floating-point operations per byte moved at which an op costs as much arithmetic
+#: as memory traffic: a CPU core's vectorised multiply-adds against its share of
+#: memory bandwidth (a roofline's ridge point).
+BALANCE = 8
 
 
 class Sizes:
@@ -77,3 +90,34 @@ class Sizes:
         if y_shape is None or k_elements is None or not y_shape[channel_axis]:
             return 0
         return 2 * math.prod(y_shape) * k_elements // y_shape[channel_axis]
+
+    def work(self, name: str, runtime: RuntimeModel) -> float:
+        """One run of ``name`` in bytes moved (the roofline, see the module): its
+        FLOPs over ``BALANCE`` or the bytes it reads and writes, whichever is larger.
+        An output the runtime aliases to an input (Identity, Reshape) moves nothing."""
+        graph = self.graph
+        written = [Tensor(name, p) for p in graph.used_ports(name)
+                   if runtime.output_alias(graph, name, p) is None]
+        if not written:
+            return 0.0
+        moved = sum(self.bytes(t) for t in [*graph.inputs(name), *written])
+        return max(self.flops(name) / BALANCE, float(moved))
+
+
+
+class StepTime:
+    """The step's predicted time (the roofline of the module, one op at a time),
+    taken when made: what a rewrite then adds is judged against the step as it was."""
+
+    def __init__(self, graph: Graph, fetches: list[str], batch_size: int | None,
+                 runtime: RuntimeModel) -> None:
+        self.sizes = Sizes(graph, batch_size)
+        self.runtime = runtime
+        step = graph.ancestors(fetches) | set(fetches)
+        self.total = sum(self.sizes.work(name, runtime) for name in step)
+
+    def extra(self, recomputed: list[str]) -> float:
+        """Running ``recomputed`` (nodes of the step as it was) once more, as a
+        fraction of the step's time; 0 when the step's work is unknown."""
+        added = sum(self.sizes.work(name, self.runtime) for name in recomputed)
+        return added / self.total if self.total else 0.0

@@ -21,7 +21,8 @@ Columns: estimated peak (graphpass's simulation), the step's allocation records'
 peak plus the fed values (what the estimate simulates: the kernels' own
 allocations), measured peak (the CPU allocator's where oneDNN keeps
 statistics, else the records plus the fed values) and its ratio to the
-original's, step time ratios (wall clock and CPU time, from steps alternated with
+original's, the step time the rewrite predicts (``est t``: the report's
+``estimated_extra_step_time``) beside the measured step time ratios (wall clock and CPU time, from steps alternated with
 the original's in one process: ``measure.paired_step_time``), planning seconds,
 the solver's gap, and for budgets what the planner planned to (the budget less
 the runtime model's allocator headroom), whether it said the budget is met and whether
@@ -164,6 +165,7 @@ def print_row(name, label, report, result, base, budget=None) -> None:
              f"{estimate / 2**20:8.1f}" if estimate else f"{'':8s}",
              f"{records(measured) / 2**20:8.1f}", f"{peak(measured) / 2**20:8.1f}",
              f"{peak(measured) / peak(base):6.2f}x",
+             _predicted_time(report),
              f"{times.wall_ratio:6.2f}x {times.cpu_ratio:6.2f}x" if times
              else f"{base.step_s * 1e3:5.0f}ms {'':7s}",
              f"{report['seconds']:6.1f}" if "seconds" in report else f"{'':6s}",
@@ -176,6 +178,12 @@ def print_row(name, label, report, result, base, budget=None) -> None:
                      f"{'met' if auto.get('budget_met') else 'not met'}, measured "
                      f"{'within' if within else 'OVER'} (+5%)")
     print(" ".join(cells), flush=True)
+
+
+def _predicted_time(report: dict) -> str:
+    """The rewrite's predicted step time against the original's (``est t``)."""
+    extra = report.get("estimated_extra_step_time")
+    return f"{1 + extra:5.2f}x" if extra is not None else f"{'':6s}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown variants {sorted(wanted - set(VARIANTS))}; "
                      f"choose from {', '.join(VARIANTS)}")
     print(f"{'model':13s} {'variant':16s} {'est MiB':>8s} {'rec MiB':>8s} {'meas MiB':>8s} "
-          f"{'peak':>7s} "
+          f"{'peak':>7s} {'est t':>6s} "
           f"{'time':>7s} {'cpu':>7s} {'plan s':>6s} {'gap':>6s}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from graphpass.analysis.cost import StepTime
 from graphpass.analysis.measured import ALLOCATOR, StepMeasurement
 from graphpass.analysis.memory import MemoryProfile
 from graphpass.analysis.runtime_memory import (
@@ -137,6 +138,7 @@ class RematPass(Pass):
             if estimate and runtime.holds_updates else None
         # The original as its runtime runs it in its worse processes; the rewrite
         # is pinned.
+        time = StepTime(graph, step.fetches, batch, runtime) if estimate else None
         counted = held_counts(graph)
         peak_before = (worst_case(low, held) if counted else low) if estimate else None
         shown = [_runtime_peak(graph, step, batch, view)] \
@@ -156,6 +158,7 @@ class RematPass(Pass):
         entries = rewrite_segments(graph, segments, step,
                                    self.options.tupleize_grads, released_bytes=estimate)
         changed = any(e["copied"] for e in entries)
+        extra_time = time.extra([o for e in entries for o in e["recomputes"]]) if time else None
         # As every plan was weighed: values that wait for their gradients, updates
         # pinned; not where they are all the rewrite would do, for nothing.
         ordered = changed or (auto is not None and _ordering_pays(auto, low, held))
@@ -187,7 +190,7 @@ class RematPass(Pass):
             replayed.append(_replayed_peak(graph, step, batch, measured[1], written))
         self.report = _report(entries, skipped, step.dependency, peak_before, peak_after,
                               auto, deferred, measured, shown, pinned, replayed, runtime,
-                              caveats=not proven)
+                              caveats=not proven, extra_time=extra_time)
         return edited
 
     def estimates_memory(self, ctx: PassContext) -> bool:
@@ -320,7 +323,8 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
             measured: list[StepMeasurement] | None = None,
             shown: list[MemoryProfile] | None = None,
             pinned: Pinned | None = None, replayed: list[int] | None = None,
-            runtime: RuntimeModel | None = None, caveats: bool = True) -> dict:
+            runtime: RuntimeModel | None = None, caveats: bool = True,
+            extra_time: float | None = None) -> dict:
     """The pass's report; the peaks are None when not estimated
     (``PassContext.estimates``); ``deferred``: the estimates without and with the
     updates deferred (``defer``), None if they were not; ``measured``: the step
@@ -330,7 +334,8 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
     reads pinned before the backward pass (``pin``); ``replayed``: the estimates
     before and after in the order TF ran the measured steps, None where none ran;
     ``caveats``: say what the runtime might fuse otherwise (not where its exactness
-    check judges the rewrite)."""
+    check judges the rewrite); ``extra_time``: the step time the copies add, a
+    fraction of the step's (``analysis.cost.StepTime``), None where not estimated."""
     summary = auto.summary() if auto else []
     for e in entries:
         line = f"segment {e['segment']}: "
@@ -378,6 +383,9 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
         if runtime is not None and runtime.reads_config:
             summary.append(f"  for {runtime.title}, {runtime.config} (the target's runtime "
                            f"configuration: --onednn, --intra-op-threads; not this machine's)")
+    if extra_time is not None and peak_before:
+        summary.append(f"estimated step time +{extra_time:.1%} (the copies' FLOPs and bytes "
+                       f"against the step's, one op at a time)")
     extra = {"auto": auto.to_json()} if auto else {}
     if runtime is not None:
         extra["runtime"] = runtime.describe()
@@ -413,6 +421,7 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
         "deferred_updates": deferred is not None,
         "estimated_peak_bytes_before": peak_before,
         "estimated_peak_bytes_after": peak_after,
+        "estimated_extra_step_time": None if extra_time is None else round(extra_time, 4),
         "segments": entries,
         "skipped_marks": skipped,
         "nodes_added": sum(e["copied"] for e in entries),

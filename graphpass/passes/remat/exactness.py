@@ -35,10 +35,12 @@ def stands_for_in(graph: Graph, segments: list[dict]) -> StandsFor:
     the runtime made of a copy (unknown to the IR, under the copies' scope), the
     original it would have made it of; the other nodes graphpass added (ties,
     ordering reads, kept readers), None: they only order others."""
-    copies = {c for entry in segments for c in entry["copies"]}
+    copies = {c: o for entry in segments for c, o in zip(entry["copies"], entry["recomputes"])}
 
     def stands_for(name: str) -> str | None:
-        if name in copies or (name.startswith(SCOPE) and name not in graph):
+        if name in copies:  # not always the scope plus its name: a second copy is renamed
+            return copies[name]
+        if name.startswith(SCOPE) and name not in graph:
             return name[len(SCOPE):]
         return kept_names(name)
 

@@ -154,7 +154,7 @@ def _apply(graph: Graph, segment: Segment, plan: _Plan, step: Step,
     """Copy, order and rewire one segment as ``plan`` says; its report entry, and
     its nodes that wait for the trigger (control mode; ``order_by_control``)."""
     entry = {"segment": segment.name, "marked": len(segment.nodes), "copied": 0,
-             "copies": [], "triggers": [str(t) for t in plan.triggers],
+             "copies": [], "recomputes": [], "triggers": [str(t) for t in plan.triggers],
              "released": [], "released_bytes": 0 if released_bytes else None, "note": "",
              "readers_kept": 0, "ordering_reads": 0, "read_once": []}
     if not plan.rewires:
@@ -186,7 +186,7 @@ def _apply(graph: Graph, segment: Segment, plan: _Plan, step: Step,
     if tupleize_grads:
         tupleize(graph, segment.name, [c for c, _, _ in plan.rewires], step.dependency,
                  step.runtime)
-    entry.update(copied=len(copy_of), copies=list(copy_of.values()),
+    entry.update(copied=len(copy_of), copies=list(copy_of.values()), recomputes=list(copy_of),
                  released=[str(t) for t in released], readers_kept=kept,
                  ordering_reads=reads, read_once=once, waits_for_gradients=0)
     if released_bytes:
