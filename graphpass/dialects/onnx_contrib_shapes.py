@@ -186,15 +186,19 @@ def _symbolic(model) -> tuple[dict, str | None]:
     """Every value onnxruntime's inference typed, and where it stopped (None if it
     typed them all). Driven step by step as its ``infer_shapes`` does, which on
     failure would write a file into the working directory."""
+    from onnx import ValueInfoProto
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     inference = SymbolicShapeInference(2**31 - 1, True, False, 0)
     _teach(inference, model)
     inference._preprocess(model)
+    # An omitted optional output (``LSTMGrad``'s): onnxruntime 1.19 looks its name
+    # up like any other's and would stop there.
+    inference.known_vi_[""] = ValueInfoProto()
     complete = False
     while inference.run_:
         complete = inference._infer_impl()
-    found = {name: tensor_type(info.type) for name, info in inference.known_vi_.items()}
+    found = {name: tensor_type(info.type) for name, info in inference.known_vi_.items() if name}
     if complete:
         return found, None
     typed = {name for name, (_, shape) in found.items() if shape is not None}

@@ -88,17 +88,35 @@ def batch_shape(graph: Graph, tensor: Tensor, batch_size: int) -> tuple | None:
     ``Shape``) gets it too."""
     node = graph.node(tensor.node)
     if batch_size not in node.meta.get("batch_shapes", {}):
-        model = model_from_graph(graph)
-        for value in model.graph.input:
-            dims = value.type.tensor_type.shape.dim if value.type.HasField("tensor_type") else []
-            if dims and not dims[0].HasField("dim_value"):
-                dims[0].dim_value = batch_size
-        types, _ = _types(graph, model)
+        types, _ = _types(graph, _with_batch(model_from_graph(graph), batch_size))
         for each in graph.nodes():
             each.meta.setdefault("batch_shapes", {})[batch_size] = [
                 types.get(v, (None, None))[1] for v in each.outputs]
     shapes = node.meta["batch_shapes"][batch_size]
     return shapes[tensor.port] if tensor.port < len(shapes) else None
+
+
+def _with_batch(model, batch_size: int):
+    """``model`` with its inputs' unknown first dimension set to ``batch_size``, and
+    every dimension named as one of those (ONNX: one name, one size) too."""
+    graph = model.graph
+    named = set()
+    for value in graph.input:
+        dims = _dims(value)
+        if dims and not dims[0].HasField("dim_value"):
+            named.add(dims[0].dim_param)
+            dims[0].dim_value = batch_size
+    named.discard("")
+    for value in [*graph.output, *graph.value_info]:
+        for dim in _dims(value):
+            if dim.HasField("dim_param") and dim.dim_param in named:
+                dim.dim_value = batch_size
+    return model
+
+
+def _dims(value) -> list:
+    """The dims of a ``ValueInfoProto`` of a tensor, empty for any other."""
+    return value.type.tensor_type.shape.dim if value.type.HasField("tensor_type") else []
 
 
 def _types(graph: Graph, model) -> tuple[dict, str | None]:
