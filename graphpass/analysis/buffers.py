@@ -58,6 +58,17 @@ class MemoryProfile:
     #: The peak in each order the runtime may run the step in (``RuntimeModel.executions``),
     #: where it may take more than one; ``peak_bytes`` is the highest of them.
     order_peaks: tuple[int, ...] = ()
+    #: The values the step allocates whose size is unknown (counted as 0 B), by
+    #: name, in the order they were allocated.
+    unsized: list[str] = field(default_factory=list)
+
+    def unsized_note(self, shown: int = 5) -> str | None:
+        """The summary's line naming :attr:`unsized`, None if every value is sized."""
+        if not self.unsized:
+            return None
+        more = f" and {len(self.unsized) - shown} more" if len(self.unsized) > shown else ""
+        return (f"{len(self.unsized)} tensors of unknown size counted as 0 B in the "
+                f"estimate: {', '.join(self.unsized[:shown])}{more}")
 
 
 def scratch_bytes(graph: Graph, name: str, runtime: RuntimeModel) -> int:
@@ -71,6 +82,13 @@ def scratch_bytes(graph: Graph, name: str, runtime: RuntimeModel) -> int:
         if itemsize is not None and all(d is not None and d >= 0 for d in shape):
             total += math.prod(shape) * itemsize
     return total
+
+
+def _value_name(graph: Graph, tensor: Tensor) -> str:
+    """The format's name of ``tensor``: its ONNX value name, else ``node:port``."""
+    outputs = graph.node(tensor.node).outputs
+    named = tensor.port < len(outputs) and outputs[tensor.port]
+    return outputs[tensor.port] if named else f"{tensor.node}:{tensor.port}"
 
 
 class _Buffer:
@@ -119,6 +137,7 @@ class Simulation:
         self.planned = runtime.heap == FREE_LIST
         self.free: dict[tuple, list[_Buffer]] = {}
         self.freed_at: dict[_Buffer, int] = {}
+        self.unsized: dict[str, None] = {}  # ordered, once each
 
     def _control_only(self, targets: list[str]) -> set[str]:
         """Stateless nodes whose values nothing that runs reads (they only order
@@ -161,7 +180,15 @@ class Simulation:
         size = tensor_bytes(self.graph, tensor, self.batch_size)
         if size is None and tensor.node in self.loops:
             size = self.loops[tensor.node][0].held_bytes(tensor.port)
+        if size is None and self._is_data(tensor):
+            self.unsized[_value_name(self.graph, tensor)] = None
         return size or 0
+
+    def _is_data(self, tensor: Tensor) -> bool:
+        """Whether ``tensor`` is a buffer of elements: not a handle (a resource,
+        a variant), whose size is none to know."""
+        dtype = self.dialect.dtype(self.graph, tensor)
+        return dtype is None or element_size(dtype) is not None
 
     def _fed_bytes(self) -> int:
         """Bytes of the fed values the runtime holds for the step (module docstring)."""
@@ -200,6 +227,7 @@ class Simulation:
                     self._release(Tensor(name, port), len(profile.timeline) - 1)
         if self.planned:
             self._free_unclaimed(profile)
+        profile.unsized = list(self.unsized)
         return profile
 
     def _copy_shared_variables(self, name: str) -> None:

@@ -22,7 +22,8 @@ REGIONS, SHAPES, PEAK = "regions", "shapes", "peak_bytes"
 
 
 class AnalysisManager:
-    """``regions(graph)``, ``shapes(graph)`` and ``peak_bytes(graph, fetches)``,
+    """``regions(graph)``, ``shapes(graph)`` and ``peak_bytes(graph, fetches)`` (its
+    ``profile``),
     each computed once per graph until :meth:`invalidate`."""
 
     def __init__(self, regions: RegionOptions | None = None) -> None:
@@ -51,12 +52,15 @@ class AnalysisManager:
     def peak_bytes(self, graph: Graph, fetches: Iterable[str], runtime: RuntimeModel) -> int:
         """The estimate of the step that runs ``fetches`` on ``runtime``
         (``analysis/estimate.py``), cached per runtime model and configuration."""
+        return self.profile(graph, fetches, runtime).peak_bytes
+
+    def profile(self, graph: Graph, fetches: Iterable[str], runtime: RuntimeModel):
+        """The simulated step behind :meth:`peak_bytes` (a ``MemoryProfile``)."""
         from graphpass.analysis.estimate import step_profile
 
         fetches = list(fetches)
         key = (PEAK, tuple(fetches), type(runtime).__name__, runtime.config)
-        return self._get(graph, key,
-                         lambda: step_profile(graph, fetches, runtime=runtime).peak_bytes)
+        return self._get(graph, key, lambda: step_profile(graph, fetches, runtime=runtime))
 
     def invalidate(self, graph: Graph, preserved: Iterable[str] = ()) -> None:
         """Drop every cached result for ``graph`` but the ``preserved`` analyses."""

@@ -52,7 +52,8 @@ loops with their trip counts; a loop whose trip count neither the graph nor
 ``loop_trips`` gives counts its accumulators as zero.
 
 Unknown sizes count as zero, so the estimate is a lower bound on what it can
-see; ``batch_size`` gives the inputs' unknown batch dimension (``check_batch_size``
+see, and the profile names each such value (``MemoryProfile.unsized``);
+``batch_size`` gives the inputs' unknown batch dimension (``check_batch_size``
 names an input that needs it).
 """
 

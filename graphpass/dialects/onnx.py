@@ -48,7 +48,7 @@ from graphpass.dialects.onnx_ops import (
     has_schema,
     opset,
 )
-from graphpass.dialects.onnx_shapes import constant_value, inferred, shape_source
+from graphpass.dialects.onnx_shapes import batch_shape, constant_value, inferred, shape_source
 from graphpass.dialects.onnx_shapes import infer_types as _infer_types
 from graphpass.errors import GraphpassError
 from graphpass.formats.onnx_order import INPUT, SOURCE_OPS
@@ -223,6 +223,11 @@ class ONNXDialect(Dialect):
         (it takes a model, not a subgraph): dtypes and shapes (None for symbolic
         dims) of every node's outputs."""
         _infer_types(graph)
+
+    def batch_shape(self, graph: Graph, tensor: Tensor, batch_size: int) -> tuple | None:
+        """The shape with the inputs' unknown batch dimension set to ``batch_size``,
+        wherever it lands (``onnx_shapes.batch_shape``: inference run again)."""
+        return batch_shape(graph, tensor, batch_size)
 
     def constant_value(self, graph: Graph, tensor: Tensor) -> Any:
         """The numpy value of an initializer or ``Constant`` output, else None."""

@@ -50,7 +50,7 @@ def copy_node(graph: Graph, name: str, new_name: str) -> str:
                           domain=node.domain, outputs=outputs)
     # Same op on inputs of the same types and shapes: the inferred ones carry over,
     # so a pass that copies nodes does not re-run shape inference on the model.
-    for key in ("onnx_extras", "onnx_arity", "dtypes", "shapes"):
+    for key in ("onnx_extras", "onnx_arity", "dtypes", "shapes", "batch_shapes"):
         if key in node.meta:
             copy.meta[key] = node.meta[key]
     return new_name

@@ -69,10 +69,64 @@ def broadcast(a: tuple, b: tuple) -> tuple:
 
 def infer_types(graph: Graph) -> None:
     """Run ONNX shape inference once; record each node's output dtypes and shapes."""
+    types, source = _types(graph, model_from_graph(graph))
+    _SOURCES.pop(graph, None)
+    if source is not None:
+        _SOURCES[graph] = source
+    for node in graph.nodes():
+        known = [types.get(v, (None, None)) for v in node.outputs]
+        node.meta["dtypes"] = [dtype for dtype, _ in known]
+        node.meta["shapes"] = [shape for _, shape in known]
+        node.meta.pop("batch_shapes", None)  # of the graph as it was
+
+
+def batch_shape(graph: Graph, tensor: Tensor, batch_size: int) -> tuple | None:
+    """The static shape when the inputs' unknown batch (first) dimension is
+    ``batch_size``: inference run again with it (once per graph and size), so a
+    value whose batch is not its first dimension (an LSTM's ``[seq, batch,
+    hidden]``) or that is computed from the batch (``ConstantOfShape`` of a
+    ``Shape``) gets it too."""
+    node = graph.node(tensor.node)
+    if batch_size not in node.meta.get("batch_shapes", {}):
+        types, _ = _types(graph, _with_batch(model_from_graph(graph), batch_size))
+        for each in graph.nodes():
+            each.meta.setdefault("batch_shapes", {})[batch_size] = [
+                types.get(v, (None, None))[1] for v in each.outputs]
+    shapes = node.meta["batch_shapes"][batch_size]
+    return shapes[tensor.port] if tensor.port < len(shapes) else None
+
+
+def _with_batch(model, batch_size: int):
+    """``model`` with its inputs' unknown first dimension set to ``batch_size``, and
+    every dimension named as one of those (ONNX: one name, one size) too."""
+    graph = model.graph
+    named = set()
+    for value in graph.input:
+        dims = _dims(value)
+        if dims and not dims[0].HasField("dim_value"):
+            named.add(dims[0].dim_param)
+            dims[0].dim_value = batch_size
+    named.discard("")
+    for value in [*graph.output, *graph.value_info]:
+        for dim in _dims(value):
+            if dim.HasField("dim_param") and dim.dim_param in named:
+                dim.dim_value = batch_size
+    return model
+
+
+def _dims(value) -> list:
+    """The dims of a ``ValueInfoProto`` of a tensor, empty for any other."""
+    return value.type.tensor_type.shape.dim if value.type.HasField("tensor_type") else []
+
+
+def _types(graph: Graph, model) -> tuple[dict, str | None]:
+    """Every value's ``(dtype, shape)`` in ``model`` (``graph`` lowered, perhaps
+    with its batch fixed) by ONNX inference, then onnxruntime's for its own ops;
+    and what typed those (``shape_source``), None if ONNX inference alone did."""
     import onnx
 
     try:
-        model = onnx.shape_inference.infer_shapes(model_from_graph(graph), data_prop=True)
+        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except (onnx.shape_inference.InferenceError, ValueError, GraphpassError):
         model = None  # malformed or huge: everything stays unknown
     types = {}
@@ -81,22 +135,16 @@ def infer_types(graph: Graph) -> None:
             types[info.name] = tensor_type(info.type)
     for name, tensor in graph.format_state.initializers.items():
         types[name] = (dtype_name(tensor.data_type), tuple(tensor.dims))
-    _SOURCES.pop(graph, None)
-    if model is not None:
-        _contrib_types(graph, model, types)
-    for node in graph.nodes():
-        known = [types.get(v, (None, None)) for v in node.outputs]
-        node.meta["dtypes"] = [dtype for dtype, _ in known]
-        node.meta["shapes"] = [shape for _, shape in known]
+    return types, None if model is None else _contrib_types(model, types)
 
 
-def _contrib_types(graph: Graph, model, types: dict) -> None:
+def _contrib_types(model, types: dict) -> str | None:
     """Types of onnxruntime's own ops ONNX inference left unknown
     (``onnx_contrib_shapes``). Then, while dims stay unknown (onnxruntime's
     inference stopped, or left a dim symbolic that ONNX inference can tell), ONNX
     inference and ORT's conventions take turns from what is typed (each may let
-    the other go further), up to ``MAX_INFERENCE_ROUNDS``. What typed the contrib
-    ops is kept for ``shape_source``."""
+    the other go further), up to ``MAX_INFERENCE_ROUNDS``. Returns what typed the
+    contrib ops (None where there are none, or nothing was left unknown)."""
     from graphpass.dialects.onnx_contrib_shapes import contrib_types, convention_types, unknown_dims
 
     values = [v for n in model.graph.node for v in n.output if v]
@@ -105,16 +153,17 @@ def _contrib_types(graph: Graph, model, types: dict) -> None:
         return sum(unknown_dims(types.get(v, (None, None))[1]) for v in values)
 
     if unknown() == 0 or not any(n.domain == MS_DOMAIN for n in model.graph.node):
-        return
-    _SOURCES[graph] = contrib_types(model, types)
+        return None
+    source = contrib_types(model, types)
     for _ in range(MAX_INFERENCE_ROUNDS):
         before = unknown()
         if before == 0:
-            return
+            break
         _reinfer(model, values, types)
         convention_types(model.graph.node, types)
         if unknown() >= before:
-            return
+            break
+    return source
 
 
 #: The most rounds of ONNX inference ``_contrib_types`` runs without onnxruntime's.

@@ -17,17 +17,16 @@ warm-up step):
                       the planner match the hand-written marks?)
 * cheap            -- ``--recompute auto --recompute-policy cheap``
 
-Columns: estimated peak (graphpass's simulation), the step's allocation records'
-peak plus the fed values (what the estimate simulates: the kernels' own
-allocations), measured peak (the CPU allocator's where oneDNN keeps
-statistics, else the records plus the fed values) and its ratio to the
-original's, the step time the rewrite predicts (``est t``: the report's
-``estimated_extra_step_time``) beside the measured step time ratios (wall clock and CPU time, from steps alternated with
-the original's in one process: ``measure.paired_step_time``), planning seconds,
-the solver's gap, and for budgets what the planner planned to (the budget less
-the runtime model's allocator headroom), whether it said the budget is met and whether
-the measured peak is within it (+5%). A budget no plan reaches is
-reported as the planner's exit-2 message.
+Columns: estimated peak (graphpass's simulation), the step's allocation records' peak
+plus the fed values (what the estimate simulates: the kernels' own allocations),
+measured peak (the CPU allocator's where oneDNN keeps statistics, else the records plus
+the fed values) and its ratio to the original's, the step time the rewrite predicts
+(``est t``: the report's ``estimated_extra_step_time``) beside the measured step time
+ratios (wall clock and CPU time, from steps alternated with the original's in one
+process: ``measure.paired_step_time``), planning seconds, the solver's gap, and for
+budgets what the planner planned to (the budget less the runtime model's allocator
+headroom), whether it said the budget is met and whether the measured peak is within it
+(+5%). A budget no plan reaches is reported as the planner's exit-2 message.
 
     python -m tools.bench.planner [--models mlp,mobilenet_v2,resnet50,transformer] [--small]
                                   [--variants auto,cheap,...] [--rounds N]

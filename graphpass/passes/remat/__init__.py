@@ -133,7 +133,8 @@ class RematPass(Pass):
         view = runtime_view(graph, step.fetches, runtime) \
             if estimate and runtime.has_oracle else None
         follow_runtime_order(graph, view, runtime)
-        low = _peak_before(graph, ctx, step, batch) if estimate else None
+        before = _profile_before(graph, ctx, step, batch) if estimate else None
+        low = before.peak_bytes if before else None
         held = held_updates_peak(graph, step, batch, step_estimator(step)) \
             if estimate and runtime.holds_updates else None
         # The original as its runtime runs it in its worse processes; the rewrite
@@ -190,7 +191,7 @@ class RematPass(Pass):
             replayed.append(_replayed_peak(graph, step, batch, measured[1], written))
         self.report = _report(entries, skipped, step.dependency, peak_before, peak_after,
                               auto, deferred, measured, shown, pinned, replayed, runtime,
-                              caveats=not proven, extra_time=extra_time)
+                              caveats=not proven, before=before, extra_time=extra_time)
         return edited
 
     def estimates_memory(self, ctx: PassContext) -> bool:
@@ -220,12 +221,13 @@ def _with_forward_readers(graph: Graph, step: Step, originals: set[str]) -> set[
                         for c, _ in graph.consumers(Tensor(o, p)) if c in step.forward}
 
 
-def _peak_before(graph: Graph, ctx: PassContext, step: Step, batch: int | None) -> int:
+def _profile_before(graph: Graph, ctx: PassContext, step: Step,
+                    batch: int | None) -> MemoryProfile:
     """The estimate of the original step (shared with other passes without a batch
     or loop trips: the analysis manager caches it)."""
     if batch is None and step.loop_trips is None:
-        return ctx.analyses.peak_bytes(graph, step.fetches, step.runtime)
-    return step_estimator(step)(graph, step.fetches, batch).peak_bytes
+        return ctx.analyses.profile(graph, step.fetches, step.runtime)
+    return step_estimator(step)(graph, step.fetches, batch)
 
 
 def _ordering_pays(auto: AutoPlan, low: int, held: MemoryProfile | None) -> bool:
@@ -324,9 +326,11 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
             shown: list[MemoryProfile] | None = None,
             pinned: Pinned | None = None, replayed: list[int] | None = None,
             runtime: RuntimeModel | None = None, caveats: bool = True,
+            before: MemoryProfile | None = None,
             extra_time: float | None = None) -> dict:
     """The pass's report; the peaks are None when not estimated
-    (``PassContext.estimates``); ``deferred``: the estimates without and with the
+    (``PassContext.estimates``); ``before``: the original's estimate, whose values
+    of unknown size it names; ``deferred``: the estimates without and with the
     updates deferred (``defer``), None if they were not; ``measured``: the step
     before and after, run (``--profile``), None if it was not; ``shown``: the
     estimates before and after of the graph the runtime runs, None where not made
@@ -380,6 +384,8 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
     if peak_before:
         summary.append(f"estimated peak {peak_before / 2**20:.1f} MiB -> "
                        f"{peak_after / 2**20:.1f} MiB ({peak_after / peak_before:.2f}x)")
+        if before is not None and before.unsized_note():
+            summary.append(f"  {before.unsized_note()}")
         if runtime is not None and runtime.reads_config:
             summary.append(f"  for {runtime.title}, {runtime.config} (the target's runtime "
                            f"configuration: --onednn, --intra-op-threads; not this machine's)")
@@ -422,6 +428,7 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
         "estimated_peak_bytes_before": peak_before,
         "estimated_peak_bytes_after": peak_after,
         "estimated_extra_step_time": None if extra_time is None else round(extra_time, 4),
+        "unsized_tensors": [] if before is None else before.unsized,
         "segments": entries,
         "skipped_marks": skipped,
         "nodes_added": sum(e["copied"] for e in entries),
