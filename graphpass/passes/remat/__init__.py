@@ -401,12 +401,12 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
     if shown is not None and shown[0].model:
         first, last = shown
         # The original in its worse processes there too, as the planner's figure.
-        before = first.peak_bytes if pinned is None else pinned.original(first.peak_bytes)
+        original = first.peak_bytes if pinned is None else pinned.original(first.peak_bytes)
         summary.append(f"estimated peak on {first.model}: "
-                       f"{before / 2**20:.1f} MiB -> {last.peak_bytes / 2**20:.1f} "
-                       f"MiB ({last.peak_bytes / max(before, 1):.2f}x)")
+                       f"{original / 2**20:.1f} MiB -> {last.peak_bytes / 2**20:.1f} "
+                       f"MiB ({last.peak_bytes / max(original, 1):.2f}x)")
         extra["runtime_estimate"] = {"model": first.model,
-                                     "peak_bytes_before": before,
+                                     "peak_bytes_before": original,
                                      "peak_bytes_after": last.peak_bytes,
                                      "order_peaks_before": list(first.order_peaks),
                                      "order_peaks_after": list(last.order_peaks)}
