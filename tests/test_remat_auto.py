@@ -90,7 +90,7 @@ def test_chain_program_is_optimal_against_brute_force():
     rng = random.Random(1)
     for _ in range(150):
         units = [Unit(0, 1, rng.randint(0, 100), 0, rng.randint(0, 30), rng.randint(0, 30),
-                      rng.randint(1, 50)) for _ in range(rng.randint(1, 6))]
+                      cost=rng.randint(1, 50)) for _ in range(rng.randint(1, 6))]
         for unit in units:
             unit.pinned_bytes = rng.randint(0, unit.saved_bytes // 4)
             # kernel temporaries of its gradient ops (ONNX's Where), in half the cases

@@ -93,16 +93,25 @@ class Sizes:
 
     def work(self, name: str, runtime: RuntimeModel) -> float:
         """One run of ``name`` in bytes moved (the roofline, see the module): its
-        FLOPs over ``BALANCE`` or the bytes it reads and writes, whichever is larger.
-        An output the runtime aliases to an input (Identity, Reshape) moves nothing."""
+        FLOPs over ``BALANCE`` or the bytes it reads and writes, whichever is larger."""
+        return max(self.flops(name) / BALANCE, float(self.moved(name, runtime)))
+
+    def moved(self, name: str, runtime: RuntimeModel) -> int:
+        """Bytes one run of ``name`` reads and writes; an op whose outputs the runtime
+        all aliases to inputs (Identity, Reshape) moves nothing."""
         graph = self.graph
         written = [Tensor(name, p) for p in graph.used_ports(name)
                    if runtime.output_alias(graph, name, p) is None]
         if not written:
-            return 0.0
-        moved = sum(self.bytes(t) for t in [*graph.inputs(name), *written])
-        return max(self.flops(name) / BALANCE, float(moved))
+            return 0
+        return sum(self.bytes(t) for t in [*graph.inputs(name), *written])
 
+    def memory_bound(self, name: str, runtime: RuntimeModel) -> bool:
+        """Whether ``name`` waits on memory, not arithmetic (known sizes, FLOPs over
+        ``BALANCE`` at most its bytes): running it again costs about what reading
+        its inputs and writing its outputs once more costs."""
+        moved = self.moved(name, runtime)
+        return moved > 0 and self.flops(name) / BALANCE <= moved
 
 
 class StepTime:

@@ -82,6 +82,7 @@ class Unit:
     cut_saved_bytes: int = 0  # what crosses the cut after the unit, saved anyway
     cut_free_bytes: int = 0  # ... and what crosses it but the backward does not read
     flops: int = 0  # recomputing every recomputable op here
+    cost: int = 0  # ... its time, by the roofline (``Sizes.work``: bytes moved)
     returned_bytes: int = 0  # returned values the backward allocates here (module docstring)
     scratch_bytes: int = 0  # the largest kernel temporaries of its gradient ops (docstring)
 
@@ -133,11 +134,13 @@ def forward_chain(graph: Graph, nodes: list[str], backward: set[str],
     saved_at = [0] * len(order)
     pinned_at = [0] * len(order)
     flops_at = [0] * len(order)
+    cost_at = [0] * len(order)
     crossing = []  # (producer position, last forward reader position, bytes, saved)
     for i, name in enumerate(order):
         recomputable = runtime.recomputable(graph, name)
         if recomputable:
             flops_at[i] = sizes.flops(name)
+            cost_at[i] = round(sizes.work(name, runtime))
         for port in graph.used_ports(name):
             tensor = Tensor(name, port)
             readers = [c for c, _ in graph.consumers(tensor) if not ignore_reader(c)]
@@ -159,7 +162,7 @@ def forward_chain(graph: Graph, nodes: list[str], backward: set[str],
     for end in cuts + [len(order) - 1]:
         unit = Unit(start, end + 1, sum(saved_at[start:end + 1]),
                     sum(pinned_at[start:end + 1]), saved_widths[end], free_widths[end],
-                    sum(flops_at[start:end + 1]))
+                    sum(flops_at[start:end + 1]), sum(cost_at[start:end + 1]))
         units.append(unit)
         start = end + 1
     _charge_returned(graph, order, units, sizes)

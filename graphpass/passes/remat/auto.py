@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from graphpass.analysis.cost import Sizes
+from graphpass.analysis.cost import Sizes, StepTime
 from graphpass.analysis.estimate import step_profile
 from graphpass.analysis.forward import ForwardChain, computed_forward, forward_chain
 from graphpass.analysis.measured import Profiler
@@ -22,7 +22,12 @@ from graphpass.analysis.memory import (
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor, gc_paused
 from graphpass.options import BUDGET, CHEAP, RematOptions
-from graphpass.passes.remat.cheap import SHARED_COPY_ALLOWANCE, cheap_groups, cheap_keep
+from graphpass.passes.remat.cheap import (
+    SHARED_COPY_ALLOWANCE,
+    cheap_groups,
+    cheap_keep,
+    within_time,
+)
 from graphpass.passes.remat.defer import can_defer, defer_updates
 from graphpass.passes.remat.marks import SCOPE, Segment, is_generated, unique
 from graphpass.passes.remat.pin import (
@@ -171,10 +176,11 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
 
     # The step as written without a segment: the chain model is calibrated on it.
     written = estimate([]) if waits or update_reads(graph, step) else before
+    time_model = StepTime(graph, step.fetches, options.batch_size, step.runtime)
     plan = AutoPlan(policy, budget, len(chain.units), chain.width, "none", 0.0,
                     before, written, max(0, written - model_peak(chain.units, ())),
                     headroom=step.runtime.allocator_headroom,
-                    loops=_loop_notes(graph, step, options))
+                    loops=_loop_notes(graph, step, options), step_cost=time_model.total)
     if policy != BUDGET:
         target = None
     elif target is None:
@@ -184,7 +190,7 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
         plan.solver = "none (already rematerialized by graphpass)"
         segments = []
     elif policy == CHEAP:
-        segments = _plan_cheap(graph, chain, sizes, plan, turns, step.runtime)
+        segments = _plan_cheap(graph, chain, sizes, plan, turns, time_model)
     else:
         segments = _plan_chain(chain, plan, target, options, estimate, trial,
                                can_defer(graph, step), turns, step.runtime)
@@ -274,15 +280,16 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
 
 
 def _plan_cheap(graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,
-                turns, runtime: RuntimeModel) -> list[Segment]:
+                turns, time_model: StepTime) -> list[Segment]:
     """``cheap``: keep what one min cut says; recompute the rest per unit, each value
     once where that costs at most ``SHARED_COPY_ALLOWANCE`` of the peak (a shared
     copy lives from the first group's trigger to the last reader; estimated both
-    ways)."""
-    keep = frozenset(cheap_keep(graph, chain, sizes, runtime))
+    ways), and only the groups the step's time allows (``cheap.within_time``)."""
+    keep = frozenset(cheap_keep(graph, chain, sizes, time_model.runtime))
 
     def grouped(share: bool) -> list[tuple[str, list[Tensor]]]:
-        return cheap_groups(graph, chain, keep, share)
+        return within_time(graph, chain, cheap_groups(graph, chain, keep, share), keep,
+                           time_model, sizes)
 
     def segments_of(groups) -> list[Segment]:
         return [Segment(label, [], released, keep) for label, released in groups]
@@ -301,7 +308,9 @@ def _plan_cheap(graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,
     plan.segments = [{
         "label": label, "nodes": len(unique(t.node for t in released)),
         "estimated_bytes_saved": sum(sizes.bytes(t) for t in released),
-        "recompute_flops": sum(sizes.flops(n) for n in unique(t.node for t in released))}
+        "recompute_flops": sum(sizes.flops(n) for n in unique(t.node for t in released)),
+        "recompute_cost": round(sum(time_model.sizes.work(n, time_model.runtime)
+                                    for n in unique(t.node for t in released)))}
         for label, released in groups]
     return segments
 

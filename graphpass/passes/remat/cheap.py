@@ -1,18 +1,25 @@
-"""The ``cheap`` remat policy: recompute only cheap ops, chosen by one minimum cut.
+"""The ``cheap`` remat policy: recompute only what costs little time, chosen by one
+minimum cut.
 
-Only ops of the dialect's ``op_class`` "cheap" (elementwise, activations,
-normalisation, reshapes) may be recomputed; matmul and convolution outputs are
-kept. Which values to keep is one minimum cut over tensor bytes (networkx
-max-flow), as PyTorch's min-cut partitioner does for its joint graphs: the
-source feeds every value that may not be recomputed, every value a gradient op
-reads drains to the sink, each value is an edge of capacity its bytes. The
-recomputed values are grouped per unit of the forward chain, so each group is
-recomputed when its own gradient arrives. No trade-off to solve: the recompute
-is cheap by construction, so the cut only minimises what stays live.
+Cheap is defined by cost (``analysis.cost``'s roofline), not by op kind: an op
+may be recomputed when it is memory bound (running it again costs about reading
+its inputs and writing its outputs once more: elementwise ops, activations,
+normalisations, copies), never where its arithmetic dominates (matmuls and
+convolutions of any size that matters). Which values to keep is one minimum cut
+over tensor bytes (networkx max-flow), as PyTorch's min-cut partitioner does for
+its joint graphs: the source feeds every value that may not be recomputed, every
+value a gradient op reads drains to the sink, each value is an edge of capacity
+its bytes. The recomputed values are grouped per unit of the forward chain, so
+each group is recomputed when its own gradient arrives. Then the step's time
+decides: where the groups' copies would add more than ``CHEAP_TIME`` of the
+step's predicted time, the groups releasing the most bytes per unit of time are
+kept, in that order, up to it (a CNN's batch norms, recomputed per group that
+needs them, cost more than their bytes suggest).
 """
 
 from __future__ import annotations
 
+from graphpass.analysis.cost import StepTime
 from graphpass.analysis.forward import ForwardChain
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.runtimes import RuntimeModel
@@ -23,6 +30,8 @@ REDUCTION = 4
 #: to recompute each value once rather than once per group that needs it (see
 #: :func:`cheap_groups`).
 SHARED_COPY_ALLOWANCE = 0.01
+#: The most the cheap policy's copies may add to the step's predicted time.
+CHEAP_TIME = 0.05
 
 
 def cheap_keep(graph: Graph, chain: ForwardChain, sizes, runtime: RuntimeModel) -> set[Tensor]:
@@ -37,14 +46,13 @@ def cheap_keep(graph: Graph, chain: ForwardChain, sizes, runtime: RuntimeModel) 
     reductions by the same 4x rule)."""
     import networkx as nx
 
-    dialect = graph.dialect
     members = set(chain.order)
     saved = {v.tensor for v in chain.saved}
     static = _static(graph, chain.order)
     flow = nx.DiGraph()
     for name in chain.order:
         banned = name in static or not runtime.recomputable(graph, name) or \
-            dialect.op_class(graph, name) != "cheap" or _folds_constant(graph, name, runtime)
+            not sizes.memory_bound(name, runtime) or _folds_constant(graph, name, runtime)
         inputs = [t for t in graph.inputs(name) if t.node in members]
         read = sum(sizes.bytes(t) for t in graph.inputs(name))
         for port in graph.used_ports(name):
@@ -119,6 +127,30 @@ def cheap_groups(graph: Graph, chain: ForwardChain, keep: set[Tensor],
         for name in _recompute_closure(graph, groups.get(index, []), keep, unit_of):
             recomputed_by.setdefault(name, index)
     return [(chain.label(index, index), sorted(groups[index])) for index in sorted(groups)]
+
+
+def within_time(graph: Graph, chain: ForwardChain, groups: list[tuple[str, list[Tensor]]],
+                keep: set[Tensor], time: StepTime, sizes) -> list[tuple[str, list[Tensor]]]:
+    """``groups`` whose copies add at most ``CHEAP_TIME`` of the step's predicted
+    time: all where they fit, else those releasing the most bytes per unit of
+    time, in that order, while the next still fits (each group's copies counted
+    as its own: a copy two groups share counts twice, which errs towards keeping)."""
+    members = set(chain.order)
+
+    def extra(released: list[Tensor]) -> float:
+        return time.extra(sorted(_recompute_closure(graph, released, keep, members)))
+
+    cost = {label: extra(released) for label, released in groups}
+    if sum(cost.values()) <= CHEAP_TIME:
+        return groups
+    saved = {label: sum(sizes.bytes(t) for t in released) for label, released in groups}
+    chosen, spent = set(), 0.0
+    for label in sorted(cost, key=lambda g: (-saved[g] / max(cost[g], 1e-12), g)):
+        if spent + cost[label] > CHEAP_TIME:
+            break
+        chosen.add(label)
+        spent += cost[label]
+    return [(label, released) for label, released in groups if label in chosen]
 
 
 def _recompute_closure(graph: Graph, released: list[Tensor], keep: set[Tensor],

@@ -22,7 +22,9 @@ incremental model instead of trial rewrites:
   a constant for what the model does not see (gradients, temporaries):
   the gap between the calibrated estimate of the original step
   (``analysis.memory.estimated_peak_bytes``) and the model's own figure for it.
-* the cost of a segment is the FLOPs of its recomputable ops (``analysis.cost``).
+* the cost of a segment is the time its recomputable ops take again, by
+  ``analysis.cost``'s roofline (FLOPs or bytes moved, whichever dominates), not
+  their FLOPs alone: a batch norm moves far more than it computes.
 
 Policies (``--recompute-policy``):
 
@@ -75,6 +77,7 @@ class _Prefix:
         self.units = units
         self.saved = _prefix(u.saved_bytes for u in units)
         self.pinned = _prefix(u.pinned_bytes for u in units)
+        self.costs = _prefix(u.cost for u in units)
         self.flops = _prefix(u.flops for u in units)
         self.returned = _prefix(u.returned_bytes for u in units)
         # what a run from unit 0 holds at unit u's gradient: its values up to u, u's scratch
@@ -100,7 +103,7 @@ class _Prefix:
                 + self.entry(first))
 
     def cost(self, first: int, last: int) -> int:
-        return self.flops[last + 1] - self.flops[first]
+        return self.costs[last + 1] - self.costs[first]
 
 
 def model_peak(units: list[Unit], runs: tuple[tuple[int, int], ...]) -> int:
@@ -246,9 +249,9 @@ class _RunFigures:
 
         sums = _Prefix(units)
         self.quantum, self.up = quantum, up
-        self.saved, self.pinned, self.flops, self.returned = (
+        self.saved, self.pinned, self.costs, self.returned = (
             np.array(values, dtype=np.int64)
-            for values in (sums.saved, sums.pinned, sums.flops, sums.returned))
+            for values in (sums.saved, sums.pinned, sums.costs, sums.returned))
         self.cut_saved = np.array([u.cut_saved_bytes for u in units], dtype=np.int64)
         self.busiest = np.array([sums.saved[i + 1] + u.scratch_bytes
                                  for i, u in enumerate(units)], dtype=np.int64)
@@ -273,7 +276,7 @@ class _RunFigures:
         live = busiest - self.saved[first] + entry + self.returned[-1] - self.returned[lasts + 1]
         shift = self.steps(kept)
         size = np.minimum(cap - self.steps(live) + 1, cap + 1 - shift)
-        return lasts, shift, size, self.flops[lasts + 1] - self.flops[first]
+        return lasts, shift, size, self.costs[lasts + 1] - self.costs[first]
 
 
 #: Buckets relaxed per numpy step of ``_relax_runs`` (bounds its temporary arrays).
@@ -349,10 +352,12 @@ def _prefix(values) -> list[int]:
 
 
 def describe_runs(chain: ForwardChain, runs: tuple[tuple[int, int], ...]) -> list[dict]:
-    """The report's entry per recomputed run: label, ops, model bytes saved, FLOPs."""
+    """The report's entry per recomputed run: label, ops, model bytes saved, FLOPs
+    and the cost the planner weighed (``Unit.cost``)."""
     sums = _Prefix(chain.units)
     return [{"label": chain.label(first, last), "units": [first, last],
              "nodes": len(chain.nodes(first, last)),
              "estimated_bytes_saved": max(0, sums.saved[last + 1] - sums.saved[first]
                                           - sums.kept(first, last)),
-             "recompute_flops": sums.cost(first, last)} for first, last in runs]
+             "recompute_flops": sums.flops[last + 1] - sums.flops[first],
+             "recompute_cost": sums.cost(first, last)} for first, last in runs]

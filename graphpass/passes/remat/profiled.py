@@ -66,7 +66,7 @@ def profiled_plan(plan_at: PlanAt, measure: Measure, before: StepMeasurement,
         best.measured_before, best.measured = before, measured
         raise GraphpassError(over_budget_message(option, best, measured.peak_bytes,
                                                  _labels(best), judged="measured"))
-    measured, chosen, segments = min(met, key=lambda t: (_flops(t[1]), t[0].peak_bytes))
+    measured, chosen, segments = min(met, key=lambda t: (_cost(t[1]), t[0].peak_bytes))
     chosen.policy = BUDGET
     _record(chosen, before, measured, runs)
     chosen.notes.append(f"the original measured {format_bytes(before.peak_bytes)} against "
@@ -119,5 +119,5 @@ def _labels(plan: AutoPlan) -> list[str]:
     return [s["label"] for s in plan.segments]
 
 
-def _flops(plan: AutoPlan) -> int:
-    return sum(s["recompute_flops"] for s in plan.segments)
+def _cost(plan: AutoPlan) -> int:
+    return sum(s["recompute_cost"] for s in plan.segments)

@@ -46,6 +46,9 @@ class AutoPlan:
     notes: list[str] = field(default_factory=list)
     #: forward loops whose bodies the planner does not plan into, one note each
     loops: list[str] = field(default_factory=list)
+    #: the step's predicted time (``analysis.cost.StepTime``), what each segment's
+    #: ``recompute_cost`` is a share of
+    step_cost: float = 0.0
 
     @property
     def target_bytes(self) -> int | None:
@@ -92,6 +95,7 @@ class AutoPlan:
                 **measured, "notes": self.notes,
                 "segments": self.segments, "rounds": self.rounds,
                 "planning_seconds": round(self.seconds, 3),
+                "step_cost": round(self.step_cost),
                 "loops_not_planned_into": self.loops}
 
     def summary(self) -> list[str]:
