@@ -124,7 +124,8 @@ def test_training_ops_outside_onnx_schemas_are_sized(case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["transformer_ce", "conv_bn_ce", "mlp_gelu_bce"])
+@pytest.mark.parametrize("case", ["transformer_ce", "transformer_post_ln_ce", "conv_bn_ce",
+                                  "mlp_gelu_bce"])
 def test_contrib_op_artifacts_train_bit_for_bit(case, tmp_path):
     _, target = _rewrite(case, tmp_path)
     result = run_in_env(TRAIN, str(ARTIFACTS / case), str(target))
@@ -395,6 +396,28 @@ def test_a_recomputed_residual_keeps_its_layer_norm_out_of_ort_skip_fusion(tmp_p
     original, step = run_in_env(RUN_STEP, str(ARTIFACTS / "transformer_ce"), str(source),
                                 str(target))
     assert step == original
+
+
+def test_a_post_norm_residual_is_kept_where_its_copy_would_leave_the_norm_fused(tmp_path):
+    """In ``LN(h + f(h))`` the norm's gradient is the sum's only other reader: were the
+    sum recomputed, the gradient would read the copy and ORT would fuse the original
+    sum into its norm (``SkipLayerNormalization``, which leaves the mean and inverse
+    deviation the gradient reads unset). A pre-norm residual, read by the next
+    residual too, stays recomputable; ``auto`` still recomputes the post-norm blocks."""
+    import graphpass
+
+    post = graphpass.load(ARTIFACTS / "transformer_post_ln_ce" / "training_model.onnx")
+    pre = graphpass.load(ARTIFACTS / "transformer_ce" / "training_model.onnx")
+    assert not any(runtime_for(post).recomputable(post, f"layer{i}/residual{j}")
+                   for i in range(3) for j in (1, 2))
+    assert all(runtime_for(pre).recomputable(pre, f"layer{i}/residual{j}")
+               for i in range(3) for j in (1, 2))
+    _, target = _rewrite("transformer_post_ln_ce", tmp_path)
+    copies = {n.name.removeprefix("graphpass/remat/") for n in onnx.load(target).graph.node
+              if n.name.startswith("graphpass/remat/layer")}
+    assert "layer1/fc1" in copies
+    assert not copies & {f"layer{i}/{name}" for i in range(3)
+                         for name in ("residual1", "residual2", "ln1", "ln2")}
 
 
 def test_a_missing_sympy_is_named_with_the_extra_that_installs_it(monkeypatch):

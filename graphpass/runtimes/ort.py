@@ -2,10 +2,16 @@
 node order for the model the writer emits, its allocation planner's free list,
 and its kernels' aliasing, in-place outputs, fusions and scratch
 (``ort_kernels``). It has no oracle yet: the model is written down, not asked.
+What it writes is asked, though: a rewrite onnxruntime cannot run is never
+written (``check_written``, ``ort_step``).
 """
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
+from graphpass.errors import GraphpassError
 from graphpass.formats.onnx_order import SOURCE_OPS, file_order
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.runtimes import ort_kernels
@@ -57,6 +63,42 @@ class ORTModel(RuntimeModel):
         original (``ort_kernels.fused_unlike_its_copy``)."""
         return super().recomputable(graph, name) and \
             not ort_kernels.fused_unlike_its_copy(graph, name)
+
+    def check_written(self, graph: Graph, source: Path, reports: list[dict]) -> dict:
+        """Step the rewrite once in the onnxruntime installed here (``ort_step``);
+        where it fails and the input runs, refuse it, naming the failing node. The
+        report's ``onnxruntime`` entry says whether it was stepped, and if not, why."""
+        from graphpass.installed import ONNXRUNTIME, installed
+
+        if not installed(ONNXRUNTIME):
+            return _unstepped("onnxruntime is not installed (pip install 'graphpass[onnx]')")
+        from graphpass.formats.dispatch import save
+        from graphpass.runtimes import ort_step
+
+        with tempfile.TemporaryDirectory(prefix="graphpass-ort-") as staging:
+            staged = Path(staging) / "rewrite.onnx"
+            save(graph, staged)
+            try:
+                ort_step.step_once(staged)
+            except ort_step.StepFailed as failed:
+                rewrite_failed = str(failed)
+            else:
+                return {"stepped": True, "version": ort_step.version(),
+                        "summary": [f"onnxruntime {ort_step.version()}: the rewrite loads "
+                                    "and runs a step"]}
+        try:
+            ort_step.step_once(source)
+        except ort_step.StepFailed as failed:
+            return _unstepped(f"onnxruntime {ort_step.version()} cannot run the input either "
+                              f"({failed}{ort_step.training_hint(str(failed))})")
+        raise GraphpassError(f"the rewrite does not run in onnxruntime {ort_step.version()}: "
+                             f"{rewrite_failed}; the input runs, so nothing was written "
+                             "(rewrite without this recompute, and report it)")
+
+
+def _unstepped(reason: str) -> dict:
+    return {"stepped": False, "reason": reason,
+            "summary": [f"the rewrite was not stepped in onnxruntime: {reason}"]}
 
 
 def ort_schedule(graph: Graph) -> list[str]:

@@ -110,21 +110,50 @@ INPUT_SIZED_SCRATCH = {"LayerNormalizationGrad": 4}
 
 
 def fused_unlike_its_copy(graph: Graph, name: str) -> bool:
-    """A ``LayerNormalization`` whose mean or inverse deviation is read (ORT's
-    ``LayerNormalizationGrad`` reads both), reading an ``Add`` other ops read too.
-    ORT's ``SkipLayerNormFusion`` folds an ``Add`` read only by a normalisation into
-    one ``SkipLayerNormalization``: not the original here, but possibly a copy of the
-    pair, whose ``Add`` only the copied normalisation reads; the fused CPU kernel
-    leaves those two outputs uncomputed (the step stops), so the normalisation is
-    not recomputed."""
+    """Where ORT's ``SkipLayerNormFusion`` would fold a residual ``Add`` into the
+    ``LayerNormalization`` reading it alone, in a copy or in the original a copy
+    leaves behind. The fused CPU kernel leaves the mean and inverse deviation
+    uncomputed, and ``LayerNormalizationGrad`` reads both: the step stops
+    ("Missing Input"). Two sides of one fact:
+
+    * the normalisation, where its ``Add`` is read by others too: unfused as the
+      original, but a copy of the pair has an ``Add`` only the copied
+      normalisation reads;
+    * the ``Add``, where the normalisation's gradient is its only other reader
+      (a post-norm residual): the rewrite moves that read to the copy, and the
+      original ``Add``, now read by the normalisation alone, is fused.
+    """
     node = graph.node(name)
-    source = graph.input_slots(name).get(0)
-    if node.op != "LayerNormalization" or node.domain not in DEFAULT_DOMAINS or \
-            source is None or not {1, 2} & set(graph.used_ports(name)):
+    if node.domain not in DEFAULT_DOMAINS:
         return False
-    producer = graph.node(source.node)
-    return producer.op == "Add" and producer.domain in DEFAULT_DOMAINS and \
-        len(graph.consumers(source)) > 1
+    if node.op == "LayerNormalization":
+        source = graph.input_slots(name).get(0)
+        producer = graph.node(source.node) if source is not None else None
+        return producer is not None and _reads_stats(graph, name) and \
+            producer.op == "Add" and producer.domain in DEFAULT_DOMAINS and \
+            len(graph.consumers(source)) > 1
+    return node.op == "Add" and _only_norm_and_its_gradient(graph, name)
+
+
+def _reads_stats(graph: Graph, norm: str) -> bool:
+    """A ``LayerNormalization`` whose mean or inverse deviation is read."""
+    node = graph.node(norm)
+    return node.op == "LayerNormalization" and node.domain in DEFAULT_DOMAINS and \
+        bool({1, 2} & set(graph.used_ports(norm)))
+
+
+def _only_norm_and_its_gradient(graph: Graph, add: str) -> bool:
+    """``add``'s value is input 0 of a normalisation with its statistics read, and
+    every other reader reads those statistics too (the normalisation's gradient),
+    so moving the gradient's reads to a copy leaves the normalisation its only
+    reader."""
+    consumers = graph.consumers(Tensor(add, 0))
+    norms = [r for r, slot in consumers if slot == 0 and _reads_stats(graph, r)]
+    if len(norms) != 1:
+        return False
+    statistics = {reader for port in (1, 2)
+                  for reader, _ in graph.consumers(Tensor(norms[0], port))}
+    return {r for r, _ in consumers} - {norms[0]} <= statistics
 
 
 def scratch_shapes(graph: Graph, name: str) -> list[tuple[Tensor, tuple]]:

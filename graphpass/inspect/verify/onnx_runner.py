@@ -11,11 +11,8 @@ from graphpass.errors import GraphpassError
 from graphpass.inspect.progress import Progress
 from graphpass.inspect.verify.compare import InputMaker, compare_step, first_difference
 from graphpass.inspect.verify.report import VerifyOptions, VerifyReport
+from graphpass.runtimes.ort_step import ORT_DTYPES
 
-_ORT_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64",
-               "tensor(float16)": "float16", "tensor(int64)": "int64",
-               "tensor(int32)": "int32", "tensor(bool)": "bool", "tensor(uint8)": "uint8",
-               "tensor(int8)": "int8"}
 NOT_MEASURED = ("onnxruntime's arena keeps what the first run took, so an inference "
                 "session's step is not measured here")
 
@@ -36,7 +33,7 @@ def verify_onnx(original: Path, rewritten: Path, options: VerifyOptions) -> Veri
     report = VerifyReport("onnx", common, sorted(set(outputs[0]) - set(common)),
                           sorted(set(outputs[2]) - set(common)),
                           memory_not_measured=NOT_MEASURED)
-    specs = [{i.name: (_ORT_DTYPES.get(i.type, i.type), _static(i.shape))
+    specs = [{i.name: (ORT_DTYPES.get(i.type, i.type), _static(i.shape))
               for i in s.get_inputs()} for s in sessions]
     inputs = InputMaker(specs[0], options, specs[2])
     with Progress("verify step", total=options.steps, quiet=options.quiet) as progress:

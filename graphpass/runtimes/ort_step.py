@@ -1,0 +1,99 @@
+"""One step of a model in the onnxruntime installed here: the check that no
+rewrite is written which onnxruntime cannot run (``ORTModel.check_written``).
+
+The rewrite is loaded as onnxruntime loads a training step (its default graph
+optimizations: the fusions a rewrite can wake up) and run once on zeros, every
+unknown dimension 1. Values do not matter: a kernel that finds an input missing,
+or a graph the session refuses, fails on any. Where the rewrite fails, the input
+is tried the same way: if onnxruntime cannot run the input either (plain
+onnxruntime has no kernels for onnxruntime-training's gradient ops), the rewrite
+is not to blame and goes unstepped, with the reason; else it is refused.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+#: onnxruntime's input types -> numpy dtype names (``verify`` feeds them too).
+ORT_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64",
+              "tensor(float16)": "float16", "tensor(int64)": "int64",
+              "tensor(int32)": "int32", "tensor(bool)": "bool", "tensor(uint8)": "uint8",
+              "tensor(int8)": "int8"}
+#: "... while running LayerNormalizationGrad node. Name:'n' Status Message: ..."
+_NODE_FAILED = re.compile(r"running (\S+) node\. Name:'([^']*)' Status Message: (.*)", re.S)
+#: What ORT puts before its own words: the status code, the file it loaded, the C++
+#: source location and signature of the check that failed.
+_PREFIXES = re.compile(r"^(\[ONNXRuntimeError\] : \d+ : \w+ : |Load model from .*? failed:|"
+                       r"/\S+:\d+ [^(]*\([^)]*\)( const)?( \[with [^\]]*\])? )")
+
+
+class StepFailed(Exception):
+    """onnxruntime could not load or run the model; the message is one line."""
+
+
+def step_once(path: Path) -> None:
+    """Load ``path`` in an onnxruntime session and run it once on zeros; raise
+    :class:`StepFailed` saying which node failed and why."""
+    import numpy as np
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    # One thread: the check must not compete with the build; fatal only: a failing
+    # node's error comes back as the exception, not as a log line on stderr.
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    options.log_severity_level = 4
+    try:
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime's Fail, InvalidGraph, NotImplemented...
+        raise StepFailed(f"it does not load: {_first_line(exc)}") from None
+    feeds = {}
+    for value in session.get_inputs():
+        if value.type not in ORT_DTYPES:
+            raise StepFailed(f"input {value.name!r} is a {value.type}, which this check "
+                             "cannot feed")
+        shape = [d if isinstance(d, int) else 1 for d in value.shape or ()]
+        feeds[value.name] = np.zeros(shape, dtype=ORT_DTYPES[value.type])
+    try:
+        session.run(None, feeds)
+    except Exception as exc:
+        raise StepFailed(node_failure(str(exc))) from None
+
+
+def version() -> str:
+    import onnxruntime as ort
+
+    return ort.__version__
+
+
+def training_hint(failure: str) -> str:
+    """Why an input with training ops does not load here: plain onnxruntime has no
+    kernels for onnxruntime-training's gradient and accumulation ops."""
+    from graphpass.installed import MissingRuntime, require_onnxruntime_training
+
+    if "com.microsoft" not in failure:
+        return ""
+    try:
+        require_onnxruntime_training()
+    except MissingRuntime:
+        return "; its training ops run in onnxruntime-training, not installed here"
+    return ""
+
+
+def node_failure(message: str) -> str:
+    """onnxruntime's error of a failed run as one line: the node, its op and the
+    kernel's own words."""
+    found = _NODE_FAILED.search(message)
+    if found is None:
+        return f"it does not run: {_first_line(message)}"
+    op, node, status = found.groups()
+    return f"node {node!r} ({op}) fails: {_first_line(status)}"
+
+
+def _first_line(error) -> str:
+    """The first line of onnxruntime's message, in its own words."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    line = " ".join((lines[0] if lines else type(error).__name__).split())
+    while (prefix := _PREFIXES.match(line)) is not None:
+        line = line[prefix.end():].strip()
+    return line
