@@ -53,7 +53,8 @@ def test_the_tutorial_artifacts_return_the_logits_too():
     ``output``, then the accumulators; the inputs have a dynamic batch."""
     import onnx
 
-    for case in ("tutorial_mlp", "tutorial_cnn_dropout", "tutorial_cnn_bn", "tutorial_lstm"):
+    for case in ("tutorial_mlp", "tutorial_cnn_dropout", "tutorial_cnn_bn", "tutorial_lstm",
+                 "tutorial_gpt2"):
         model = onnx.load(_training_model(case))
         assert [o.name for o in model.graph.output][1] == "output"
         first = model.graph.input[0]

@@ -13,9 +13,10 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 # The producer versions the test artifacts were generated with (tools/fixtures/ort_artifacts.py
-# records them); torch's CPU wheel keeps the environment free of CUDA libraries.
+# records them); torch's CPU wheel keeps the environment free of CUDA libraries;
+# transformers builds the tutorial's GPT-2 (tools/fixtures/ort_tutorial.py).
 "$VENV/bin/python" -m pip install -q -e '.[test]' \
   'onnxruntime-training-cpu==1.19.2' 'onnx==1.16.2' 'numpy<2' \
-  "${ORT_TRAINING_TORCH:-torch==2.13.0+cpu}"
-"$VENV/bin/python" -c "import onnxruntime.training.api, onnx, torch; \
-print('ort-training env:', onnx.__version__, torch.__version__)"
+  "${ORT_TRAINING_TORCH:-torch==2.13.0+cpu}" 'transformers==5.25.0'
+"$VENV/bin/python" -c "import onnxruntime.training.api, onnx, torch, transformers; \
+print('ort-training env:', onnx.__version__, torch.__version__, transformers.__version__)"

@@ -85,6 +85,10 @@ class Unit:
     cost: int = 0  # ... its time, by the roofline (``Sizes.work``: bytes moved)
     returned_bytes: int = 0  # returned values the backward allocates here (module docstring)
     scratch_bytes: int = 0  # the largest kernel temporaries of its gradient ops (docstring)
+    #: A recomputed run holding this unit and starting at or after this unit index
+    #: reads, through this unit, a value its copies can be ordered by (the planner
+    #: sets it where the dependency mode needs one: ``remat/writable.py``).
+    tie_start: int = 0
 
 
 @dataclass

@@ -248,6 +248,13 @@ class RuntimeModel:
     #: push across neighbouring products), so a copy of one is not its original.
     constant_folded_ops: frozenset[str] = frozenset()
 
+    def dependency_modes(self, graph: Graph) -> tuple[str, ...]:
+        """The dependency modes a rewrite of ``graph`` for this runtime orders copies
+        by: the runtime's own where it has one (a runtime that drops control edges
+        keeps none of control mode's ordering), else the format's. What a message
+        may suggest, and what the planner must write with."""
+        return (self.dependency,) if self.dependency else graph.dialect.dependency_modes
+
     def dependency_scale(self, dtype: str) -> float:
         """The factor of data-mode ordering, ``x + stop_gradient(scale * s)``: the
         dtype's smallest normal number, as ``recompute_grad(use_data_dep=True)``

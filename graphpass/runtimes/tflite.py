@@ -62,7 +62,7 @@ class TFLiteModel(TFKernelFacts):
                     f"TFLite's converter merges the {added} recomputed ops back into their "
                     f"originals ({len(rewritten.ops)} ops in the converted train step, "
                     f"{len(original.ops)} before): the rewrite would save nothing on the "
-                    "device; use --dependency data")
+                    "device")
         flex = entry["select_tf_ops"]
         before = f" (original {entry['train_ops_before']})" if "train_ops_before" in entry \
             else ""

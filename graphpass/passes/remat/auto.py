@@ -23,6 +23,7 @@ from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor, gc_paused
 from graphpass.options import BUDGET, CHEAP, RematOptions
 from graphpass.passes.remat.cheap import (
+    CHEAP_TIME,
     SHARED_COPY_ALLOWANCE,
     cheap_groups,
     cheap_keep,
@@ -40,6 +41,7 @@ from graphpass.passes.remat.pin import (
 from graphpass.passes.remat.plan import (
     ROUNDS,
     ChainPlan,
+    Runs,
     describe_runs,
     model_peak,
     solve_budget,
@@ -48,6 +50,13 @@ from graphpass.passes.remat.profiled import profiled_plan
 from graphpass.passes.remat.refine import refine_min_peak
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
 from graphpass.passes.remat.verdict import AutoPlan, over_budget_message
+from graphpass.passes.remat.writable import (
+    chain_left_out,
+    left_out_note,
+    orderable,
+    orderable_chain,
+    writable_runs,
+)
 from graphpass.runtimes import RuntimeModel
 from graphpass.units import MAX_BYTES
 
@@ -121,8 +130,9 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
     run = step_estimator(step)
     check_batch_size(graph, step.fetches, options.batch_size)
     sizes = Sizes(graph, options.batch_size)
-    chain = forward_chain(graph, computed_forward(graph, step.forward), step.backward,
-                          sizes, ignore_reader=is_generated, runtime=step.runtime)
+    chain = orderable_chain(graph, forward_chain(
+        graph, computed_forward(graph, step.forward), step.backward, sizes,
+        ignore_reader=is_generated, runtime=step.runtime), step)
     budget = options.memory_budget_bytes
     if options.memory_budget_fraction is not None:
         budget = min(int(options.memory_budget_fraction * (measured_before or before)),
@@ -190,10 +200,13 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
         plan.solver = "none (already rematerialized by graphpass)"
         segments = []
     elif policy == CHEAP:
-        segments = _plan_cheap(graph, chain, sizes, plan, turns, time_model)
+        segments = _plan_cheap(graph, chain, sizes, plan, turns, step, time_model)
     else:
+        runs = writable_runs(graph, chain, step)
         segments = _plan_chain(chain, plan, target, options, estimate, trial,
-                               can_defer(graph, step), turns, step.runtime)
+                               can_defer(graph, step), turns, step.runtime, runs)
+        if note := left_out_note(graph, step, chain_left_out(chain, runs)):
+            plan.notes.append(note)
     if segments and plan.estimate > NO_GAIN * before:
         plan.notes.append(f"no segment recomputed: the best plan's estimate "
                           f"({format_bytes(plan.estimate)}) is not below {NO_GAIN}x the "
@@ -235,7 +248,7 @@ def _loop_notes(graph: Graph, step: Step, options: RematOptions) -> list[str]:
 
 def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
                 options: RematOptions, estimate, trial, deferrable: bool,
-                turns, runtime: RuntimeModel) -> list[Segment]:
+                turns, runtime: RuntimeModel, runs: Runs | None) -> list[Segment]:
     """``min-peak`` or ``budget``: solve the chain for the lowest peak, checked
     against the estimate (``refine``: rounds where the model was wrong). A
     budget plan is searched by bisection over the model's budget, between the
@@ -244,10 +257,12 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
     ``budget`` is what the estimate must meet (the user's less the runtime's
     allocator headroom: the estimate counts requests, the allocator's peak is
     what must meet the budget); where the lowest plan misses it, that plan is
-    the answer, and the caller judges it (``verdict``)."""
+    the answer, and the caller judges it (``verdict``). Only ``runs`` the rewrite
+    can write are taken (``writable``)."""
     units, unplanned = chain.units, plan.estimate  # the step as written, no segment
     chosen, estimated, plan.rounds = refine_min_peak(units, plan.model_offset, trial,
-                                                     runtime, options.batch_size, budget)
+                                                     runtime, options.batch_size, budget,
+                                                     runs)
     in_turn = True
     if estimated < unplanned and (deferrable or len(chosen.runs) > 1):
         # the plan as written: its updates deferred where that is lower (the
@@ -262,7 +277,7 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
         low, high = chosen.peak, budget - plan.model_offset
         target = high
         for plan.rounds in range(1, ROUNDS + 1):
-            found = solve_budget(units, target)
+            found = solve_budget(units, target, runs=runs)
             if found is None or found.cost >= chosen.cost:
                 break
             peak = estimate(_chain_segments(chain, found, in_turn))
@@ -280,21 +295,36 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
 
 
 def _plan_cheap(graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,
-                turns, time_model: StepTime) -> list[Segment]:
+                turns, step: Step, time_model: StepTime) -> list[Segment]:
     """``cheap``: keep what one min cut says; recompute the rest per unit, each value
     once where that costs at most ``SHARED_COPY_ALLOWANCE`` of the peak (a shared
     copy lives from the first group's trigger to the last reader; estimated both
-    ways), and only the groups the step's time allows (``cheap.within_time``)."""
-    keep = frozenset(cheap_keep(graph, chain, sizes, time_model.runtime))
+    ways), and only the groups the step's time allows (``cheap.within_time``). A
+    group whose copies cannot be ordered (``writable``) stays as it is."""
+    keep = frozenset(cheap_keep(graph, chain, sizes, step.runtime))
+
+    left_out: set[str] = set()
+    too_slow: dict[str, float] = {}
 
     def grouped(share: bool) -> list[tuple[str, list[Tensor]]]:
-        return within_time(graph, chain, cheap_groups(graph, chain, keep, share), keep,
-                           time_model, sizes)
+        groups = []
+        for label, released in cheap_groups(graph, chain, keep, share):
+            if orderable(graph, Segment(label, [], released, keep), step):
+                groups.append((label, released))
+            else:
+                left_out.add(label)
+        groups, slow = within_time(graph, chain, groups, keep, time_model, sizes)
+        too_slow.update(slow)
+        return groups
 
     def segments_of(groups) -> list[Segment]:
         return [Segment(label, [], released, keep) for label, released in groups]
 
     groups, shared = grouped(False), grouped(True)
+    if note := left_out_note(graph, step, sorted(left_out)):
+        plan.notes.append(note)
+    if too_slow:
+        plan.notes.append(_too_slow_note(too_slow))
     unplanned = plan.estimate  # the step as written, no segment
     segments, plan.estimate = turns(segments_of(groups))
     if shared != groups:
@@ -313,6 +343,16 @@ def _plan_cheap(graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,
                                     for n in unique(t.node for t in released)))}
         for label, released in groups]
     return segments
+
+
+def _too_slow_note(too_slow: dict[str, float]) -> str:
+    """Why ``cheap`` left groups out: their time, over what the policy allows."""
+    shown = ", ".join(sorted(too_slow)[:3]) + \
+        (f" and {len(too_slow) - 3} more" if len(too_slow) > 3 else "")
+    return (f"{len(too_slow)} groups not recomputed: with the others their copies would "
+            f"add more than {CHEAP_TIME:.0%} of the step's predicted time (~"
+            f"{sum(too_slow.values()):.0%} together): {shown}; the min-peak policy or a "
+            f"budget weighs memory against time instead")
 
 # -- rewrite -------------------------------------------------------------
 

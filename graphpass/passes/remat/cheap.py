@@ -130,27 +130,26 @@ def cheap_groups(graph: Graph, chain: ForwardChain, keep: set[Tensor],
 
 
 def within_time(graph: Graph, chain: ForwardChain, groups: list[tuple[str, list[Tensor]]],
-                keep: set[Tensor], time: StepTime, sizes) -> list[tuple[str, list[Tensor]]]:
+                keep: set[Tensor], time: StepTime, sizes
+                ) -> tuple[list[tuple[str, list[Tensor]]], dict[str, float]]:
     """``groups`` whose copies add at most ``CHEAP_TIME`` of the step's predicted
     time: all where they fit, else those releasing the most bytes per unit of
-    time, in that order, while the next still fits (each group's copies counted
-    as its own: a copy two groups share counts twice, which errs towards keeping)."""
+    time first, each that still fits (each group's copies counted as its own: a
+    copy two groups share counts twice, which errs towards keeping). Also the
+    groups left out, each with its share of the step's time."""
     members = set(chain.order)
-
-    def extra(released: list[Tensor]) -> float:
-        return time.extra(sorted(_recompute_closure(graph, released, keep, members)))
-
-    cost = {label: extra(released) for label, released in groups}
+    cost = {label: time.extra(sorted(_recompute_closure(graph, released, keep, members)))
+            for label, released in groups}
     if sum(cost.values()) <= CHEAP_TIME:
-        return groups
+        return groups, {}
     saved = {label: sum(sizes.bytes(t) for t in released) for label, released in groups}
     chosen, spent = set(), 0.0
     for label in sorted(cost, key=lambda g: (-saved[g] / max(cost[g], 1e-12), g)):
-        if spent + cost[label] > CHEAP_TIME:
-            break
-        chosen.add(label)
-        spent += cost[label]
-    return [(label, released) for label, released in groups if label in chosen]
+        if spent + cost[label] <= CHEAP_TIME:
+            chosen.add(label)
+            spent += cost[label]
+    return ([(label, released) for label, released in groups if label in chosen],
+            {label: share for label, share in cost.items() if label not in chosen})
 
 
 def _recompute_closure(graph: Graph, released: list[Tensor], keep: set[Tensor],

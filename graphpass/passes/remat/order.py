@@ -183,6 +183,13 @@ def computed_by(graph: Graph, tensor: Tensor, runtime: RuntimeModel) -> Tensor:
     return tensor
 
 
+def tieable(graph: Graph, tensor: Tensor) -> bool:
+    """A value data mode can tie copies that read it to their trigger by: a float
+    computed or fed while the step runs (a constant is folded, not read)."""
+    dialect = graph.dialect
+    return dialect.is_float(graph, tensor) and not dialect.is_constant(graph, tensor.node)
+
+
 def order_by_data(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor],
                    segment: str, runtime: RuntimeModel) -> None:
     """Tie the copies' float inputs from outside to the trigger:
@@ -198,15 +205,14 @@ def order_by_data(graph: Graph, copy_of: dict[str, str], triggers: list[Tensor],
     """
     dialect = graph.dialect
     copies = set(copy_of.values())
-    external = unique(
-        t for c in copy_of.values() for t in graph.inputs(c)
-        if t.node not in copies and dialect.is_float(graph, t)
-        and not dialect.is_constant(graph, t.node)
-    )
+    external = unique(t for c in copy_of.values() for t in graph.inputs(c)
+                      if t.node not in copies and tieable(graph, t))
     if not external:
+        control = " or use --dependency control" \
+            if "control" in runtime.dependency_modes(graph) else ""
         raise GraphpassError(
             f"segment {segment!r} has no float input to tie to the gradient in data mode; "
-            "mark a larger segment (one that reads a float tensor) or use --dependency control"
+            f"mark a larger segment (one that reads a float tensor){control}"
         )
     activations = [t for t in external if not dialect.is_variable_value(graph, t.node)]
     # Who reads each external tensor, once (a scan of every copy per tensor would be

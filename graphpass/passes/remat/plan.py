@@ -45,7 +45,8 @@ Policies (``--recompute-policy``):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from graphpass.analysis.forward import ForwardChain, Unit
 
@@ -65,6 +66,26 @@ class ChainPlan:
     peak: int
     #: proven optimality gap of ``cost`` on the model (0.0: optimal; None: not proven)
     gap: float | None = 0.0
+
+
+@dataclass
+class Runs:
+    """Which runs ``(first, last)`` the rewrite can write (``remat/writable.py``),
+    asked only of the runs a solution holds: a solution holding one it cannot is
+    solved again without it. What was asked is remembered across solves."""
+
+    writable: Callable[[int, int], bool]
+    known: dict[tuple[int, int], bool] = field(default_factory=dict)
+
+    def unwritable(self, runs: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+        for run in runs:
+            if run not in self.known:
+                self.known[run] = self.writable(*run)
+        return [run for run in runs if not self.known[run]]
+
+    @property
+    def banned(self) -> set[tuple[int, int]]:
+        return {run for run, ok in self.known.items() if not ok}
 
 
 # -- the chain model ---------------------------------------------------------
@@ -125,49 +146,57 @@ def model_peak(units: list[Unit], runs: tuple[tuple[int, int], ...]) -> int:
     return max(peak, kept)
 
 
-def solve_budget(units: list[Unit], budget: int, quantum: int | None = None
-                 ) -> ChainPlan | None:
+def solve_budget(units: list[Unit], budget: int, quantum: int | None = None,
+                 runs: Runs | None = None) -> ChainPlan | None:
     """The least recompute whose model peak is at most ``budget``; None if none is.
 
     A dynamic program over chain positions whose state is the bytes kept so far,
     counted in ``quantum``-byte steps (``budget / RESOLUTION`` by default). Run
     with every byte figure rounded up, it yields a plan that truly meets the
     budget; run rounded down, it relaxes the problem, and its cost bounds the
-    optimum from below: the reported gap is proven, not guessed.
+    optimum from below: the reported gap is proven, not guessed. ``runs``: only
+    runs the rewrite can write.
     """
     quantum = quantum or _quantum(units, budget)
-    found = _cheapest(units, budget, quantum)
+    found = _cheapest(units, budget, quantum, runs)
     if found is None or _divides(quantum, units):  # no rounding anywhere: optimal
         return found
-    bound = _chain_dp(units, budget, quantum, up=False)
+    bound = _chain_dp(units, budget, quantum, up=False,
+                      banned=runs.banned if runs else set())
     lower = bound[0] if bound else found.cost
     gap = 0.0 if found.cost <= lower or found.cost == 0 else (found.cost - lower) / found.cost
     return ChainPlan(found.runs, found.cost, found.peak, gap)
 
 
-def _cheapest(units: list[Unit], budget: int, quantum: int) -> ChainPlan | None:
+def _cheapest(units: list[Unit], budget: int, quantum: int,
+              runs: Runs | None = None) -> ChainPlan | None:
     """The budget program rounded up (a plan that truly meets ``budget``), or None;
-    its gap, 0.0, holds only where no figure is rounded (``solve_budget`` proves it)."""
-    found = _chain_dp(units, budget, quantum, up=True)
-    if found is None:
-        return None
-    cost, runs = found
-    return ChainPlan(runs, cost, model_peak(units, runs), 0.0)
+    its gap, 0.0, holds only where no figure is rounded (``solve_budget`` proves it).
+    With ``runs``, solved again while the plan holds a run the rewrite cannot write."""
+    while True:
+        found = _chain_dp(units, budget, quantum, up=True,
+                          banned=runs.banned if runs else set())
+        if found is None:
+            return None
+        cost, chosen = found
+        if runs is None or not runs.unwritable(chosen):
+            return ChainPlan(chosen, cost, model_peak(units, chosen), 0.0)
 
 
-def solve_min_peak(units: list[Unit]) -> ChainPlan:
+def solve_min_peak(units: list[Unit], runs: Runs | None = None) -> ChainPlan:
     """The lowest model peak (bisection over the budget program's feasibility, to
-    one quantum), and the least recompute reaching it. Its gap is on the peak:
-    the bisection's resolution, relative to the peak found."""
+    one quantum), and the least recompute reaching it, of ``runs`` the rewrite can
+    write. Its gap is on the peak: the bisection's resolution, relative to the
+    peak found."""
     high = model_peak(units, ())
     quantum = _quantum(units, high)
     # Feasibility alone decides each step: the cost's lower bound (``solve_budget``'s
     # second program) would be computed only to be thrown away.
-    best = _cheapest(units, high, quantum) or ChainPlan((), 0, high)
+    best = _cheapest(units, high, quantum, runs) or ChainPlan((), 0, high)
     low = 0
     while high - low > quantum:
         middle = (low + high) // 2
-        found = _cheapest(units, middle, quantum)
+        found = _cheapest(units, middle, quantum, runs)
         if found is None:
             low = middle
         else:
@@ -199,21 +228,22 @@ def _divides(quantum: int, units: list[Unit]) -> bool:
     return all(value % quantum == 0 for unit in units for value in _figures(unit))
 
 
-def _chain_dp(units: list[Unit], budget: int, quantum: int,
-              up: bool) -> tuple[int, tuple[tuple[int, int], ...]] | None:
+def _chain_dp(units: list[Unit], budget: int, quantum: int, up: bool,
+              banned: set[tuple[int, int]]) -> tuple[int, tuple[tuple[int, int], ...]] | None:
     """Least cost and its runs with byte figures in quanta, rounded up (``up``) or down.
 
     ``cost[i][k]``: the least recompute that has placed units ``0..i-1`` keeping
     ``k`` quanta. From each reached position ``first`` the program keeps unit
     ``first`` (one step) or recomputes a run ``first..last``; the runs from one
     position all land on different positions, so they are relaxed together
-    (``_relax_runs``), in numpy, as a loop over them would relax them."""
+    (``_relax_runs``), in numpy, as a loop over them would relax them; ``banned``
+    runs are never taken."""
     import numpy as np
 
     count, cap = len(units), budget // quantum if up else -(-budget // quantum)
     if cap < 0:  # a budget under nothing: no plan meets it
         return None
-    figures = _RunFigures(units, quantum, up)
+    figures = _RunFigures(units, quantum, up, banned)
     infinite = np.iinfo(np.int64).max // 4
     cost = np.full((count + 1, cap + 1), infinite, dtype=np.int64)
     # back[i][k] = (first unit of the last step, its last unit or -1 if kept, bucket before)
@@ -244,7 +274,8 @@ def _chain_dp(units: list[Unit], budget: int, quantum: int,
 class _RunFigures:
     """``_Prefix``'s run figures for every run from one unit at once, in quanta."""
 
-    def __init__(self, units: list[Unit], quantum: int, up: bool) -> None:
+    def __init__(self, units: list[Unit], quantum: int, up: bool,
+                 banned: set[tuple[int, int]]) -> None:
         import numpy as np
 
         sums = _Prefix(units)
@@ -256,6 +287,10 @@ class _RunFigures:
         self.busiest = np.array([sums.saved[i + 1] + u.scratch_bytes
                                  for i, u in enumerate(units)], dtype=np.int64)
         self.entry = [sums.entry(first) for first in range(len(units))]
+        self.tie_start = np.array([u.tie_start for u in units], dtype=np.int64)
+        self.banned: dict[int, list[int]] = {}
+        for first, last in banned:
+            self.banned.setdefault(first, []).append(last)
 
     def steps(self, value):
         """Bytes in quanta, rounded up or down (ints or arrays)."""
@@ -276,6 +311,10 @@ class _RunFigures:
         live = busiest - self.saved[first] + entry + self.returned[-1] - self.returned[lasts + 1]
         shift = self.steps(kept)
         size = np.minimum(cap - self.steps(live) + 1, cap + 1 - shift)
+        # only runs the rewrite can order: a unit of the run reads a value from
+        # before ``first`` it can tie its copies by (``Unit.tie_start``)
+        size[np.minimum.accumulate(self.tie_start[lasts]) > first] = 0
+        size[[last - first for last in self.banned.get(first, ()) if last - first < len(size)]] = 0
         return lasts, shift, size, self.costs[lasts + 1] - self.costs[first]
 
 

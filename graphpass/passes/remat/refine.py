@@ -34,7 +34,7 @@ from dataclasses import replace
 from graphpass.analysis.forward import Unit
 from graphpass.analysis.memory import MemoryProfile, tensor_bytes
 from graphpass.ir.graph import Graph, Tensor
-from graphpass.passes.remat.plan import ROUNDS, ChainPlan, model_peak, solve_min_peak
+from graphpass.passes.remat.plan import ROUNDS, ChainPlan, Runs, model_peak, solve_min_peak
 from graphpass.runtimes import RuntimeModel
 
 #: The estimate may exceed the model's figure by this fraction before it is refined.
@@ -46,19 +46,20 @@ Trial = Callable[[tuple[tuple[int, int], ...]], tuple[Graph, list[list[str]], Me
 
 
 def refine_min_peak(units: list[Unit], offset: int, trial: Trial, runtime: RuntimeModel,
-                    batch_size: int | None = None, enough: int | None = None
-                    ) -> tuple[ChainPlan, int, int]:
+                    batch_size: int | None = None, enough: int | None = None,
+                    runs: Runs | None = None) -> tuple[ChainPlan, int, int]:
     """The min-peak plan with the lowest estimate found (module docstring); its
     estimate and how many estimates it took. ``offset``: what the model does not
     see of the original step (its estimate less the model's figure); ``enough``:
-    an estimate that ends the search (a budget: the plan only has to meet it)."""
+    an estimate that ends the search (a budget: the plan only has to meet it);
+    ``runs``: the runs the rewrite can write (``plan.Runs``)."""
     leftovers: dict[int, int] = {}
     per_run = 0
     best: tuple[int, ChainPlan] | None = None
     tried: set[tuple[tuple[int, int], ...]] = set()
     rounds = 0
     while rounds < ROUNDS:
-        chosen = solve_min_peak(_charged(units, leftovers, per_run))
+        chosen = solve_min_peak(_charged(units, leftovers, per_run), runs)
         if chosen.runs in tried:
             break
         tried.add(chosen.runs)

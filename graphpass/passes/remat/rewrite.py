@@ -242,6 +242,15 @@ class _Holders:
 def _plan(graph: Graph, segment: Segment, step: Step, reach: _Reach | None = None) -> _Plan:
     """Decide copies, rewires and triggers for one segment (graph untouched).
     ``reach``: shared by the segments of one rewrite (made here if not given)."""
+    copies, rewires = segment_copies(graph, segment, step)
+    return _Plan(copies, rewires, _triggers(graph, {c for c, _, _ in rewires}, step.backward,
+                                            reach or _Reach(graph, step.backward)))
+
+
+def segment_copies(graph: Graph, segment: Segment, step: Step
+                   ) -> tuple[list[str], list[tuple[str, int, Tensor]]]:
+    """The originals a segment's rewrite copies (graph order) and the gradient
+    ops' reads it rewires to them, on the graph as it is."""
     forward, backward, runtime = step.forward, step.backward, step.runtime
     if segment.kept is None:
         recomputable = {n for n in segment.nodes if runtime.recomputable(graph, n)}
@@ -259,14 +268,8 @@ def _plan(graph: Graph, segment: Segment, step: Step, reach: _Reach | None = Non
                for consumer, slot in graph.consumers(tensor)
                if consumer in backward and not is_generated(consumer)]
     needed = _upstream(graph, {t.node for _, _, t in rewires}, recompute)
-    if segment.kept is None:
-        copies = [n for n in segment.nodes if n in needed]
-    else:
-        copies = [n for n in graph if n in needed]
-    consumers = {c for c, _, _ in rewires}
-    return _Plan(copies=copies, rewires=rewires,
-                 triggers=_triggers(graph, consumers, backward,
-                                    reach or _Reach(graph, backward)))
+    order = segment.nodes if segment.kept is None else graph
+    return [n for n in order if n in needed], rewires
 
 
 def _internal_values(graph: Graph, segment: Segment, recomputable: set[str],
