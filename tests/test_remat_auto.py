@@ -486,3 +486,37 @@ def test_cheap_stays_within_its_time_on_a_batch_norm_cnn():
     assert 0 < report["estimated_extra_step_time"] <= CHEAP_TIME
     assert report["estimated_peak_bytes_after"] < 0.9 * report["estimated_peak_bytes_before"]
     _assert_same_training(cnn, graph)
+
+
+def test_min_peak_stays_within_its_share_of_the_step_time():
+    """On a residual CNN the lowest peak recomputes a third of the step: by default
+    (--max-extra-time 20%) the plan is the lowest peak within a fifth, and says
+    so; 'none' gives the lowest peak whatever it costs."""
+    cnn = keras_models.residual_cnn(size=16, batch=8, blocks=4)
+    _, limited = _rewrite(cnn, recompute=["auto"])
+    _, unlimited = _rewrite(cnn, recompute=["auto"], max_extra_time="none")
+    fast, lowest = limited.report, unlimited.report
+    assert lowest["estimated_extra_step_time"] > 0.25
+    assert 0 < fast["estimated_extra_step_time"] <= 0.22
+    assert lowest["estimated_peak_bytes_after"] < fast["estimated_peak_bytes_after"] < \
+        0.8 * fast["estimated_peak_bytes_before"]
+    assert any("--max-extra-time 20%" in note for note in fast["auto"]["notes"])
+    _, generous = _rewrite(cnn, recompute=["auto"], max_extra_time="50%")
+    assert generous.report["estimated_peak_bytes_after"] == lowest["estimated_peak_bytes_after"]
+
+
+@pytest.mark.parametrize("value, message", [
+    ("fast", "give a share of the step's time"), ("2000", "out of range")])
+def test_max_extra_time_refuses_what_it_cannot_read(value, message, tmp_path, capsys):
+    out = tmp_path / "out.pb"
+    assert main(["rewrite", "examples/mlp_train.pb", "-o", str(out), "--recompute", "auto",
+                 "--max-extra-time", value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_max_extra_time_is_min_peaks_option(tmp_path, capsys):
+    out = tmp_path / "out.pb"
+    assert main(["rewrite", "examples/mlp_train.pb", "-o", str(out), "--recompute", "auto",
+                 "--recompute-policy", "cheap", "--max-extra-time", "0.1"]) == 2
+    assert "limits the min-peak policy" in capsys.readouterr().err

@@ -163,6 +163,7 @@ def _remat(given: dict, target: str) -> RematOptions | None:
     limited = budget_bytes is not None or fraction is not None
     policy = given.get("recompute_policy") or (BUDGET if limited else MIN_PEAK)
     _check_policy(policy, limited)
+    extra_time = _max_extra_time(given.get("max_extra_time"), policy)
     return RematOptions(
         patterns=() if auto else patterns,
         use_hints=use_hints,
@@ -172,6 +173,7 @@ def _remat(given: dict, target: str) -> RematOptions | None:
         memory_budget_fraction=fraction,
         batch_size=positive_batch_size(given.get("batch_size")),
         loop_trips=positive_batch_size(given.get("loop_trips"), "--loop-trips"),
+        max_extra_time=extra_time,
         dependency=_dependency(given, target),
         tupleize_grads=bool(given.get("tupleize_grads")),
     )
@@ -186,7 +188,7 @@ def _check_auto(patterns: tuple[str, ...], use_hints: bool, given: dict) -> bool
             "--recompute auto chooses the segments itself and cannot be combined with "
             "other --recompute patterns or --recompute-hints; drop either")
     for key in ("memory_budget_bytes", "memory_budget", "recompute_policy", "batch_size",
-                "loop_trips"):
+                "loop_trips", "max_extra_time"):
         if given.get(key) is not None and not auto:
             raise GraphpassError(f"--{key.replace('_', '-')} is an option of the automatic "
                                  "planner; add --recompute auto (or drop it)")
@@ -209,6 +211,30 @@ def _budget(given: dict) -> tuple[int | None, float | None]:
                                  "above 1x is met by recomputing nothing)")
         return None, factor
     return parse_bytes(relative, "--memory-budget"), None
+
+
+_SHARE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(%?)\s*")
+
+
+def _max_extra_time(value, policy: str) -> float | None:
+    """``--max-extra-time``: a fraction of the step's time (``0.2`` or ``20%``),
+    ``none``, or the default; min-peak's option only."""
+    if value is None:
+        return RematOptions.max_extra_time
+    if policy != MIN_PEAK:
+        raise GraphpassError(f"--max-extra-time limits the min-peak policy; --recompute-policy "
+                             f"{policy} weighs time itself (drop --max-extra-time)")
+    if str(value).strip().lower() == "none":
+        return None
+    found = _SHARE.fullmatch(str(value))
+    if not found:
+        raise GraphpassError(f"--max-extra-time {quoted(value)}: give a share of the step's "
+                             "time, e.g. 20% or 0.2, or 'none'")
+    share = float(found.group(1)) / (100 if found.group(2) else 1)
+    if share > MAX_BUDGET_FACTOR:
+        raise GraphpassError(f"--max-extra-time {quoted(value)}: out of range; at most "
+                             f"{MAX_BUDGET_FACTOR:g} (or 'none')")
+    return share
 
 
 def _check_policy(policy: str, limited: bool) -> None:

@@ -67,15 +67,19 @@ OPTIONS: tuple[Option, ...] = (
            metavar="PATTERN"),
     Option("--recompute-policy", "remat", "with --recompute auto: 'min-peak' (default "
            "without a budget) the lowest estimated peak; 'budget' (default with one) the "
-           "least recompute meeting the budget; 'cheap' recompute only elementwise, "
-           "normalisation and reshape ops, keeping matmul and conv outputs (one min cut "
-           "over tensor bytes)", choices=POLICIES),
+           "least recompute time meeting the budget; 'cheap' recompute only memory-bound "
+           "ops (elementwise, normalisation, copies) within 5%% of the step's predicted "
+           "time (one min cut over tensor bytes)", choices=POLICIES),
     Option("--memory-budget-bytes", "remat", "with --recompute auto: recompute as little as "
            "keeps the step's estimated peak at most N bytes (or e.g. 300MiB)", metavar="N",
            integer=True),
     Option("--memory-budget", "remat", "the same budget relative to the estimated peak of "
            "the original step (with --profile: its measured peak) (e.g. 0.6x), or in bytes",
            metavar="F"),
+    Option("--max-extra-time", "remat", "with --recompute auto (min-peak): the most the "
+           "recompute may add to the step's predicted time, e.g. 20%% (the default) or "
+           "0.35; the plan is then the lowest peak within it; 'none': the lowest peak "
+           "whatever it costs", metavar="F"),
     Option("--batch-size", "remat", "the size of unknown (dynamic) batch dimensions: for "
            "the planner, the memory plot and --saved, and verify's inputs (default there: "
            "the batch of the step's other inputs)", metavar="N", integer=True,

@@ -71,6 +71,9 @@ class RematOptions:
     memory_budget_fraction: float | None = None  # ... or relative to the estimated peak
     batch_size: int | None = None  # the planner's size of unknown batch dimensions
     loop_trips: int | None = None  # the estimate's trip count where the graph has none
+    #: min-peak's limit on what its recompute adds to the step's predicted time (a
+    #: fraction; None: the lowest peak whatever it costs)
+    max_extra_time: float | None = 0.2
     dependency: str | None = None  # None: the context's default
     tupleize_grads: bool = False
 

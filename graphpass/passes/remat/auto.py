@@ -184,6 +184,11 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
         return (copy, [e["copies"] for e in entries],
                 run(copy, step.fetches, options.batch_size))
 
+    def extra_time(chosen: ChainPlan) -> float:
+        """What the plan's copies add to the step's predicted time (``StepTime``)."""
+        entries = rewritten(_chain_segments(chain, chosen))[1]
+        return time_model.extra([o for e in entries for o in e["recomputes"]])
+
     # The step as written without a segment: the chain model is calibrated on it.
     written = estimate([]) if waits or update_reads(graph, step) else before
     time_model = StepTime(graph, step.fetches, options.batch_size, step.runtime)
@@ -204,7 +209,7 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
     else:
         runs = writable_runs(graph, chain, step)
         segments = _plan_chain(chain, plan, target, options, estimate, trial,
-                               can_defer(graph, step), turns, step.runtime, runs)
+                               can_defer(graph, step), turns, step.runtime, runs, extra_time)
         if note := left_out_note(graph, step, chain_left_out(chain, runs)):
             plan.notes.append(note)
     if segments and plan.estimate > NO_GAIN * before:
@@ -248,7 +253,8 @@ def _loop_notes(graph: Graph, step: Step, options: RematOptions) -> list[str]:
 
 def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
                 options: RematOptions, estimate, trial, deferrable: bool,
-                turns, runtime: RuntimeModel, runs: Runs | None) -> list[Segment]:
+                turns, runtime: RuntimeModel, runs: Runs | None, extra_time
+                ) -> list[Segment]:
     """``min-peak`` or ``budget``: solve the chain for the lowest peak, checked
     against the estimate (``refine``: rounds where the model was wrong). A
     budget plan is searched by bisection over the model's budget, between the
@@ -263,6 +269,9 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
     chosen, estimated, plan.rounds = refine_min_peak(units, plan.model_offset, trial,
                                                      runtime, options.batch_size, budget,
                                                      runs)
+    if budget is None and options.max_extra_time is not None:
+        chosen, estimated = _within_time(chain, plan, chosen, estimated, options.max_extra_time,
+                                         estimate, extra_time, runs)
     in_turn = True
     if estimated < unplanned and (deferrable or len(chosen.runs) > 1):
         # the plan as written: its updates deferred where that is lower (the
@@ -292,6 +301,40 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
     plan.estimate = estimated
     plan.segments = describe_runs(chain, chosen.runs)
     return _chain_segments(chain, chosen, in_turn)
+
+
+def _within_time(chain: ForwardChain, plan: AutoPlan, chosen: ChainPlan, estimated: int,
+                 limit: float, estimate, extra_time, runs: Runs | None
+                 ) -> tuple[ChainPlan, int]:
+    """The min-peak plan, or where its copies would add more than ``limit`` of the
+    step's predicted time (``extra_time(plan)``: ``StepTime.extra`` of what the
+    rewrite copies), the lowest model peak whose cheapest plan stays within it
+    (bisection over the budget program, whose run costs count every op of a run:
+    scaled to what the min-peak plan really copies), estimated. A peak is worth
+    only so much time: a plan that saves little and costs much is not chosen
+    (``--max-extra-time``)."""
+    if not chosen.runs or not plan.step_cost or chosen.cost <= limit * plan.step_cost:
+        return chosen, estimated  # within it by the runs' own costs, which bound it
+    extra = extra_time(chosen)
+    if extra <= limit:
+        return chosen, estimated
+    units = chain.units
+    allowed = chosen.cost * limit / extra
+    low, high = chosen.peak, model_peak(units, ())
+    best = None
+    while high - low > max(high // 200, 1):
+        middle = (low + high) // 2
+        found = solve_budget(units, middle, runs=runs)
+        if found is not None and found.cost <= allowed:
+            best, high = found, middle
+        else:
+            low = middle
+    plan.notes.append(f"the lowest peak would add ~{extra:.0%} to the step's predicted "
+                      f"time, over --max-extra-time {limit:.0%}: the plan is the lowest "
+                      f"peak within it")
+    if best is None or not best.runs:
+        return ChainPlan((), 0, 0), plan.estimate
+    return best, estimate(_chain_segments(chain, best))
 
 
 def _plan_cheap(graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,
