@@ -39,7 +39,7 @@ from graphpass.installed import TENSORFLOW, installed
 from graphpass.ir.graph import Graph
 from graphpass.options import RuntimeConfig
 from graphpass.runtimes.base import Difference, StandsFor
-from graphpass.runtimes.tf_grappler import fetch_nodes, optimize
+from graphpass.runtimes.tf_grappler import fetch_nodes, optimize_each
 
 #: Kernels whose result does not depend on the order of their two operands.
 COMMUTATIVE = frozenset({"Mul", "AddV2", "Add", "Maximum", "Minimum", "SquaredDifference",
@@ -74,8 +74,8 @@ class TFExactness:
             return
         graph_def = graph_def_from_graph(original)
         try:
-            for onednn in self.settings:
-                self.executed[onednn] = optimize(graph_def, self.fetches, onednn)
+            self.executed = dict(zip(self.settings,
+                                     optimize_each(graph_def, self.fetches, self.settings)))
         except Exception as exc:  # noqa: BLE001 - any refusal of TF's is reported
             self.unchecked = f"Grappler refused the original: {_first_line(exc)}"
 
@@ -85,12 +85,12 @@ class TFExactness:
         graph_def = graph_def_from_graph(rewritten)
         stands_for = _through_inlined_branches(stands_for, _inlined_conditionals(graph_def))
         found: dict[str, Difference] = {}
-        for onednn, label in zip(self.settings, self.configurations):
-            try:
-                executed = optimize(graph_def, self.fetches, onednn)
-            except Exception as exc:  # noqa: BLE001 - a rewrite TF refuses is not exact
-                return [Difference("", "", f"Grappler refused the rewrite: "
-                                   f"{_first_line(exc)}", label, ())]
+        try:
+            answers = optimize_each(graph_def, self.fetches, self.settings)
+        except Exception as exc:  # noqa: BLE001 - a rewrite TF refuses is not exact
+            return [Difference("", "", f"Grappler refused the rewrite: {_first_line(exc)}",
+                               " and ".join(self.configurations), ())]
+        for onednn, label, executed in zip(self.settings, self.configurations, answers):
             for difference in differences(self.executed[onednn], executed, stands_for, label):
                 found.setdefault(difference.node, difference)
         return list(found.values())

@@ -35,7 +35,7 @@ from graphpass.installed import TENSORFLOW, installed
 from graphpass.ir.graph import Graph
 from graphpass.options import RuntimeConfig
 from graphpass.runtimes.base import RuntimeGraph
-from graphpass.runtimes.tf_kernels import host_onednn, mark_temporaries
+from graphpass.runtimes.tf_kernels import mark_temporaries
 from graphpass.runtimes.tf_order import CALLED_POSITION, RUNTIME_ORDERS, RUNTIME_POSITION
 
 #: The most elements a tensor attr may have for Grappler to be asked: TF's constant
@@ -193,42 +193,50 @@ ANSWERS_KEPT = 4
 
 
 def optimize(graph_def, fetch_nodes: list[str], onednn: bool):
-    """:func:`_ask_grappler`, answered from the last answers where the same graph,
-    fetches and setting were asked before (a fresh ``GraphDef`` each time)."""
+    """Grappler's output under one oneDNN setting (:func:`optimize_each`)."""
+    return optimize_each(graph_def, fetch_nodes, (onednn,))[0]
+
+
+def optimize_each(graph_def, fetch_nodes: list[str], settings: tuple[bool, ...]) -> list:
+    """Grappler's output for ``graph_def`` with ``fetch_nodes`` fetched, as a
+    ``Session`` with a default ``ConfigProto`` runs it, under each oneDNN setting of
+    ``settings``: on the graph placed first (a session places before it optimizes;
+    the remapper fuses a convolution or matrix product with its ``BiasAdd`` only
+    on a node placed on the CPU), with the same optimizers, and oneDNN's remapper
+    fusions where the setting is on. Every question goes to a child process per
+    setting (TF reads ``TF_ENABLE_ONEDNN_OPTS`` once, as it starts; Grappler's C++
+    may abort on a graph TF's importer would refuse, which then ends a child, not
+    this process), the settings' children at once; the last answers are kept
+    (a fresh ``GraphDef`` each time)."""
     from tensorflow.core.framework import graph_pb2
 
     question = graph_def.SerializeToString(deterministic=True)
-    key = (hashlib.sha256(question).hexdigest(), tuple(fetch_nodes), onednn)
-    if key not in _ANSWERS:
-        _ANSWERS[key] = _ask_grappler(graph_def, fetch_nodes, onednn).SerializeToString()
+    digest = hashlib.sha256(question).hexdigest()
+    keys = {onednn: (digest, tuple(fetch_nodes), onednn) for onednn in settings}
+    missing = [onednn for onednn in settings if keys[onednn] not in _ANSWERS]
+    if missing:
+        meta = _placed_meta(graph_def, fetch_nodes).SerializeToString()
+        for onednn, answer in zip(missing, _children.ask_each(missing, meta)):
+            _ANSWERS[keys[onednn]] = answer
         while len(_ANSWERS) > ANSWERS_KEPT:
             _ANSWERS.pop(next(iter(_ANSWERS)))
-    return graph_pb2.GraphDef.FromString(_ANSWERS[key])
+    return [graph_pb2.GraphDef.FromString(_ANSWERS[keys[onednn]]) for onednn in settings]
 
 
-def _ask_grappler(graph_def, fetch_nodes: list[str], onednn: bool):
-    """Grappler's output for ``graph_def`` with ``fetch_nodes`` fetched, as a
-    ``Session`` with a default ``ConfigProto`` runs it: on the graph placed first
-    (a session places before it optimizes; the remapper fuses a convolution or
-    matrix product with its ``BiasAdd`` only on a node placed on the CPU), with
-    the same optimizers, and oneDNN's remapper fusions where ``onednn``."""
-    import tensorflow as tf
+def _placed_meta(graph_def, fetch_nodes: list[str]):
+    """The MetaGraphDef Grappler is asked about: every node placed on the CPU, the
+    fetches as its train ops. Every tensor the graph holds is read in Python first:
+    Grappler's C++ aborts on a tensor it cannot read (a CHECK in Tensor::FromProto)
+    where TF's Python refuses it with an exception."""
     from tensorflow.core.protobuf import meta_graph_pb2
 
-    # Grappler's C++ aborts the process on a tensor it cannot read (a CHECK in
-    # Tensor::FromProto) where TF's Python refuses it with an exception: every
-    # tensor the graph holds is read in Python, then TF's importer checks the rest.
     _check_tensors(graph_def)
-    with tf.Graph().as_default():
-        tf.graph_util.import_graph_def(graph_def, name="")
     meta = meta_graph_pb2.MetaGraphDef()
     meta.graph_def.CopyFrom(graph_def)
     for node_def in meta.graph_def.node:
         node_def.device = node_def.device or LOCAL_CPU
     meta.collection_def["train_op"].node_list.value.extend(fetch_nodes)
-    if host_onednn() == onednn:
-        return _optimize_meta(meta)
-    return _optimize_in_child(meta, onednn)
+    return meta
 
 
 def _optimize_meta(meta):
@@ -238,15 +246,6 @@ def _optimize_meta(meta):
     return tf_optimizer.OptimizeGraph(config_pb2.ConfigProto(), meta)
 
 
-def _optimize_in_child(meta, onednn: bool):
-    """:func:`_optimize_meta` in a child process whose TF runs with ``onednn``
-    (TF reads ``TF_ENABLE_ONEDNN_OPTS`` once, as it starts). The child stays for
-    the next question (a TF start costs seconds; a rewrite asks several times)."""
-    from tensorflow.core.framework import graph_pb2
-
-    return graph_pb2.GraphDef.FromString(_children.ask(onednn, meta.SerializeToString()))
-
-
 class _Children:
     """One child per oneDNN setting, started on the first question and ended with
     this process (its stdin closes). A child that died is started again once."""
@@ -254,21 +253,41 @@ class _Children:
     def __init__(self) -> None:
         self.running: dict[bool, subprocess.Popen] = {}
 
-    def ask(self, onednn: bool, question: bytes) -> bytes:
-        for attempt in range(2):
+    def ask_each(self, settings: list[bool], question: bytes) -> list[bytes]:
+        """``question`` asked of each setting's child at once (they run side by
+        side); every answer is read before any refusal is raised, so no child is
+        left with an answer unread."""
+        sent = {}
+        for onednn in settings:
             child = self._child(onednn)
             try:
                 _send(child.stdin, question)
-                status, answer = child.stdout.read(1), _receive(child.stdout)
+                sent[onednn] = child
+            except OSError:
+                self.running.pop(onednn, None)
+        results = [self._answer(onednn, sent.get(onednn), question) for onednn in settings]
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        return results
+
+    def _answer(self, onednn: bool, child, question: bytes) -> bytes | Exception:
+        if child is not None:
+            try:
+                return _read_answer(child)
             except (OSError, EOFError):
                 self.running.pop(onednn, None)
-                if attempt:
-                    raise RuntimeError("Grappler's child process ended") from None
-                continue
-            if status != b"0":
-                raise RuntimeError(answer.decode(errors="replace"))
-            return answer
-        raise AssertionError("unreachable")
+            except RuntimeError as refused:
+                return refused
+        try:  # once more, alone, in a new child
+            child = self._child(onednn)
+            _send(child.stdin, question)
+            return _read_answer(child)
+        except (OSError, EOFError):
+            self.running.pop(onednn, None)
+            return RuntimeError("Grappler's child process ended")
+        except RuntimeError as refused:
+            return refused
 
     def _child(self, onednn: bool) -> subprocess.Popen:
         child = self.running.get(onednn)
@@ -283,6 +302,14 @@ class _Children:
 
 
 _children = _Children()
+
+
+def _read_answer(child) -> bytes:
+    """The child's answer; RuntimeError with its first line where it refused."""
+    status, answer = child.stdout.read(1), _receive(child.stdout)
+    if status != b"0":
+        raise RuntimeError(answer.decode(errors="replace"))
+    return answer
 
 
 def _send(stream, payload: bytes) -> None:
