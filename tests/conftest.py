@@ -74,3 +74,16 @@ class ModelCache:
 @pytest.fixture(scope="session")
 def models() -> ModelCache:
     return ModelCache()
+
+
+@pytest.fixture
+def plain_onnxruntime() -> None:
+    """For tests of what graphpass says where onnxruntime-training is missing: this
+    process's onnxruntime must be the plain one (the main environment's)."""
+    from graphpass.installed import MissingRuntime, require_onnxruntime_training
+
+    try:
+        require_onnxruntime_training()
+    except MissingRuntime:
+        return
+    pytest.skip("this environment has onnxruntime-training")

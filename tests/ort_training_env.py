@@ -41,3 +41,4 @@ def run_in_env(code: str, *args: str, timeout: int = 600) -> dict:
                           capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+

@@ -132,15 +132,9 @@ def test_contrib_op_artifacts_train_bit_for_bit(case, tmp_path):
     assert result["rewritten"] == result["original"]
 
 
-def test_verify_without_the_training_build_says_what_it_needs(tmp_path, capsys):
+def test_verify_without_the_training_build_says_what_it_needs(tmp_path, capsys,
+                                                              plain_onnxruntime):
     """The main environment has plain onnxruntime: no training kernels."""
-    from graphpass.installed import MissingRuntime, require_onnxruntime_training
-
-    try:
-        require_onnxruntime_training()
-        pytest.skip("this environment has onnxruntime-training")
-    except MissingRuntime:
-        pass
     source, target = _rewrite("mlp_ce", tmp_path)
     assert main(["verify", str(source), str(target)]) == 2
     err = capsys.readouterr().err.strip()
@@ -249,16 +243,9 @@ def test_a_rewritten_step_returning_gradients_gives_the_same_gradients(tmp_path)
     assert run_in_env(VERIFY, str(path), str(target)) == {"rc": 0}
 
 
-def test_verify_of_a_step_returning_gradients_says_it_needs_the_training_build(tmp_path,
-                                                                                capsys):
+def test_verify_of_a_step_returning_gradients_says_it_needs_the_training_build(
+        tmp_path, capsys, plain_onnxruntime):
     """Its gradient ops are onnxruntime-training's kernels, as an artifact's are."""
-    from graphpass.installed import MissingRuntime, require_onnxruntime_training
-
-    try:
-        require_onnxruntime_training()
-        pytest.skip("this environment has onnxruntime-training")
-    except MissingRuntime:
-        pass
     _, path = _gradient_step(tmp_path)
     assert main(["verify", str(path), str(path)]) == 2
     err = capsys.readouterr().err.strip()

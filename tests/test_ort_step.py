@@ -37,15 +37,8 @@ def test_a_plain_training_step_is_stepped_before_it_is_written(tmp_path, capsys)
         capsys.readouterr().out
 
 
-def test_an_artifact_plain_onnxruntime_cannot_run_is_written_unstepped_saying_why(tmp_path,
-                                                                                   capsys):
-    from graphpass.installed import MissingRuntime, require_onnxruntime_training
-
-    try:
-        require_onnxruntime_training()
-        pytest.skip("this environment has onnxruntime-training")
-    except MissingRuntime:
-        pass
+def test_an_artifact_plain_onnxruntime_cannot_run_is_written_unstepped_saying_why(
+        tmp_path, capsys, plain_onnxruntime):
     rc, target, report = _rewrite(ARTIFACTS / "mlp_ce" / "training_model.onnx", tmp_path)
     assert rc == 0 and target.exists()
     entry = json.loads(report.read_text())["onnxruntime"]
