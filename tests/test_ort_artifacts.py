@@ -83,6 +83,42 @@ def test_rewrite_auto_keeps_the_artifact_interface(case, tmp_path):
     assert len(after.graph.node) > len(before.graph.node)  # something was recomputed
 
 
+def test_a_plan_no_lower_than_the_step_is_not_called_a_lower_peak(tmp_path, capsys):
+    """The tutorial's two-layer MLP: the min-peak plan the model finds is estimated no
+    lower than the step as written, so nothing is recomputed; the summary once said
+    the lowest peak would cost ~38% of the step's time, over --max-extra-time 20%,
+    though no time limit would recompute anything ('none' gave the same step)."""
+    source = ARTIFACTS / "tutorial_mlp" / "training_model.onnx"
+    for limit in ([], ["--max-extra-time", "none"]):
+        report = tmp_path / "report.json"
+        assert main(["rewrite", str(source), "-o", str(tmp_path / "out.onnx"),
+                     "--recompute", "auto", "--batch-size", "4", "--report", str(report),
+                     *limit]) == 0
+        out = capsys.readouterr().out
+        assert "remat: unchanged" in out and "--max-extra-time" not in out
+        remat = next(p["report"] for p in json.loads(report.read_text())["passes"]
+                     if p["name"] == "remat")
+        assert not remat["auto"]["segments"] and not remat["auto"]["notes"]
+
+
+def test_what_a_segment_no_longer_keeps_is_sized_at_the_batch_size(tmp_path):
+    """The tutorial's GPT-2 has a dynamic batch: what each segment no longer keeps
+    ("N tensors no longer kept (~X MiB)") is sized with --batch-size, as the
+    estimates are; unsized, every tensor counted 0 bytes ("~0.0 MiB")."""
+    source = ARTIFACTS / "tutorial_gpt2" / "training_model.onnx"
+    released = {}
+    for batch in (4, 8):
+        report = tmp_path / f"report{batch}.json"
+        assert main(["rewrite", str(source), "-o", str(tmp_path / "out.onnx"), "--quiet",
+                     "--recompute", "auto", "--batch-size", str(batch),
+                     "--report", str(report)]) == 0
+        remat = next(p["report"] for p in json.loads(report.read_text())["passes"]
+                     if p["name"] == "remat")
+        released[batch] = [s["released_bytes"] for s in remat["segments"]]
+    assert released[4] and all(size > 0 for size in released[4])
+    assert released[8] == [2 * size for size in released[4]]
+
+
 def test_diff_of_a_rewritten_artifact(tmp_path, capsys):
     source, target = _rewrite("mlp_ce", tmp_path)
     assert main(["diff", str(source), str(source)]) == 0

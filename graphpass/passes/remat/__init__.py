@@ -156,8 +156,8 @@ class RematPass(Pass):
         ran_before = measured[0] if measured else auto and auto.measured_before
         replayed = [_replayed_peak(graph, step, batch, ran_before, view)] \
             if ran_before and runtime.has_oracle else None
-        entries = rewrite_segments(graph, segments, step,
-                                   self.options.tupleize_grads, released_bytes=estimate)
+        entries = rewrite_segments(graph, segments, step, self.options.tupleize_grads,
+                                   released_bytes=estimate, batch_size=batch)
         changed = any(e["copied"] for e in entries)
         extra_time = time.extra([o for e in entries for o in e["recomputes"]]) if time else None
         # As every plan was weighed: values that wait for their gradients, updates

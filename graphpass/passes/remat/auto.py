@@ -312,9 +312,12 @@ def _within_time(chain: ForwardChain, plan: AutoPlan, chosen: ChainPlan, estimat
     (bisection over the budget program, whose run costs count every op of a run:
     scaled to what the min-peak plan really copies), estimated. A peak is worth
     only so much time: a plan that saves little and costs much is not chosen
-    (``--max-extra-time``)."""
+    (``--max-extra-time``). A plan estimated no lower than the step as written is
+    left for the caller to drop, with no note: it is not a lower peak."""
     if not chosen.runs or not plan.step_cost or chosen.cost <= limit * plan.step_cost:
         return chosen, estimated  # within it by the runs' own costs, which bound it
+    if estimated >= plan.estimate:  # no lower than the step as written
+        return chosen, estimated
     extra = extra_time(chosen)
     if extra <= limit:
         return chosen, estimated

@@ -78,11 +78,13 @@ class _Plan:
 
 
 def rewrite_segments(graph: Graph, segments: list[Segment], step: Step,
-                     tupleize_grads: bool, released_bytes: bool = True) -> list[dict]:
+                     tupleize_grads: bool, released_bytes: bool = True,
+                     batch_size: int | None = None) -> list[dict]:
     """Plan and apply each segment in turn (a plan sees the earlier rewrites).
     ``released_bytes``: size what each segment no longer keeps, which reads the
     segments' shapes (None in the entries otherwise: a ``--quiet`` rewrite shows
-    no figures, so it need not pay for inferring them)."""
+    no figures, so it need not pay for inferring them), an unknown batch dimension
+    as ``batch_size`` (``--batch-size``)."""
     entries = []
     if released_bytes:  # the segments' shapes, while the graph is as read
         infer_shapes(graph, [name for segment in segments for name in segment.nodes])
@@ -94,7 +96,7 @@ def rewrite_segments(graph: Graph, segments: list[Segment], step: Step,
     for segment in segments:
         segment_plan = _plan(graph, segment, step, reach)
         entry, waiting = _apply(graph, segment, segment_plan, step, tupleize_grads,
-                                released_bytes, holders)
+                                released_bytes, holders, batch_size)
         entries.append(entry)
         if not segment_plan.rewires:
             entry["outputs_read"] = _outputs_read(graph, segment, step.backward)
@@ -149,8 +151,8 @@ def _outputs_read(graph: Graph, segment: Segment, backward: set[str]) -> list[st
 
 
 def _apply(graph: Graph, segment: Segment, plan: _Plan, step: Step,
-           tupleize_grads: bool, released_bytes: bool, holders: _Holders
-           ) -> tuple[dict, list[str]]:
+           tupleize_grads: bool, released_bytes: bool, holders: _Holders,
+           batch_size: int | None = None) -> tuple[dict, list[str]]:
     """Copy, order and rewire one segment as ``plan`` says; its report entry, and
     its nodes that wait for the trigger (control mode; ``order_by_control``)."""
     entry = {"segment": segment.name, "marked": len(segment.nodes), "copied": 0,
@@ -190,7 +192,8 @@ def _apply(graph: Graph, segment: Segment, plan: _Plan, step: Step,
                  released=[str(t) for t in released], readers_kept=kept,
                  ordering_reads=reads, read_once=once, waits_for_gradients=0)
     if released_bytes:
-        entry["released_bytes"] = sum(tensor_bytes(graph, t) or 0 for t in released)
+        entry["released_bytes"] = sum(tensor_bytes(graph, t, batch_size) or 0
+                                      for t in released)
     return entry, waiting
 
 
