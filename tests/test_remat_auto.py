@@ -454,10 +454,13 @@ def test_a_plan_without_gain_is_not_written(tmp_path, capsys):
     remat = json.loads(report.read_text())["passes"][0]
     assert not remat["changed"]
     assert not any(n.startswith(SCOPE) for n in graphpass.load(out))
-    assert "no segment recomputed: the best plan's estimate" in capsys.readouterr().out
+    assert "no segment recomputed: the " in capsys.readouterr().out
     auto = remat["report"]["auto"]
     assert auto["segments"] == []
-    assert any(f"is not below {NO_GAIN}x the step's" in note for note in auto["notes"])
+    # too little gain for its time (--max-extra-time's weighing) or none at all
+    assert any(f"is not below {NO_GAIN}x the step's" in note or
+               "a plan must save at least half as much as it adds" in note
+               for note in auto["notes"])
 
 
 def test_the_predicted_step_time_counts_what_is_recomputed(model):
@@ -520,3 +523,28 @@ def test_max_extra_time_is_min_peaks_option(tmp_path, capsys):
     assert main(["rewrite", "examples/mlp_train.pb", "-o", str(out), "--recompute", "auto",
                  "--recompute-policy", "cheap", "--max-extra-time", "0.1"]) == 2
     assert "limits the min-peak policy" in capsys.readouterr().err
+
+
+def test_a_plan_is_worth_its_time_only_if_it_saves_half_what_it_costs():
+    """``--max-extra-time``'s weighing: a tenth of the peak or more needs no check
+    (the limit bounds the time); below it, the copies' time is asked, and a plan
+    saving less than half of it is dropped with a note."""
+    from graphpass.passes.remat.plan import ChainPlan
+    from graphpass.passes.remat.timed import worth_its_time
+    from graphpass.passes.remat.verdict import AutoPlan
+
+    plan = AutoPlan("min-peak", None, 4, 1, "chain dp", 0.0, 100, 100, 0)
+    chosen = ChainPlan(((0, 1),), 10, 50)
+    asked = []
+
+    def extra_time(found):
+        asked.append(found)
+        return 0.17
+
+    assert worth_its_time(plan, chosen, 0.15, 0.2, extra_time) and not asked
+    assert worth_its_time(plan, chosen, 0.09, 0.2, extra_time) and not plan.notes
+    assert not worth_its_time(plan, chosen, 0.03, 0.2, extra_time)
+    assert asked == [chosen, chosen]
+    assert plan.notes == ["no segment recomputed: the plan saves 3% of the peak for ~17% "
+                          "more step time (a plan must save at least half as much as it "
+                          "adds; --max-extra-time none writes the lowest peak)"]

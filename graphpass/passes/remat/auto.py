@@ -49,6 +49,7 @@ from graphpass.passes.remat.plan import (
 from graphpass.passes.remat.profiled import profiled_plan
 from graphpass.passes.remat.refine import refine_min_peak
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
+from graphpass.passes.remat.timed import within_extra_time, worth_its_time
 from graphpass.passes.remat.verdict import AutoPlan, over_budget_message
 from graphpass.passes.remat.writable import (
     chain_left_out,
@@ -270,8 +271,9 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
                                                      runtime, options.batch_size, budget,
                                                      runs)
     if budget is None and options.max_extra_time is not None:
-        chosen, estimated = _within_time(chain, plan, chosen, estimated, options.max_extra_time,
-                                         estimate, extra_time, runs)
+        chosen, estimated = within_extra_time(
+            units, plan, chosen, estimated, options.max_extra_time,
+            lambda found: estimate(_chain_segments(chain, found)), extra_time, runs)
     in_turn = True
     if estimated < unplanned and (deferrable or len(chosen.runs) > 1):
         # the plan as written: its updates deferred where that is lower (the
@@ -281,6 +283,10 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
                                     None if deferrable else estimated)
         in_turn = all(s.in_turn for s in segments)
     if estimated >= unplanned:  # the model was wrong: recompute nothing
+        chosen, estimated = ChainPlan((), 0, 0), unplanned
+    if budget is None and options.max_extra_time is not None and \
+            not worth_its_time(plan, chosen, 1 - estimated / unplanned,
+                                options.max_extra_time, extra_time):
         chosen, estimated = ChainPlan((), 0, 0), unplanned
     if budget is not None and estimated <= budget:
         low, high = chosen.peak, budget - plan.model_offset
@@ -301,43 +307,6 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
     plan.estimate = estimated
     plan.segments = describe_runs(chain, chosen.runs)
     return _chain_segments(chain, chosen, in_turn)
-
-
-def _within_time(chain: ForwardChain, plan: AutoPlan, chosen: ChainPlan, estimated: int,
-                 limit: float, estimate, extra_time, runs: Runs | None
-                 ) -> tuple[ChainPlan, int]:
-    """The min-peak plan, or where its copies would add more than ``limit`` of the
-    step's predicted time (``extra_time(plan)``: ``StepTime.extra`` of what the
-    rewrite copies), the lowest model peak whose cheapest plan stays within it
-    (bisection over the budget program, whose run costs count every op of a run:
-    scaled to what the min-peak plan really copies), estimated. A peak is worth
-    only so much time: a plan that saves little and costs much is not chosen
-    (``--max-extra-time``). A plan estimated no lower than the step as written is
-    left for the caller to drop, with no note: it is not a lower peak."""
-    if not chosen.runs or not plan.step_cost or chosen.cost <= limit * plan.step_cost:
-        return chosen, estimated  # within it by the runs' own costs, which bound it
-    if estimated >= plan.estimate:  # no lower than the step as written
-        return chosen, estimated
-    extra = extra_time(chosen)
-    if extra <= limit:
-        return chosen, estimated
-    units = chain.units
-    allowed = chosen.cost * limit / extra
-    low, high = chosen.peak, model_peak(units, ())
-    best = None
-    while high - low > max(high // 200, 1):
-        middle = (low + high) // 2
-        found = solve_budget(units, middle, runs=runs)
-        if found is not None and found.cost <= allowed:
-            best, high = found, middle
-        else:
-            low = middle
-    plan.notes.append(f"the lowest peak would add ~{extra:.0%} to the step's predicted "
-                      f"time, over --max-extra-time {limit:.0%}: the plan is the lowest "
-                      f"peak within it")
-    if best is None or not best.runs:
-        return ChainPlan((), 0, 0), plan.estimate
-    return best, estimate(_chain_segments(chain, best))
 
 
 def _plan_cheap(graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,

@@ -81,10 +81,9 @@ def rewrite_segments(graph: Graph, segments: list[Segment], step: Step,
                      tupleize_grads: bool, released_bytes: bool = True,
                      batch_size: int | None = None) -> list[dict]:
     """Plan and apply each segment in turn (a plan sees the earlier rewrites).
-    ``released_bytes``: size what each segment no longer keeps, which reads the
-    segments' shapes (None in the entries otherwise: a ``--quiet`` rewrite shows
-    no figures, so it need not pay for inferring them), an unknown batch dimension
-    as ``batch_size`` (``--batch-size``)."""
+    ``released_bytes``: size what each segment no longer keeps (an unknown batch
+    dimension as ``batch_size``), which reads the segments' shapes (None otherwise:
+    a ``--quiet`` rewrite shows no figures, so need not pay for inferring them)."""
     entries = []
     if released_bytes:  # the segments' shapes, while the graph is as read
         infer_shapes(graph, [name for segment in segments for name in segment.nodes])
@@ -192,8 +191,7 @@ def _apply(graph: Graph, segment: Segment, plan: _Plan, step: Step,
                  released=[str(t) for t in released], readers_kept=kept,
                  ordering_reads=reads, read_once=once, waits_for_gradients=0)
     if released_bytes:
-        entry["released_bytes"] = sum(tensor_bytes(graph, t, batch_size) or 0
-                                      for t in released)
+        entry["released_bytes"] = sum(tensor_bytes(graph, t, batch_size) or 0 for t in released)
     return entry, waiting
 
 
