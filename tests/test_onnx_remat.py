@@ -364,7 +364,8 @@ def test_auto_keeps_what_is_not_live_at_the_relu_gradient(kind, tmp_path):
     # a ReLU gradient reads the block's MatMul output (``positive``) first
     assert charged == {f"block{b}/MatMul": where for b in range(1, 9)}, charged
     _, marked = _rewrite(mlp.model, tmp_path, "--recompute", MARKS["block_mlp"])
-    _, auto = _rewrite(mlp.model, tmp_path, "--recompute", "auto")
+    # the lowest peak, whatever its time: what this checks is what it keeps
+    _, auto = _rewrite(mlp.model, tmp_path, "--recompute", "auto", "--max-extra-time", "none")
     segments = [s["label"] for s in auto["report"]["auto"]["segments"]]
     assert segments and all(re.fullmatch(r"block\d/MatMul\.\.mul", s) for s in segments)
     assert auto["report"]["estimated_peak_bytes_after"] <= \

@@ -14,8 +14,8 @@ from graphpass.passes.remat.verdict import AutoPlan
 
 
 def within_extra_time(units: list, plan: AutoPlan, chosen: ChainPlan, estimated: int,
-                 limit: float, estimate, extra_time, runs: Runs | None
-                 ) -> tuple[ChainPlan, int]:
+                      limit: float, estimate, extra_time, runs: Runs | None
+                      ) -> tuple[ChainPlan, int]:
     """The min-peak plan, or where its copies would add more than ``limit`` of the
     step's predicted time (``extra_time(plan)``: ``StepTime.extra`` of what the
     rewrite copies), the lowest model peak whose cheapest plan stays within it
@@ -38,11 +38,14 @@ def within_extra_time(units: list, plan: AutoPlan, chosen: ChainPlan, estimated:
     for _ in range(TIME_ROUNDS):
         best = _lowest_within(units, chosen.peak, allowed, runs)
         if best is None:
-            return ChainPlan((), 0, 0), plan.estimate
+            break
         extra = extra_time(best)
         if extra <= limit:
             return best, estimate(best)
-        allowed *= limit / extra  # what it copies costs more than its runs: aim lower
+        # what it copies costs more than its runs said: aim lower, below this plan
+        allowed = min(allowed * limit / extra, best.cost - 1)
+    plan.notes.append("no segment recomputed: no plan found within --max-extra-time lowers "
+                      "the peak ('none' writes the lowest peak)")
     return ChainPlan((), 0, 0), plan.estimate
 
 
