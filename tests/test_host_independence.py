@@ -56,7 +56,8 @@ def _rewrite(model: Path, out: Path, onednn: str | None, cpus: str | None = None
         env["TF_ENABLE_ONEDNN_OPTS"] = onednn
     report = out.with_suffix(".json")
     command = [sys.executable, "-m", "graphpass.cli", "rewrite", str(model), "-o", str(out),
-               "--recompute", "auto", "--report", str(report), "--quiet", *options]
+               "--recompute", "auto", "--max-extra-time", "none", "--report", str(report),
+               "--quiet", *options]
     if cpus is not None:
         command = ["taskset", "-c", cpus, *command]
     done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True,

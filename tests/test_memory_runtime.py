@@ -136,7 +136,9 @@ def test_a_cnn_step_function_is_estimated_as_tf2_calls_it(tmp_path):
     it leaves out of its records. The issue's 15% the other way round is the
     benchmark's, on a quiet machine (docs/benchmarks.md)."""
     path, _ = third_party.build("resnet50", tmp_path, "test")
-    report = graphpass.run_passes(graphpass.load(path), {"recompute": ["auto"]})[0].report
+    # the lowest peak, whatever its time: a plan that pins the updates
+    report = graphpass.run_passes(graphpass.load(path), {"recompute": ["auto"],
+                                                         "max_extra_time": "none"})[0].report
     estimate = report["estimated_peak_bytes_before"] / 2**20
     held = report["estimated_peak_bytes_updates_held"] / 2**20
     assert estimate == report["estimated_peak_bytes_updates_as_gradients_appear"] / 2**20
@@ -282,3 +284,4 @@ def test_a_function_step_runs_in_the_order_grappler_gives_its_call(mobilenet_ste
             max(orders["grappler_order_mib"], orders["called_order_mib"])), (variant, orders)
         if variant == "auto":
             assert orders["called_order_out_of_place"] == 0, orders
+

@@ -107,3 +107,18 @@ def test_a_rewrite_onnxruntime_training_cannot_step_is_refused(tmp_path):
     assert "node 'layer2/ln1_Grad/LayerNormalizationGrad_0' (LayerNormalizationGrad) fails: " \
         "Missing Input: layer2/ln1/mean" in lines[0]
     assert missing["written"] == ["ok.onnx", "ok.onnx.json"]
+
+
+def test_an_input_too_large_to_feed_is_not_stepped_and_says_so(tmp_path, capsys):
+    """The check feeds zeros; an input of 16 TiB (the fuzzer's extreme dimension)
+    is not allocated: the rewrite is written unstepped, with the reason."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2**40, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2**40, 4])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])],
+                                                "huge", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    source, target = tmp_path / "huge.onnx", tmp_path / "out.onnx"
+    onnx.save(model, source)
+    assert main(["rewrite", str(source), "-o", str(target)]) == 0 and target.exists()
+    out = capsys.readouterr().out
+    assert "not stepped" in out and f"over {ort_step.MAX_FEED_BYTES >> 30} GiB" in out

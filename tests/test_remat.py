@@ -346,3 +346,20 @@ def test_exactness_numbers_values_not_names():
     assert differences(graph(0.5, "ca"), graph(0.5, "cb"), same) == []
     found = differences(graph(0.3, "ca"), graph(0.3, "cb"), same)
     assert [d.node for d in found] == ["m1"] and "never" in found[0].reason
+
+
+def test_grapplers_answers_for_both_settings_survive_the_cache_filling(monkeypatch):
+    """One setting answered from the cache, the other asked: storing the new answer
+    must not evict the one in hand (with room for one answer, the remat pass of
+    ``--drop-stale 0 --recompute auto`` found its original's answer gone)."""
+    from graphpass.runtimes import tf_grappler
+
+    monkeypatch.setattr(tf_grappler, "ANSWERS_KEPT", 1)
+    monkeypatch.setattr(tf_grappler, "_ANSWERS", {})
+    model = tf_models.block_mlp(batch=8, width=16, blocks=2, optimizer="sgd")
+    graph_def = model.graph_def
+    fetches = ["loss", "train"]
+    alone = tf_grappler.optimize(graph_def, fetches, True)
+    both = tf_grappler.optimize_each(graph_def, fetches, (True, False))
+    assert len(both) == 2 and both[0] == alone
+    assert {n.name for n in both[1].node} >= {"loss"}

@@ -8,7 +8,6 @@ written (``check_written``, ``ort_step``).
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 from graphpass.errors import GraphpassError
@@ -72,20 +71,16 @@ class ORTModel(RuntimeModel):
 
         if not installed(ONNXRUNTIME):
             return _unstepped("onnxruntime is not installed (pip install 'graphpass[onnx]')")
-        from graphpass.formats.dispatch import save
         from graphpass.runtimes import ort_step
 
-        with tempfile.TemporaryDirectory(prefix="graphpass-ort-") as staging:
-            staged = Path(staging) / "rewrite.onnx"
-            save(graph, staged)
-            try:
-                ort_step.step_once(staged)
-            except ort_step.StepFailed as failed:
-                rewrite_failed = str(failed)
-            else:
-                return {"stepped": True, "version": ort_step.version(),
-                        "summary": [f"onnxruntime {ort_step.version()}: the rewrite loads "
-                                    "and runs a step"]}
+        try:
+            ort_step.step_once(_serialized(graph))
+        except ort_step.StepFailed as failed:
+            rewrite_failed = str(failed)
+        else:
+            return {"stepped": True, "version": ort_step.version(),
+                    "summary": [f"onnxruntime {ort_step.version()}: the rewrite loads "
+                                "and runs a step"]}
         try:
             ort_step.step_once(source)
         except ort_step.StepFailed as failed:
@@ -94,6 +89,22 @@ class ORTModel(RuntimeModel):
         raise GraphpassError(f"the rewrite does not run in onnxruntime {ort_step.version()}: "
                              f"{rewrite_failed}; the input runs, so nothing was written "
                              "(rewrite without this recompute, and report it)")
+
+
+def _serialized(graph: Graph) -> bytes:
+    """The rewrite as onnxruntime reads it, in memory, its external data loaded from
+    beside the input (nothing is written before the output itself)."""
+    from onnx.external_data_helper import load_external_data_for_model
+
+    from graphpass.formats.onnx_io import model_from_graph
+    from graphpass.runtimes.ort_step import StepFailed
+
+    model = model_from_graph(graph)
+    load_external_data_for_model(model, str(graph.format_state.source_dir))
+    if model.ByteSize() >= 2**31:
+        raise StepFailed("it is over protobuf's 2 GiB with its data, more than this check "
+                         "loads in memory")
+    return model.SerializeToString()
 
 
 def _unstepped(reason: str) -> dict:

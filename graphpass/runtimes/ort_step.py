@@ -3,7 +3,8 @@ rewrite is written which onnxruntime cannot run (``ORTModel.check_written``).
 
 The rewrite is loaded as onnxruntime loads a training step (its default graph
 optimizations: the fusions a rewrite can wake up) and run once on zeros, every
-unknown dimension 1. Values do not matter: a kernel that finds an input missing,
+unknown dimension 1, from bytes in memory (nothing is written: the rewrite's data
+loaded beside it). Values do not matter: a kernel that finds an input missing,
 or a graph the session refuses, fails on any. Where the rewrite fails, the input
 is tried the same way: if onnxruntime cannot run the input either (plain
 onnxruntime has no kernels for onnxruntime-training's gradient ops), the rewrite
@@ -12,6 +13,7 @@ is not to blame and goes unstepped, with the reason; else it is refused.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -20,6 +22,8 @@ ORT_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64",
               "tensor(float16)": "float16", "tensor(int64)": "int64",
               "tensor(int32)": "int32", "tensor(bool)": "bool", "tensor(uint8)": "uint8",
               "tensor(int8)": "int8"}
+#: The most this check feeds one input: a larger one is not stepped here.
+MAX_FEED_BYTES = 2**30
 #: "... while running LayerNormalizationGrad node. Name:'n' Status Message: ..."
 _NODE_FAILED = re.compile(r"running (\S+) node\. Name:'([^']*)' Status Message: (.*)", re.S)
 #: What ORT puts before its own words: the status code, the file it loaded, the C++
@@ -32,9 +36,10 @@ class StepFailed(Exception):
     """onnxruntime could not load or run the model; the message is one line."""
 
 
-def step_once(path: Path) -> None:
-    """Load ``path`` in an onnxruntime session and run it once on zeros; raise
-    :class:`StepFailed` saying which node failed and why."""
+def step_once(model: Path | bytes) -> None:
+    """Load ``model`` (a file, or a serialized model) in an onnxruntime session and
+    run it once on zeros; raise :class:`StepFailed` saying which node failed and
+    why, or that an input is too large to feed here."""
     import numpy as np
     import onnxruntime as ort
 
@@ -44,7 +49,8 @@ def step_once(path: Path) -> None:
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     options.log_severity_level = 4
     try:
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(model if isinstance(model, bytes) else str(model),
+                                       options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime's Fail, InvalidGraph, NotImplemented...
         raise StepFailed(f"it does not load: {_first_line(exc)}") from None
     feeds = {}
@@ -53,7 +59,11 @@ def step_once(path: Path) -> None:
             raise StepFailed(f"input {value.name!r} is a {value.type}, which this check "
                              "cannot feed")
         shape = [d if isinstance(d, int) else 1 for d in value.shape or ()]
-        feeds[value.name] = np.zeros(shape, dtype=ORT_DTYPES[value.type])
+        dtype = np.dtype(ORT_DTYPES[value.type])
+        if math.prod(shape) * dtype.itemsize > MAX_FEED_BYTES:
+            raise StepFailed(f"input {value.name!r} of shape {shape} is over "
+                             f"{MAX_FEED_BYTES >> 30} GiB, more than this check feeds")
+        feeds[value.name] = np.zeros(shape, dtype=dtype)
     try:
         session.run(None, feeds)
     except Exception as exc:

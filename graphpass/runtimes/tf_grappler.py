@@ -213,14 +213,16 @@ def optimize_each(graph_def, fetch_nodes: list[str], settings: tuple[bool, ...])
     question = graph_def.SerializeToString(deterministic=True)
     digest = hashlib.sha256(question).hexdigest()
     keys = {onednn: (digest, tuple(fetch_nodes), onednn) for onednn in settings}
-    missing = [onednn for onednn in settings if keys[onednn] not in _ANSWERS]
+    answers = {onednn: _ANSWERS.get(key) for onednn, key in keys.items()}
+    missing = [onednn for onednn, answer in answers.items() if answer is None]
     if missing:
         meta = _placed_meta(graph_def, fetch_nodes).SerializeToString()
-        for onednn, answer in zip(missing, _children.ask_each(missing, meta)):
-            _ANSWERS[keys[onednn]] = answer
-        while len(_ANSWERS) > ANSWERS_KEPT:
+        answers.update(zip(missing, _children.ask_each(missing, meta)))
+        for onednn in missing:
+            _ANSWERS[keys[onednn]] = answers[onednn]
+        while len(_ANSWERS) > ANSWERS_KEPT:  # the oldest go, these answers are in hand
             _ANSWERS.pop(next(iter(_ANSWERS)))
-    return [graph_pb2.GraphDef.FromString(_ANSWERS[keys[onednn]]) for onednn in settings]
+    return [graph_pb2.GraphDef.FromString(answers[onednn]) for onednn in settings]
 
 
 def _placed_meta(graph_def, fetch_nodes: list[str]):
