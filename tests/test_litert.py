@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tf_helpers import litert_rewrites
 
 from graphpass.analysis.arena import TENSOR_ALIGNMENT, plan_arena
 from graphpass.cli import main
@@ -98,13 +99,8 @@ def litert_variants(tmp_path_factory):
 
     work = tmp_path_factory.mktemp("litert")
     source = keras3_models.export(work / "original", MODEL, "sgd", on_device=True)
-    variants = {"original": (source, None)}
-    for name, args in (("auto", ["--recompute", "auto"]), ("regex", ["--recompute", BLOCKS])):
-        target, report = work / name, work / f"{name}.json"
-        assert main(["rewrite", str(source), "-o", str(target), "--quiet", "--target",
-                     "tflite", "--report", str(report), *args]) == 0
-        variants[name] = (target, json.loads(report.read_text()))
-    return variants
+    return litert_rewrites(source, work, {"auto": ["--recompute", "auto"],
+                                          "regex": ["--recompute", BLOCKS]}, target="tflite")
 
 
 @pytest.mark.slow

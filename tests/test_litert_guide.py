@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tf_helpers import litert_rewrites
 
 from graphpass.cli import main
 
@@ -42,14 +43,8 @@ def mixer(tmp_path_factory):
 
     work = tmp_path_factory.mktemp("guide")
     source = litert_guide.export(work / "original", "mixer")
-    variants = {"original": (source, None)}
     lowest = ["--recompute", "auto", "--max-extra-time", "none"]  # the lowest peak
-    for name, args in (("auto", lowest), ("regex", ["--recompute", BLOCKS])):
-        target, report = work / name, work / f"{name}.json"
-        assert main(["rewrite", str(source), "-o", str(target), "--quiet", "--target",
-                     "litert", "--report", str(report), *args]) == 0
-        variants[name] = (target, json.loads(report.read_text()))
-    return variants
+    return litert_rewrites(source, work, {"auto": lowest, "regex": ["--recompute", BLOCKS]})
 
 
 @pytest.mark.slow

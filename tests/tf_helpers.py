@@ -97,3 +97,21 @@ def write_saved_model(directory: Path, model) -> Path:
                                    saver=saver)
             builder.save()
     return directory
+
+
+def litert_rewrites(source: Path, work: Path, variants: dict[str, list[str]],
+                    target: str = "litert") -> dict[str, tuple[Path, dict | None]]:
+    """``source`` (a SavedModel for on-device training) and each rewrite of it for
+    ``--target litert`` (``variants``: name -> remat options), with its remat
+    report: name -> (path, report), the original's report None."""
+    import json
+
+    from graphpass.cli import main
+
+    rewrites = {"original": (source, None)}
+    for name, args in variants.items():
+        out, report = work / name, work / f"{name}.json"
+        assert main(["rewrite", str(source), "-o", str(out), "--quiet", "--target", target,
+                     "--report", str(report), *args]) == 0
+        rewrites[name] = (out, json.loads(report.read_text()))
+    return rewrites
