@@ -100,11 +100,18 @@ def _serialized(graph: Graph) -> bytes:
     from graphpass.runtimes.ort_step import StepFailed
 
     model = model_from_graph(graph)
-    load_external_data_for_model(model, str(graph.format_state.source_dir))
+    try:
+        load_external_data_for_model(model, str(graph.format_state.source_dir))
+    except Exception as exc:  # noqa: BLE001 - onnx's ValidationError, OSError: not stepped
+        raise StepFailed(f"its external data does not load here: {_line(exc)}") from None
     if model.ByteSize() >= 2**31:
         raise StepFailed("it is over protobuf's 2 GiB with its data, more than this check "
                          "loads in memory")
     return model.SerializeToString()
+
+
+def _line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _unstepped(reason: str) -> dict:

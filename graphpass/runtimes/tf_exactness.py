@@ -201,26 +201,22 @@ class _Numbering:
 
     def copies_near(self, name: str, depth: int) -> tuple[str, ...]:
         """The originals of the copies that may have made ``name`` compute otherwise:
-        itself for a copy; else the nearest copies, at the fewest edges either way
-        up to ``depth`` (the repair keeps these and asks again: keeping every copy
-        within ``depth`` kept far more than the cause). A
+        itself for a copy; else every copy within ``depth`` edges either way. A
         value a copy reads too has a reader more, and Grappler groups a product or
         a sum by how many read its parts, so the cause may sit beside the node
         (a gradient regrouped because the value it multiplies is read otherwise)."""
         original = self.stands_for(name)
         if original is not None and original != name:
             return (original,)
-        layer, seen = [name], {name}
+        found, layer, seen = [], [name], {name}
         for _ in range(depth):
             layer = [n for n in (_split(i)[0] for node in layer
                                  for i in [*self.reads(node), *self.readers(node)])
                      if n in self.nodes and n not in seen]
             seen.update(layer)
-            found = [o for n, o in zip(layer, map(self.stands_for, layer))
-                     if o is not None and o != n]
-            if found:
-                return tuple(dict.fromkeys(found))
-        return ()
+            found.extend(o for n, o in zip(layer, map(self.stands_for, layer))
+                         if o is not None and o != n)
+        return tuple(dict.fromkeys(found))
 
     def readers(self, name: str) -> list[str]:
         if self._readers is None:
