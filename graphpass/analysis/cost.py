@@ -119,8 +119,8 @@ class StepTime:
     taken when made: what a rewrite then adds is judged against the step as it was."""
 
     def __init__(self, graph: Graph, fetches: list[str], batch_size: int | None,
-                 runtime: RuntimeModel) -> None:
-        self.sizes = Sizes(graph, batch_size)
+                 runtime: RuntimeModel, sizes: Sizes | None = None) -> None:
+        self.sizes = sizes or Sizes(graph, batch_size)
         self.runtime = runtime
         step = graph.ancestors(fetches) | set(fetches)
         self.total = sum(self.sizes.work(name, runtime) for name in step)

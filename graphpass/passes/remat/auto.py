@@ -192,7 +192,7 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
 
     # The step as written without a segment: the chain model is calibrated on it.
     written = estimate([]) if waits or update_reads(graph, step) else before
-    time_model = StepTime(graph, step.fetches, options.batch_size, step.runtime)
+    time_model = StepTime(graph, step.fetches, options.batch_size, step.runtime, sizes)
     plan = AutoPlan(policy, budget, len(chain.units), chain.width, "none", 0.0,
                     before, written, max(0, written - model_peak(chain.units, ())),
                     headroom=step.runtime.allocator_headroom,
