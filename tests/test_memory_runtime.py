@@ -129,12 +129,15 @@ def test_a_cnn_step_function_is_estimated_as_tf2_calls_it(tmp_path):
     TF's profiler gives the order each call ran its ops in. On a quiet machine
     that is the estimate's schedule (its replay is the estimate within rounding);
     under load some calls run a lower one (docs/benchmarks.md), so what is
-    asserted holds in either: no call exceeds the
+    asserted holds in either: what no call's kernels ask for exceeds the
     estimate by more than the issue's 15% or comes near the held figure, none ran
     an order the estimate puts above its own, and replayed in each call's order the
     estimate is what the allocator was asked for, plus the buffers under 256 KiB
-    it leaves out of its records. The issue's 15% the other way round is the
-    benchmark's, on a quiet machine (docs/benchmarks.md)."""
+    it leaves out of its records. The chunks the allocator hands out for those
+    requests depend on its heap, which differs per process and with the load
+    beside it (a chunk up to twice a request is handed out whole); they are
+    compared on a quiet machine by the benchmark (docs/benchmarks.md), as is the
+    issue's 15% the other way round."""
     path, _ = third_party.build("resnet50", tmp_path, "test")
     # the lowest peak, whatever its time: a plan that pins the updates
     report = graphpass.run_passes(graphpass.load(path), {"recompute": ["auto"],
@@ -148,11 +151,12 @@ def test_a_cnn_step_function_is_estimated_as_tf2_calls_it(tmp_path):
     for call in (call_profile.run("resnet50", path, "test") for _ in range(3)):
         estimated = call["estimate_mib"]
         assert call["ops"] >= 1000 and call["chunks_mib"] == call["allocator_mib"], call
-        assert call["allocator_mib"] <= (1 + THIRD_PARTY_TOLERANCE) * estimated, call
-        assert call["allocator_mib"] < (estimated + held) / 2, (held, call)
+        requested = call["requested_mib"]
+        assert requested <= (1 + THIRD_PARTY_TOLERANCE) * estimated, call
+        assert requested < (estimated + held) / 2, (held, call)
         replayed = call["estimate_in_call_order_mib"]
         assert replayed <= (1 + SAME_PEAK) * estimated, call
-        assert call["requested_mib"] <= replayed <= SMALL_BUFFERS * call["requested_mib"], call
+        assert requested <= replayed <= SMALL_BUFFERS * requested, call
 
 
 def test_hand_model_where_grappler_refuses(stable):
