@@ -108,9 +108,9 @@ def _held_mode(graph: Graph, regions, profile, batch_size: int | None,
     """The step's schedule with every update held to the end of the step, where it
     is the original's figure in ``rewrite``'s summary (``pin.worst_case``, where
     ``pin.held_counts``); None where it is not, or the updates cannot be held."""
-    from graphpass.passes.remat.auto import step_estimator
     from graphpass.passes.remat.pin import held_counts, held_is_higher, held_updates_peak
     from graphpass.passes.remat.rewrite import Step
+    from graphpass.passes.remat.trials import step_estimator
 
     if not held_counts(graph) or not runtime.holds_updates:
         return None

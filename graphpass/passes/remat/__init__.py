@@ -48,7 +48,7 @@ from graphpass.options import RematOptions
 from graphpass.passes.base import Pass
 from graphpass.passes.context import PassContext
 from graphpass.passes.exactness import exactness_check, inexact_allowed
-from graphpass.passes.remat.auto import auto_plan, step_estimator
+from graphpass.passes.remat.auto import auto_plan
 from graphpass.passes.remat.defer import defer_updates
 from graphpass.passes.remat.exactness import (
     EXACTNESS_ROUNDS,
@@ -67,6 +67,7 @@ from graphpass.passes.remat.pin import (
     worst_case,
 )
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
+from graphpass.passes.remat.trials import step_estimator
 from graphpass.passes.remat.verdict import AutoPlan
 from graphpass.runtimes import RuntimeModel
 

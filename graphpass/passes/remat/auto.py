@@ -6,15 +6,11 @@ with ``--profile`` (a profiler in the context) measured as well (``profiled``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import replace
 
 from graphpass.analysis.cost import Sizes, StepTime
-from graphpass.analysis.estimate import step_profile
 from graphpass.analysis.forward import ForwardChain, computed_forward, forward_chain
 from graphpass.analysis.measured import Profiler
 from graphpass.analysis.memory import (
-    MemoryProfile,
     check_batch_size,
     format_bytes,
     step_loop_facts,
@@ -29,14 +25,11 @@ from graphpass.passes.remat.cheap import (
     cheap_keep,
     within_time,
 )
-from graphpass.passes.remat.defer import can_defer, defer_updates
+from graphpass.passes.remat.defer import defer_updates
 from graphpass.passes.remat.marks import SCOPE, Segment, is_generated, unique
 from graphpass.passes.remat.pin import (
-    add_waits,
     pin_updates,
     state_math_after_gradients,
-    state_math_waits,
-    update_reads,
 )
 from graphpass.passes.remat.plan import (
     ROUNDS,
@@ -50,6 +43,7 @@ from graphpass.passes.remat.profiled import profiled_plan
 from graphpass.passes.remat.refine import refine_min_peak
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
 from graphpass.passes.remat.timed import within_extra_time, worth_its_time
+from graphpass.passes.remat.trials import Trials
 from graphpass.passes.remat.verdict import AutoPlan, over_budget_message
 from graphpass.passes.remat.writable import (
     chain_left_out,
@@ -58,18 +52,7 @@ from graphpass.passes.remat.writable import (
     orderable_chain,
     writable_runs,
 )
-from graphpass.runtimes import RuntimeModel
 from graphpass.units import MAX_BYTES
-
-#: The estimate a plan is judged by: the step's graph, its fetches and the batch size.
-Estimator = Callable[[Graph, list[str], "int | None"], MemoryProfile]
-
-
-def step_estimator(step: Step) -> Estimator:
-    """The estimate of ``step``'s runtime (``analysis.estimate.step_profile``), with
-    the user's ``--loop-trips``."""
-    return lambda graph, fetches, batch: step_profile(graph, fetches, batch, step.loop_trips,
-                                                      step.runtime)
 
 
 def auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
@@ -128,7 +111,6 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
     the original's measured peak, which a relative budget (``0.6x``) is then of."""
     start = time.perf_counter()
     policy = policy or options.policy
-    run = step_estimator(step)
     check_batch_size(graph, step.fetches, options.batch_size)
     sizes = Sizes(graph, options.batch_size)
     chain = orderable_chain(graph, forward_chain(
@@ -138,61 +120,9 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
     if options.memory_budget_fraction is not None:
         budget = min(int(options.memory_budget_fraction * (measured_before or before)),
                      MAX_BYTES)
-    waits = state_math_waits(graph, step)
-
-    def rewritten(segments: list[Segment]) -> tuple[Graph, list[dict]]:
-        """A copy rewritten as the pass writes ``segments``, with the optimizer values
-        that wait for their gradients and the updates pinned (``pin``): both move
-        work in the executor's order."""
-        trial = graph.copy()
-        entries = rewrite_segments(trial, segments, step, options.tupleize_grads)
-        add_waits(trial, waits)
-        pin_updates(trial, step)
-        return trial, entries
-
-    def estimate(segments: list[Segment]) -> int:
-        """The peak of the step as the pass writes it: the updates deferred where
-        that is lower (``defer``)."""
-        copy = rewritten(segments)[0]
-        peak = run(copy, step.fetches, options.batch_size).peak_bytes
-        deferred = defer_updates(copy, step, options.batch_size, peak)
-        return peak if deferred is None else deferred[1].peak_bytes
-
-    ordered = step.runtime.queues_newest_first and step.dependency == "control"
-
-    def turns(segments: list[Segment], in_turn: int | None = None
-              ) -> tuple[list[Segment], int]:
-        """``segments`` recomputed in turn (``order.order_segments``) or each only
-        after its own trigger, whichever the estimate puts lower, and its figure
-        (``in_turn``: the estimate in turn, where the caller has it). Waiting in
-        turn bounds the copies held at once where the executor would leave weight
-        gradients to the end; where groups share copies (``cheap``), or a
-        weight's gradient itself waits for the weight's readers (``pin``), the
-        waits can hold copies longer instead."""
-        if in_turn is None:
-            in_turn = estimate(segments)
-        if len(segments) < 2 or not ordered:
-            return segments, in_turn
-        alone = [replace(s, in_turn=False) for s in segments]
-        other = estimate(alone)
-        return (alone, other) if other < in_turn else (segments, in_turn)
-
-    def trial(runs: tuple[tuple[int, int], ...]):
-        """A chain plan rewritten on a copy: the copy, each run's copies, the step
-        (the updates not deferred: the refinement reads what the runs leave live
-        in the backward pass, which deferring moves nothing of)."""
-        copy, entries = rewritten(_chain_segments(chain, ChainPlan(runs, 0, 0)))
-        return (copy, [e["copies"] for e in entries],
-                run(copy, step.fetches, options.batch_size))
-
-    def extra_time(chosen: ChainPlan) -> float:
-        """What the plan's copies add to the step's predicted time (``StepTime``)."""
-        entries = rewritten(_chain_segments(chain, chosen))[1]
-        return time_model.extra([o for e in entries for o in e["recomputes"]])
-
-    # The step as written without a segment: the chain model is calibrated on it.
-    written = estimate([]) if waits or update_reads(graph, step) else before
     time_model = StepTime(graph, step.fetches, options.batch_size, step.runtime, sizes)
+    trials = Trials(graph, step, options, chain, time_model)
+    written = trials.unplanned(before)
     plan = AutoPlan(policy, budget, len(chain.units), chain.width, "none", 0.0,
                     before, written, max(0, written - model_peak(chain.units, ())),
                     headroom=step.runtime.allocator_headroom,
@@ -206,11 +136,10 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
         plan.solver = "none (already rematerialized by graphpass)"
         segments = []
     elif policy == CHEAP:
-        segments = _plan_cheap(graph, chain, sizes, plan, turns, step, time_model)
+        segments = _plan_cheap(graph, chain, sizes, plan, trials)
     else:
         runs = writable_runs(graph, chain, step)
-        segments = _plan_chain(chain, plan, target, options, estimate, trial,
-                               can_defer(graph, step), turns, step.runtime, runs, extra_time)
+        segments = _plan_chain(plan, target, options, trials, runs)
         if note := left_out_note(graph, step, chain_left_out(chain, runs)):
             plan.notes.append(note)
     if segments and plan.estimate > NO_GAIN * before:
@@ -252,10 +181,8 @@ def _loop_notes(graph: Graph, step: Step, options: RematOptions) -> list[str]:
     return notes
 
 
-def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
-                options: RematOptions, estimate, trial, deferrable: bool,
-                turns, runtime: RuntimeModel, runs: Runs | None, extra_time
-                ) -> list[Segment]:
+def _plan_chain(plan: AutoPlan, budget: int | None, options: RematOptions,
+                trials: Trials, runs: Runs | None) -> list[Segment]:
     """``min-peak`` or ``budget``: solve the chain for the lowest peak, checked
     against the estimate (``refine``: rounds where the model was wrong). A
     budget plan is searched by bisection over the model's budget, between the
@@ -266,27 +193,28 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
     what must meet the budget); where the lowest plan misses it, that plan is
     the answer, and the caller judges it (``verdict``). Only ``runs`` the rewrite
     can write are taken (``writable``)."""
-    units, unplanned = chain.units, plan.estimate  # the step as written, no segment
-    chosen, estimated, plan.rounds = refine_min_peak(units, plan.model_offset, trial,
-                                                     runtime, options.batch_size, budget,
-                                                     runs)
+    units, unplanned = trials.chain.units, plan.estimate  # the step as written, no segment
+    chosen, estimated, plan.rounds = refine_min_peak(units, plan.model_offset,
+                                                     trials.chain_trial, trials.step.runtime,
+                                                     options.batch_size, budget, runs)
     if budget is None and options.max_extra_time is not None:
         chosen, estimated = within_extra_time(
-            units, plan, chosen, estimated, options.max_extra_time,
-            lambda found: estimate(_chain_segments(chain, found)), extra_time, runs)
+            units, plan, chosen, estimated, options.max_extra_time, trials.chain_estimate,
+            trials.extra_time, runs)
     in_turn = True
+    deferrable = trials.deferrable
     if estimated < unplanned and (deferrable or len(chosen.runs) > 1):
         # the plan as written: its updates deferred where that is lower (the
         # refinement's figure is the plan without), its segments in turn where
         # that is lower
-        segments, estimated = turns(_chain_segments(chain, chosen),
-                                    None if deferrable else estimated)
+        segments, estimated = trials.turns(trials.segments(chosen),
+                                           None if deferrable else estimated)
         in_turn = all(s.in_turn for s in segments)
     if estimated >= unplanned:  # the model was wrong: recompute nothing
         chosen, estimated = ChainPlan((), 0, 0), unplanned
     if budget is None and options.max_extra_time is not None and \
             not worth_its_time(plan, chosen, 1 - estimated / unplanned,
-                                options.max_extra_time, extra_time):
+                                options.max_extra_time, trials.extra_time):
         chosen, estimated = ChainPlan((), 0, 0), unplanned
     if budget is not None and estimated <= budget:
         low, high = chosen.peak, budget - plan.model_offset
@@ -295,7 +223,7 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
             found = solve_budget(units, target, runs=runs)
             if found is None or found.cost >= chosen.cost:
                 break
-            peak = estimate(_chain_segments(chain, found, in_turn))
+            peak = trials.estimate(trials.segments(found, in_turn))
             if peak <= budget:
                 chosen, estimated, low = found, peak, target
             else:
@@ -305,17 +233,18 @@ def _plan_chain(chain: ForwardChain, plan: AutoPlan, budget: int | None,
             target = (low + high) // 2
     plan.solver, plan.gap = "chain dp", chosen.gap
     plan.estimate = estimated
-    plan.segments = describe_runs(chain, chosen.runs)
-    return _chain_segments(chain, chosen, in_turn)
+    plan.segments = describe_runs(trials.chain, chosen.runs)
+    return trials.segments(chosen, in_turn)
 
 
 def _plan_cheap(graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,
-                turns, step: Step, time_model: StepTime) -> list[Segment]:
+                trials: Trials) -> list[Segment]:
     """``cheap``: keep what one min cut says; recompute the rest per unit, each value
     once where that costs at most ``SHARED_COPY_ALLOWANCE`` of the peak (a shared
     copy lives from the first group's trigger to the last reader; estimated both
     ways), and only the groups the step's time allows (``cheap.within_time``). A
     group whose copies cannot be ordered (``writable``) stays as it is."""
+    step, time_model = trials.step, trials.time_model
     keep = frozenset(cheap_keep(graph, chain, sizes, step.runtime))
 
     left_out: set[str] = set()
@@ -341,9 +270,9 @@ def _plan_cheap(graph: Graph, chain: ForwardChain, sizes: Sizes, plan: AutoPlan,
     if too_slow:
         plan.notes.append(_too_slow_note(too_slow))
     unplanned = plan.estimate  # the step as written, no segment
-    segments, plan.estimate = turns(segments_of(groups))
+    segments, plan.estimate = trials.turns(segments_of(groups))
     if shared != groups:
-        shared_segments, shared_estimate = turns(segments_of(shared))
+        shared_segments, shared_estimate = trials.turns(segments_of(shared))
         if shared_estimate <= plan.estimate + SHARED_COPY_ALLOWANCE * unplanned:
             groups, segments, plan.estimate = shared, shared_segments, shared_estimate
     plan.solver, plan.gap = "min cut (networkx max-flow)", 0.0
@@ -375,9 +304,3 @@ def budget_option(options: RematOptions) -> str:
     return "--memory-budget" if options.memory_budget_fraction is not None \
         else "--memory-budget-bytes"
 
-
-def _chain_segments(chain: ForwardChain, plan: ChainPlan,
-                    in_turn: bool = True) -> list[Segment]:
-    """One segment per recomputed run of units (labels for display only)."""
-    return [Segment(chain.label(first, last), chain.nodes(first, last), in_turn=in_turn)
-            for first, last in plan.runs]
