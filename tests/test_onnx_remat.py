@@ -22,6 +22,7 @@ from graphpass.formats.onnx_io import graph_from_model
 from graphpass.formats.onnx_order import READ_INDEX, SOURCE_OPS, file_order
 from graphpass.passes.remat.defer import DEFER_SCOPE
 from graphpass.passes.remat.marks import SCOPE
+from graphpass.runtimes import ort_step
 from graphpass.runtimes.ort import ort_schedule
 from tools.fixtures import onnx_models
 
@@ -162,6 +163,29 @@ def test_ort_schedule_is_the_order_onnxruntime_executes(name, built, tmp_path):
         graph = graphpass.load(path)
         expected = [n for n in ort_schedule(graph) if graph.node(n).op not in SOURCE_OPS]
         assert _executed_order(path, built[name].feeds, tmp_path, optimize=False) == expected
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_the_figures_shown_follow_the_order_onnxruntime_gives(name, built, tmp_path):
+    """onnxruntime's graph optimizer fuses nodes (a Transpose into the MatMul reading
+    it, a bias into its Gemm), which moves others in the order it runs them: the
+    figures the user reads follow the order onnxruntime gives
+    (``ort_step.optimized_order``), which is the order its profiler reports it
+    executing, before and after the rewrite (the reorder nodes its layout pass
+    adds are named per session)."""
+    target, result = _rewrite(built[name].model, tmp_path, "--recompute", MARKS[name])
+    shown = result["report"]["runtime_estimate"]
+    assert shown["model"] == f"onnxruntime {ort.__version__}'s order"
+    assert shown["peak_bytes_after"] < shown["peak_bytes_before"]
+
+    def unnumbered(order: list[str]) -> list[str]:
+        return [re.sub(r"^(Reorder(Input|Output))(_token_\d+)?$", r"\1", name)
+                for name in order]
+
+    for path in (tmp_path / "step.onnx", target):
+        given = ort_step.optimized_order(path.read_bytes())
+        assert unnumbered(given) == \
+            unnumbered(_executed_order(path, built[name].feeds, tmp_path, optimize=True))
 
 
 def test_writer_puts_leaves_last_only_in_rewritten_graphs(built, tmp_path):

@@ -53,6 +53,7 @@ def runtime_memory_profile(graph: Graph, fetches: list[str], batch_size: int | N
     view = view or runtime_view(graph, fetches, runtime)
     if view is None:
         return memory_profile(graph, fetches, batch_size, loop_trips, replay, runtime)
+    replay = replay or view.order or None
     profile = memory_profile(view.graph, fetches, batch_size, loop_trips, replay, runtime)
     if view.graph is not graph and _lost_trips(profile):
         # Grappler lowers a While into frames whose accumulators and bound this

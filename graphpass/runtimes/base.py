@@ -71,6 +71,10 @@ class RuntimeGraph:
     graph: Graph
     model: str
     reason: str = ""
+    #: The order the runtime runs the nodes in, where it says so apart from its
+    #: graph (onnxruntime's): its own names; a node of ``graph`` it does not name
+    #: (fused) runs after its producers (``memory.replayed``). Empty: ``graph``'s.
+    order: tuple[str, ...] = ()
 
 
 class ExactnessCheck(Protocol):

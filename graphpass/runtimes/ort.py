@@ -1,9 +1,11 @@
 """onnxruntime as a :class:`~graphpass.runtimes.base.RuntimeModel`: its default
 node order for the model the writer emits, its allocation planner's free list,
 and its kernels' aliasing, in-place outputs, fusions and scratch
-(``ort_kernels``). It has no oracle yet: the model is written down, not asked.
-What it writes is asked, though: a rewrite onnxruntime cannot run is never
-written (``check_written``, ``ort_step``).
+(``ort_kernels``). The planner weighs its candidates by that model; the figures
+a user reads (the step before and after) follow the order onnxruntime itself
+gives (``oracle``: its graph optimizer's fusions move nodes in it), and a
+rewrite onnxruntime cannot run is never written (``check_written``). Both ask
+the onnxruntime installed here (``ort_step``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from graphpass.errors import GraphpassError
 from graphpass.formats.onnx_order import SOURCE_OPS, file_order
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.runtimes import ort_kernels
-from graphpass.runtimes.base import FREE_LIST, Execution, RuntimeModel
+from graphpass.runtimes.base import FREE_LIST, Execution, RuntimeGraph, RuntimeModel
 
 
 class ORTModel(RuntimeModel):
@@ -25,6 +27,9 @@ class ORTModel(RuntimeModel):
     #: Its graph optimizer fuses a MatMul into the Add or scale reading it alone
     #: (``ort_kernels.fuses_into_producer``), among others.
     fuser = "onnxruntime's graph optimizer"
+    has_oracle = True
+    hand_model = "graphpass's model of onnxruntime's order"
+    oracle_name = "onnxruntime"
 
     def executions(self, graph: Graph, nodes: set[str], known: frozenset[str],
                    fetched: frozenset[str]) -> list[Execution]:
@@ -62,6 +67,26 @@ class ORTModel(RuntimeModel):
         original (``ort_kernels.fused_unlike_its_copy``)."""
         return super().recomputable(graph, name) and \
             not ort_kernels.fused_unlike_its_copy(graph, name)
+
+    def oracle(self, graph: Graph, fetches: list[str]) -> RuntimeGraph:
+        """``graph`` in the order the onnxruntime installed here runs it
+        (``ort_step.optimized_order``), or in the hand model's, with the reason,
+        where it cannot be asked. The order is of the model as written: onnxruntime
+        runs every output's producers, whatever ``fetches`` a caller asks for."""
+        from graphpass.installed import ONNXRUNTIME, installed
+
+        if not installed(ONNXRUNTIME):
+            return RuntimeGraph(graph, self.hand_model, "onnxruntime is not installed")
+        from graphpass.runtimes import ort_step
+
+        try:
+            order = ort_step.optimized_order(_serialized(graph))
+        except ort_step.StepFailed as failed:
+            reason = f"onnxruntime {ort_step.version()} cannot load it: {failed}" \
+                f"{ort_step.training_hint(str(failed))}"
+            return RuntimeGraph(graph, self.hand_model, reason)
+        return RuntimeGraph(graph, f"onnxruntime {ort_step.version()}'s order",
+                            order=tuple(order))
 
     def check_written(self, graph: Graph, source: Path, reports: list[dict]) -> dict:
         """Step the rewrite once in the onnxruntime installed here (``ort_step``);

@@ -1,5 +1,6 @@
-"""One step of a model in the onnxruntime installed here: the check that no
-rewrite is written which onnxruntime cannot run (``ORTModel.check_written``).
+"""What the onnxruntime installed here does with a model: the order it runs the
+nodes in (``optimized_order``: ``ORTModel``'s oracle), and one step, the check that
+no rewrite is written which onnxruntime cannot run (``ORTModel.check_written``).
 
 The rewrite is loaded as onnxruntime loads a training step (its default graph
 optimizations: the fusions a rewrite can wake up) and run once on zeros, every
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+import tempfile
 from pathlib import Path
 
 #: onnxruntime's input types -> numpy dtype names (``verify`` feeds them too).
@@ -68,6 +70,29 @@ def step_once(model: Path | bytes) -> None:
         session.run(None, feeds)
     except Exception as exc:
         raise StepFailed(node_failure(str(exc))) from None
+
+
+def optimized_order(model: bytes) -> list[str]:
+    """The nodes of ``model`` in the order onnxruntime runs them, asked from it: a
+    session loads the model as a training step is loaded (every graph
+    optimization) and saves the graph it optimized, whose nodes it writes in the
+    order its executor runs them (both are its ``GraphViewer``'s topological
+    order). A node onnxruntime fused has a name of its own there; nothing runs."""
+    import onnx
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    options.log_severity_level = 4
+    with tempfile.TemporaryDirectory(prefix="graphpass-ort-") as directory:
+        options.optimized_model_filepath = str(Path(directory) / "optimized.onnx")
+        try:
+            ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime's Fail, InvalidGraph, NotImplemented...
+            raise StepFailed(f"it does not load: {_first_line(exc)}") from None
+        optimized = onnx.load(options.optimized_model_filepath, load_external_data=False)
+    return [node.name for node in optimized.graph.node]
 
 
 def version() -> str:
