@@ -377,6 +377,31 @@ def test_the_estimate_of_an_artifact_step_is_within_10_percent_of_its_peak(case)
     assert rows["auto"][1] < rows["original"][1]
 
 
+TUTORIAL_MEASURE = """
+import json, sys, tempfile
+from pathlib import Path
+from tools.bench.ort_artifacts import TUTORIAL, measure
+print(json.dumps({name: measure(name, Path(tempfile.mkdtemp()), 1, 1) for name in TUTORIAL}))
+"""
+
+
+@pytest.mark.slow
+def test_the_tutorials_steps_are_estimated_within_15_percent_in_onnxruntimes_order():
+    """ORT's tutorial as a user follows it (torch export, ``generate_artifacts``), each
+    artifact stepped in onnxruntime at a batch where its tensors outweigh the
+    resident set's noise (``tools.bench.ort_artifacts``): the figures the summary
+    prints in the order onnxruntime gives are within 15% of the measured peak,
+    before and after ``auto``, and the ratio printed is the one measured within
+    0.10. GPT-2 is the case: ORT's fusions move its nodes, and in graphpass's own
+    model of the order its original was estimated 21% high."""
+    rows = run_in_env(TUTORIAL_MEASURE, timeout=1200)
+    for name, (original, auto) in rows.items():
+        for row in (original, auto):
+            assert 0.85 <= row["in_order"] / row["peak"] <= 1.15, (name, row)
+        printed = auto["in_order"] / original["in_order"]
+        assert abs(printed - auto["peak"] / original["peak"]) <= 0.10, (name, rows[name])
+
+
 RUN_STEP = """
 import json, sys
 from pathlib import Path
