@@ -13,6 +13,7 @@ import pytest
 from ort_training_env import ARTIFACTS, run_in_env
 
 from graphpass.cli import main
+from graphpass.passes.remat.auto import NOTHING_RELEASED
 from graphpass.runtimes import runtime_for
 
 FAST = ["mlp_ce", "torch_mlp_ce", "mlp_mse_some"]
@@ -85,9 +86,10 @@ def test_rewrite_auto_keeps_the_artifact_interface(case, tmp_path):
 
 def test_a_plan_no_lower_than_the_step_is_not_called_a_lower_peak(tmp_path, capsys):
     """The tutorial's two-layer MLP: the min-peak plan the model finds is estimated no
-    lower than the step as written, so nothing is recomputed; the summary once said
-    the lowest peak would cost ~38% of the step's time, over --max-extra-time 20%,
-    though no time limit would recompute anything ('none' gave the same step)."""
+    lower than the step as written, so nothing is recomputed, and the one note says
+    so, not the time (the summary once said the lowest peak would cost ~38% of the
+    step's time, over --max-extra-time 20%, though no time limit would recompute
+    anything: 'none' gave the same step)."""
     source = ARTIFACTS / "tutorial_mlp" / "training_model.onnx"
     for limit in ([], ["--max-extra-time", "none"]):
         report = tmp_path / "report.json"
@@ -98,7 +100,7 @@ def test_a_plan_no_lower_than_the_step_is_not_called_a_lower_peak(tmp_path, caps
         assert "remat: unchanged" in out and "--max-extra-time" not in out
         remat = next(p["report"] for p in json.loads(report.read_text())["passes"]
                      if p["name"] == "remat")
-        assert not remat["auto"]["segments"] and not remat["auto"]["notes"]
+        assert not remat["auto"]["segments"] and remat["auto"]["notes"] == [NOTHING_RELEASED]
 
 
 def test_what_a_segment_no_longer_keeps_is_sized_at_the_batch_size(tmp_path):

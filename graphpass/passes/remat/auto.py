@@ -155,6 +155,9 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
     return plan, segments
 
 
+#: Why the lowest plan recomputes nothing, where it does not.
+NOTHING_RELEASED = ("no segment recomputed: no plan of the chain is estimated below the step "
+                    "as written (what is live at its peak is nothing recomputing releases)")
 #: A plan is written only if its estimate is below this share of the step's: the
 #: estimate's own error is of this order, and recomputing costs time.
 NO_GAIN = 0.98
@@ -197,6 +200,8 @@ def _plan_chain(plan: AutoPlan, budget: int | None, options: RematOptions,
     chosen, estimated, plan.rounds = refine_min_peak(units, plan.model_offset,
                                                      trials.chain_trial, trials.step.runtime,
                                                      options.batch_size, budget, runs)
+    if not chosen.runs or estimated >= unplanned:
+        plan.notes.append(NOTHING_RELEASED)
     if budget is None and options.max_extra_time is not None:
         chosen, estimated = within_extra_time(
             units, plan, chosen, estimated, options.max_extra_time, trials.chain_estimate,
