@@ -26,6 +26,7 @@ from graphpass.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCKS = "mixer_1/block[1-2]_"
+LOWEST = ["--recompute", "auto", "--max-extra-time", "none"]  # auto's lowest peak
 
 
 def _guide(*args: str) -> dict:
@@ -37,14 +38,55 @@ def _guide(*args: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def mixer(tmp_path_factory):
-    """The guide's MLP-Mixer, and its auto and regex rewrites with their reports."""
+def original(tmp_path_factory):
+    """The guide's MLP-Mixer as the guide saves it."""
     from tools.fixtures import litert_guide
 
-    work = tmp_path_factory.mktemp("guide")
-    source = litert_guide.export(work / "original", "mixer")
-    lowest = ["--recompute", "auto", "--max-extra-time", "none"]  # the lowest peak
-    return litert_rewrites(source, work, {"auto": lowest, "regex": ["--recompute", BLOCKS]})
+    return litert_guide.export(tmp_path_factory.mktemp("guide") / "original", "mixer")
+
+
+@pytest.fixture(scope="module")
+def mixer(original):
+    """The guide's MLP-Mixer, and its auto and regex rewrites with their reports."""
+    return litert_rewrites(original, original.parent,
+                           {"auto": LOWEST, "regex": ["--recompute", BLOCKS]})
+
+
+def _converted_products(graph, step) -> list[str]:
+    """The graph nodes of the converted step's products (``BATCH_MATMUL``,
+    ``FULLY_CONNECTED``), in the converted order: each by the first TF node its
+    output tensor's name holds, without the digits the converter appends."""
+    found = []
+    for op, (_, outputs) in zip(step.ops, step.io):
+        if op not in ("BATCH_MATMUL", "FULLY_CONNECTED"):
+            continue
+        for piece in step.tensor_names[outputs[0]].split(";"):
+            while piece and piece not in graph and piece[-1].isdigit():
+                piece = piece[:-1]
+            if piece in graph:
+                found.append(piece)
+                break
+    return found
+
+
+def test_converted_order_is_the_importers(original):
+    """The converter runs a weight's gradient ``x^T dy``, which only its update
+    reads, after the whole backward pass (block 2's after block 1's input
+    gradient), keeping ``x`` and ``dy`` that long; the model's order places every
+    product of the step, forward and both gradients, where the converted step has it."""
+    from graphpass import load
+    from graphpass.runtimes import tflite_converter as converter
+    from graphpass.runtimes.tflite import converted_order
+
+    graph = load(original)
+    ran = _converted_products(graph, converter.subgraph(converter.convert(original)))
+    # 3 products a Dense (forward, input and weight gradient), 4 Dense a block; the
+    # embedding has no input gradient
+    assert len(ran) == len(set(ran)) == 2 + 2 * 4 * 3 + 3
+    grad = "gradient_tape/mixer_1/block{}_channel2_1/Tensordot/"
+    assert ran.index(grad.format(2) + "MatMul/MatMul_1") > ran.index(grad.format(1) + "Reshape_1")
+    place = {name: i for i, name in enumerate(converted_order(graph, set(graph)))}
+    assert [place[name] for name in ran] == sorted(place[name] for name in ran)
 
 
 @pytest.mark.slow
