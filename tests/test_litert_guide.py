@@ -7,8 +7,10 @@ the interpreter, and the ``set_weights`` signature initialises them; the
 builtins-only MLP-Mixer over a time series, rewritten by ``auto`` and by a block
 regex, trains bit for bit in ``tf.lite.Interpreter``, with the estimate within 15%
 of the arena the interpreter planned, before and after, and ``auto`` saving at least
-what the regex saves; the recurrent model (a Keras GRU) converts, with the Select
-TF ops its gradient needs named.
+what the regex saves. At batch 128, where the converter's order decides how long a
+recomputed value lives, auto's estimates hold too; the model's order is checked
+against the converted step's. The recurrent model (a Keras GRU) converts, with the
+Select TF ops its gradient needs named.
 """
 
 from __future__ import annotations
