@@ -31,12 +31,32 @@ BLOCKS = "mixer_1/block[1-2]_"
 LOWEST = ["--recompute", "auto", "--max-extra-time", "none"]  # auto's lowest peak
 
 
-def _guide(*args: str) -> dict:
+def _start(*args: str) -> subprocess.Popen:
     """``tools.fixtures.litert_guide`` in a process of its own (TF's interpreter state)."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "tools.fixtures.litert_guide", *args],
-                          cwd=ROOT, env=env, check=True, capture_output=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return subprocess.Popen([sys.executable, "-m", "tools.fixtures.litert_guide", *args],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _answer(process: subprocess.Popen) -> dict:
+    """The JSON a started ``litert_guide`` process prints last."""
+    out, err = process.communicate()
+    assert process.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _guide(*args: str) -> dict:
+    return _answer(_start(*args))
+
+
+def _runs(rewrites: dict, *size: str) -> dict:
+    """``litert_guide run`` of every variant, initialised from the original's
+    weights, the processes side by side (each converts its model: the slow part)."""
+    source = rewrites["original"][0]
+    started = {name: _start("run", str(path), "--weights-from", str(source), *size)
+               for name, (path, _) in rewrites.items()}
+    return {name: _answer(process) for name, process in started.items()}
 
 
 @pytest.fixture(scope="module")
@@ -110,9 +130,7 @@ def test_guide_recipe_needs_set_weights_under_keras3(mixer):
 
 @pytest.mark.slow
 def test_mixer_rewrites_train_exactly_and_are_estimated_within_15_percent(mixer):
-    source = mixer["original"][0]
-    runs = {name: _guide("run", str(path), "--weights-from", str(source))
-            for name, (path, _) in mixer.items()}
+    runs = _runs(mixer)
     base = runs["original"]
     for name in ("auto", "regex"):
         assert runs[name]["losses"] == base["losses"], (name, runs[name], base)
@@ -136,8 +154,7 @@ def test_mixer_at_the_issues_scale_is_estimated_within_15_percent(tmp_path):
 
     source = litert_guide.export(tmp_path / "original", "mixer", "litert")
     rewrites = litert_rewrites(source, tmp_path, {"auto": LOWEST})
-    runs = {name: _guide("run", str(path), "--weights-from", str(source), "--size", "litert")
-            for name, (path, _) in rewrites.items()}
+    runs = _runs(rewrites, "--size", "litert")
     base, auto = runs["original"], runs["auto"]
     assert auto["losses"] == base["losses"]
     remat = next(p for p in rewrites["auto"][1]["passes"] if p["name"] == "remat")["report"]
