@@ -60,7 +60,19 @@ def _runs(rewrites: dict, *size: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def original(tmp_path_factory):
+def eager():
+    """For the tests that export here: the fixture turns eager execution on, which
+    a TF1 test before them may have turned off; the TF1 tests after expect it off."""
+    import tensorflow as tf
+
+    was_eager = tf.executing_eagerly()
+    yield
+    if not was_eager:
+        tf.compat.v1.disable_eager_execution()
+
+
+@pytest.fixture(scope="module")
+def original(tmp_path_factory, eager):
     """The guide's MLP-Mixer as the guide saves it."""
     from tools.fixtures import litert_guide
 
@@ -145,7 +157,7 @@ def test_mixer_rewrites_train_exactly_and_are_estimated_within_15_percent(mixer)
 
 
 @pytest.mark.slow
-def test_mixer_at_the_issues_scale_is_estimated_within_15_percent(tmp_path):
+def test_mixer_at_the_issues_scale_is_estimated_within_15_percent(tmp_path, eager):
     """At batch 128 the weight gradients the converter runs last hold a block's
     activations and gradients through the backward pass: auto, planning on that
     order, is estimated within 15% of the interpreter's arena before and after,
@@ -166,7 +178,7 @@ def test_mixer_at_the_issues_scale_is_estimated_within_15_percent(tmp_path):
 
 
 @pytest.mark.slow
-def test_recurrent_guide_model_converts_with_its_select_ops_named(tmp_path):
+def test_recurrent_guide_model_converts_with_its_select_ops_named(tmp_path, eager):
     """A Keras GRU's gradient needs Select TF ops: the rewrite converts, and the
     report names them (the app needs the Flex delegate)."""
     from tools.fixtures import litert_guide
