@@ -74,23 +74,24 @@ class TFLiteModel(TFKernelFacts):
 
 
 def converted_order(graph: Graph, needed: set[str]) -> list[str]:
-    """The converter's op order as far as it matters to the arena: each op as
-    soon as its inputs are there, the most recently readied first (a depth-first
-    list schedule; ties in the graph's order). The converter hoists what does not
-    wait for the gradients (variable reads, a momentum times its slot, the masks
-    of activation gradients) next to what it reads, which this reproduces; the
-    graph's own order would keep activations alive until their gradient's turn."""
-    order = [n for n in graph.topological_order() if n in needed]
-    position = {n: i for i, n in enumerate(order)}
-    waiting = {n: sum(1 for p in set(graph.producers(n)) if p in position) for n in order}
-    ready = [n for n in reversed(order) if not waiting[n]]
-    scheduled = []
-    while ready:
-        name = ready.pop()
-        scheduled.append(name)
-        users = [u for u in set(graph.users(name)) if u in position]
-        for user in sorted(users, key=position.get, reverse=True):
-            waiting[user] -= 1
-            if not waiting[user]:
-                ready.append(user)
-    return scheduled
+    """The converter's op order: TF's graph importer lays a function's nodes out in
+    reverse post-order of a depth-first search from the nodes that read nothing,
+    each node's users taken in name order (``GetReversePostOrder`` with a name
+    comparator), and the passes after it keep that order. So work that only the
+    updates read (a weight's gradient ``x^T dy``, a norm's scale gradient) sinks
+    past the whole backward pass, to the updates, and keeps its operands alive
+    that long, where a schedule running each op as soon as it can frees them."""
+    users = {n: sorted(u for u in set(graph.users(n)) if u in needed) for n in needed}
+    roots = sorted(n for n in needed if not any(p in needed for p in graph.producers(n)))
+    finished: list[str] = []
+    visited: set[str] = set()
+    stack = [(name, False) for name in roots]
+    while stack:
+        name, leaving = stack.pop()
+        if leaving:
+            finished.append(name)
+        elif name not in visited:
+            visited.add(name)
+            stack.append((name, True))
+            stack.extend((user, False) for user in users[name] if user not in visited)
+    return finished[::-1]

@@ -86,7 +86,10 @@ def _first_line(exc: Exception) -> str:
 class Subgraph:
     """A signature's subgraph: ``ops`` (op names, execution order) with each op's
     ``(inputs, outputs)`` tensor indices, the subgraph's inputs and outputs, each
-    tensor's static bytes (None: dynamic) and which tensors are constants."""
+    tensor's static bytes (None: dynamic) and which tensors are constants.
+    ``tensor_names``: each tensor's name, which the converter forms from the TF
+    nodes it came from (``;`` between the nodes it fused, a digit appended where
+    a name repeats): what ties a converted op to the graph."""
 
     ops: list[str]
     io: list[tuple[list[int], list[int]]]
@@ -94,6 +97,7 @@ class Subgraph:
     outputs: list[int]
     sizes: dict[int, int | None]
     constants: frozenset[int]
+    tensor_names: tuple[str, ...]
 
     def flex_ops(self) -> list[str]:
         """The Select TF ops, by TF op name, in first-use order."""
@@ -132,8 +136,9 @@ def subgraph(content: bytes, signature: str = "train") -> Subgraph:
         itemsize = _itemsize(np, types.get(tensor.type, ""))
         sizes[i] = None if itemsize is None or any(d < 0 for d in shape) else \
             int(np.prod(shape, dtype=np.int64)) * itemsize
+    names = tuple(t.name.decode() for t in graph.tensors or [])
     return Subgraph(ops, io, [int(t) for t in _ints(graph.inputs)],
-                    [int(t) for t in _ints(graph.outputs)], sizes, frozenset(constants))
+                    [int(t) for t in _ints(graph.outputs)], sizes, frozenset(constants), names)
 
 
 def _ints(values) -> list[int]:
