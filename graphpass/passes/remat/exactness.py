@@ -64,8 +64,8 @@ class Exactness:
     written_anyway: list[Difference] = field(default_factory=list)
     #: The originals kept, not recomputed, because copies computed otherwise.
     kept: set[str] = field(default_factory=set)
-    #: How many rewrites each difference was found in, by ``Difference.found_at``.
-    times_found: dict[str, int] = field(default_factory=dict)
+    #: The differences found in earlier rewrites, by ``Difference.found_at``.
+    found_before: set[str] = field(default_factory=set)
 
     def keep(self, found: list[Difference], last: bool) -> set[str]:
         """The originals the next rewrite keeps for ``found``: of a difference found
@@ -75,11 +75,10 @@ class Exactness:
         cause sat further away, or keeping values moved it). So a difference costs
         at most two rewrites more."""
         self.left_out.extend(found)
-        before = dict(self.times_found)
-        for at in {d.found_at for d in found}:
-            self.times_found[at] = before.get(at, 0) + 1
-        chosen = {o for d in found for o in d.copied(
-            None if last or before.get(d.found_at) else NEAREST)}
+        widened = {d.found_at for d in found if last or d.found_at in self.found_before}
+        self.found_before |= {d.found_at for d in found}
+        chosen = {o for d in found
+                  for o in d.copied(None if d.found_at in widened else NEAREST)}
         self.kept |= chosen
         return chosen
 
