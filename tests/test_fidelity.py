@@ -288,6 +288,25 @@ def test_a_keras_hub_backbone_trains_bit_identically(exported, original_run, tmp
     assert not differing(before.values, after.values)
 
 
+def test_a_regrouped_gelu_gradient_keeps_the_product_beside_it():
+    """Grappler regroups the tf_keras transformer's GELU gradient product when the
+    GELU's copies read its parts (#44). The repair keeps the nearest copies, the
+    GELU's ``mul``, not every copy within six edges (which kept the MLPs' BiasAdds
+    and MatMuls with it); the check found the repaired rewrite exact, and the slow
+    matrix trains it bit for bit."""
+    import graphpass
+    from graphpass.formats.tf_io import graph_from_graph_def
+    from tools.fixtures.keras_models import transformer
+
+    graph = graph_from_graph_def(transformer(size=16, batch=4, layers=1, width=32).graph_def, {})
+    report = graphpass.run_passes(graph, {"recompute": [r"encoder/(mha|mlp)\d+"],
+                                          "dependency": "control"})[0].report
+    exactness = report["exactness"]
+    assert exactness["checked"] and not exactness["refused"] and exactness["differences"]
+    assert exactness["kept"] == ["encoder/mlp1_in/Gelu/mul"]
+    assert SCOPE + "encoder/mlp1_in/BiasAdd" in graph
+
+
 @pytest.fixture(scope="module")
 def tanh_gelu(tmp_path_factory) -> Path:
     from tools.fixtures import tf_models

@@ -348,6 +348,56 @@ def test_exactness_numbers_values_not_names():
     assert [d.node for d in found] == ["m1"] and "never" in found[0].reason
 
 
+def test_a_difference_names_the_copies_near_it_by_distance():
+    """``Difference.copied_by_distance``: the originals of the copies around a node
+    that computes otherwise, one tuple per distance, nearest first (what the
+    repair widens through); names the caller says stand for themselves are none."""
+    import tensorflow as tf
+
+    from graphpass.runtimes.tf_exactness import differences
+
+    def graph(grouping: tuple[str, str], copies: dict[str, str]):
+        graph_def = tf.compat.v1.GraphDef()
+        for name in ("a", "b"):
+            graph_def.node.add(name=name, op="Placeholder").attr["dtype"].type = 1
+        const = graph_def.node.add(name="c", op="Const")
+        const.attr["dtype"].type = 1
+        const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(0.3, tf.float32))
+        graph_def.node.add(name="m1", op="Mul", input=["c", grouping[0]])
+        graph_def.node.add(name="m2", op="Mul", input=[grouping[1], "m1"])
+        for name, reads in copies.items():
+            graph_def.node.add(name=name, op="Neg", input=[reads])
+        return graph_def
+
+    original = graph(("a", "b"), {"n1": "m1", "n2": "n1"})
+    rewritten = graph(("b", "a"), {"copy/n1": "m1", "copy/n2": "copy/n1"})
+    found = differences(original, rewritten, lambda name: name.removeprefix("copy/"))
+    assert [(d.node, d.found_at) for d in found] == [("m1", "m1")]
+    assert found[0].copied_by_distance == (("n1",), ("n2",))
+    assert found[0].copied(1) == ("n1",) and found[0].copied() == ("n1", "n2")
+
+
+def test_the_repair_keeps_the_nearest_copies_then_widens():
+    """``Exactness.keep``: a difference found the first time keeps its nearest copies;
+    found again (by its original, whatever the round named its node), or in the
+    last round, every copy near it; two nodes of one original in a round count once."""
+    from graphpass.passes.remat.exactness import Exactness
+    from graphpass.runtimes import Difference
+
+    def difference(node: str, original: str, *layers: tuple[str, ...]) -> Difference:
+        return Difference(node, original, "regrouped", "oneDNN on", layers)
+
+    gelu = difference("grad/mul", "grad/mul", ("gelu/mul",), ("bias", "matmul"))
+    renamed = difference(SCOPE + "grad/mul_1", "grad/mul", ("gelu/mul",))
+    exactness = Exactness(check=None)
+    assert exactness.keep([gelu, renamed], last=False) == {"gelu/mul"}
+    assert exactness.keep([gelu], last=False) == {"gelu/mul", "bias", "matmul"}
+    made = difference("add/Internal_0_Add", "", ("relu",), ("bn/add",))
+    assert exactness.keep([made], last=True) == {"relu", "bn/add"}
+    assert exactness.kept == {"gelu/mul", "bias", "matmul", "relu", "bn/add"}
+    assert len(exactness.left_out) == 4
+
+
 def test_grapplers_answers_for_both_settings_survive_the_cache_filling(monkeypatch):
     """One setting answered from the cache, the other asked: storing the new answer
     must not evict the one in hand (with room for one answer, the remat pass of

@@ -106,12 +106,22 @@ class Difference:
     original: str
     reason: str  # the kernels on both sides, for people
     configuration: str
-    #: The originals of the copies the node reads (itself, for a copy): which copies
-    #: to stop making to remove the difference.
-    copied: tuple[str, ...]
+    #: The originals of the copies that may have caused it (itself, for a copy):
+    #: which copies to stop making to remove the difference, one tuple per distance
+    #: from the node at which there are any, nearest first.
+    copied_by_distance: tuple[tuple[str, ...], ...]
 
     def describe(self) -> str:
         return f"{self.node}: {self.reason} ({self.configuration})"
+
+    def copied(self, distances: int | None = None) -> tuple[str, ...]:
+        """The originals of the copies at the nearest ``distances`` (None: all)."""
+        return tuple(o for layer in self.copied_by_distance[:distances] for o in layer)
+
+    @property
+    def found_at(self) -> str:
+        """What the difference is, whatever a round names its node: its original."""
+        return self.original or self.node
 
 
 class RuntimeModel:

@@ -162,7 +162,7 @@ def differences(original_def, rewritten_def, stands_for: StandsFor,
             original = stands_for(name)
             found.append(Difference(name, original if original in before.nodes else "",
                                     _reason(after, name, before, original), configuration,
-                                    after.copies_near(name, CAUSE_DEPTH)))
+                                    after.copies_by_distance(name, CAUSE_DEPTH)))
     return found
 
 
@@ -199,24 +199,27 @@ class _Numbering:
     def reads(self, name: str) -> list[str]:
         return [i for i in self.nodes[name].input if not i.startswith("^")]
 
-    def copies_near(self, name: str, depth: int) -> tuple[str, ...]:
-        """The originals of the copies that may have made ``name`` compute otherwise:
-        itself for a copy; else every copy within ``depth`` edges either way. A
-        value a copy reads too has a reader more, and Grappler groups a product or
-        a sum by how many read its parts, so the cause may sit beside the node
-        (a gradient regrouped because the value it multiplies is read otherwise)."""
+    def copies_by_distance(self, name: str, depth: int) -> tuple[tuple[str, ...], ...]:
+        """The originals of the copies that may have made ``name`` compute otherwise,
+        one tuple per distance at which there are any, nearest first: itself alone
+        for a copy; else the copies within ``depth`` edges either way. A value a
+        copy reads too has a reader more, and Grappler groups a product or a sum by
+        how many read its parts, so the cause may sit beside the node (a gradient
+        regrouped because the value it multiplies is read otherwise)."""
         original = self.stands_for(name)
         if original is not None and original != name:
-            return (original,)
-        found, layer, seen = [], [name], {name}
+            return ((original,),)
+        found, layer, seen, named = [], [name], {name}, set()
         for _ in range(depth):
             layer = [n for n in (_split(i)[0] for node in layer
                                  for i in [*self.reads(node), *self.readers(node)])
                      if n in self.nodes and n not in seen]
             seen.update(layer)
-            found.extend(o for n, o in zip(layer, map(self.stands_for, layer))
-                         if o is not None and o != n)
-        return tuple(dict.fromkeys(found))
+            copied = tuple(dict.fromkeys(o for n, o in zip(layer, map(self.stands_for, layer))
+                                         if o is not None and o != n and o not in named))
+            named.update(copied)
+            found += [copied] if copied else []
+        return tuple(found)
 
     def readers(self, name: str) -> list[str]:
         if self._readers is None:

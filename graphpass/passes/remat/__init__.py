@@ -108,8 +108,8 @@ class RematPass(Pass):
                 exactness.written_anyway = found
                 break
             graph.restore(original)
-            exactness.left_out.extend(found)
-            causes = _with_forward_readers(original, step, {o for d in found for o in d.copied})
+            causes = _with_forward_readers(
+                original, step, exactness.keep(found, last=attempt == EXACTNESS_ROUNDS - 1))
             causes -= step.runtime.computed_otherwise
             if attempt == EXACTNESS_ROUNDS or not causes and exactness.copying_nothing:
                 self.report = _report([], [], step.dependency, None, None)

@@ -5,7 +5,9 @@ left out because the runtime computes them otherwise, or why it could not ask.
 A copy the runtime computes otherwise is not written: the pass undoes the rewrite
 and makes it again with those values kept (``RuntimeModel.knowing_computed_otherwise``),
 at most ``EXACTNESS_ROUNDS`` times, then without copying anything; where even that
-differs, the pass leaves the graph as it was.
+differs, the pass leaves the graph as it was. What it keeps widens per difference
+(``Exactness.keep``): the nearest copies first, every copy near it when found again
+or in the last round.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from graphpass.runtimes.base import StandsFor
 
 #: Rewrites made again after a check found copies computed otherwise.
 EXACTNESS_ROUNDS = 3
+#: How many distances of copies a difference found the first time keeps.
+NEAREST = 1
 
 
 def stands_for_in(graph: Graph, segments: list[dict]) -> StandsFor:
@@ -58,6 +62,25 @@ class Exactness:
     #: What the runtime computes otherwise in the rewrite written anyway
     #: (``--exactness allow-inexact``).
     written_anyway: list[Difference] = field(default_factory=list)
+    #: The originals kept, not recomputed, because copies computed otherwise.
+    kept: set[str] = field(default_factory=set)
+    #: The differences found in earlier rewrites, by ``Difference.found_at``.
+    found_before: set[str] = field(default_factory=set)
+
+    def keep(self, found: list[Difference], last: bool) -> set[str]:
+        """The originals the next rewrite keeps for ``found``: of a difference found
+        the first time, its nearest copies' (Grappler regroups by how many read the
+        values beside a node: every copy near it is far more than the cause); found
+        again, or for the ``last`` rewrite the rounds allow, every copy near it (the
+        cause sat further away, or keeping values moved it). So a difference costs
+        at most two rewrites more."""
+        self.left_out.extend(found)
+        widened = {d.found_at for d in found if last or d.found_at in self.found_before}
+        self.found_before |= {d.found_at for d in found}
+        chosen = {o for d in found
+                  for o in d.copied(None if d.found_at in widened else NEAREST)}
+        self.kept |= chosen
+        return chosen
 
     def summary(self) -> list[str]:
         if self.written_anyway:
@@ -68,7 +91,7 @@ class Exactness:
                              "every copy and original computes what the original does")
         if not lines or self.check.unchecked:
             return lines
-        kept = sorted({o for d in self.left_out for o in d.copied})
+        kept = sorted(self.kept)
         if self.copying_nothing and not self.refused:
             lines.append("  nothing is recomputed: with copies, TF computed otherwise where "
                          "no copy is near (the rewrite's ordering)")
@@ -85,6 +108,6 @@ class Exactness:
         if not checked["checked"]:
             return checked
         return {**checked, "refused": self.refused,
-                "kept": sorted({o for d in self.left_out for o in d.copied}),
+                "kept": sorted(self.kept),
                 "differences": differences_json(self.left_out),
                 "inexact": differences_json(self.written_anyway)}
