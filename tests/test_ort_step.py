@@ -66,6 +66,26 @@ def test_a_failing_node_is_named_in_one_line(tmp_path):
     assert "\n" not in message and "onnxruntime_src" not in message
 
 
+def test_labels_named_by_the_logits_rows_are_fed_as_many(tmp_path):
+    """ORT's tutorial names a language model's labels by its flattened logits' rows
+    (``tokens``: batch times sequence): fed one row each, its loss refuses them
+    (here a product of the labels and the rows), so the check learns the rows from
+    the part of the model that computes the logits."""
+    nodes = [helper.make_node("Reshape", ["x", "rows"], ["output"], name="flatten"),
+             helper.make_node("MatMul", ["labels", "output"], ["weighed"], name="weigh"),
+             helper.make_node("ReduceSum", ["weighed"], ["loss"], name="loss", keepdims=0)]
+    graph = helper.make_graph(
+        nodes, "tokens",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch_size", 2, 3]),
+         helper.make_tensor_value_info("labels", TensorProto.FLOAT, ["tokens"])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, []),
+         helper.make_tensor_value_info("output", TensorProto.FLOAT, ["tokens", 3])],
+        initializer=[helper.make_tensor("rows", TensorProto.INT64, [2], [-1, 3])])
+    path = tmp_path / "tokens.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    ort_step.step_once(path)  # fed one label for two rows, "node 'weigh' (MatMul) fails"
+
+
 REFUSED = """
 import io, json, sys
 from contextlib import redirect_stderr

@@ -41,35 +41,87 @@ class StepFailed(Exception):
 def step_once(model: Path | bytes) -> None:
     """Load ``model`` (a file, or a serialized model) in an onnxruntime session and
     run it once on zeros; raise :class:`StepFailed` saying which node failed and
-    why, or that an input is too large to feed here."""
-    import numpy as np
+    why, or that an input is too large to feed here. Where a step fed all-ones
+    dimensions fails, it is fed again with the dimensions an input shares with an
+    output as that output has them (``_dims_outputs_give``)."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    # One thread: the check must not compete with the build; fatal only: a failing
-    # node's error comes back as the exception, not as a log line on stderr.
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
-    options.log_severity_level = 4
+    options = _options(ort)
     try:
         session = ort.InferenceSession(model if isinstance(model, bytes) else str(model),
                                        options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime's Fail, InvalidGraph, NotImplemented...
         raise StepFailed(f"it does not load: {_first_line(exc)}") from None
+    try:
+        session.run(None, _zeros(session))
+    except Exception as exc:
+        bound = _dims_outputs_give(model, session)
+        if not bound:
+            raise StepFailed(node_failure(str(exc))) from None
+        try:
+            session.run(None, _zeros(session, bound))
+        except Exception as again:
+            raise StepFailed(node_failure(str(again))) from None
+
+
+def _options(ort):
+    options = ort.SessionOptions()
+    # One thread: the check must not compete with the build; fatal only: a failing
+    # node's error comes back as the exception, not as a log line on stderr.
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    options.log_severity_level = 4
+    return options
+
+
+def _zeros(session, bound: dict[str, int] | None = None) -> dict:
+    """Zeros for every input of ``session``: each named dimension as ``bound`` has it,
+    else 1."""
+    import numpy as np
+
+    bound = bound or {}
     feeds = {}
     for value in session.get_inputs():
         if value.type not in ORT_DTYPES:
             raise StepFailed(f"input {value.name!r} is a {value.type}, which this check "
                              "cannot feed")
-        shape = [d if isinstance(d, int) else 1 for d in value.shape or ()]
+        shape = [d if isinstance(d, int) else bound.get(d, 1) for d in value.shape or ()]
         dtype = np.dtype(ORT_DTYPES[value.type])
         if math.prod(shape) * dtype.itemsize > MAX_FEED_BYTES:
             raise StepFailed(f"input {value.name!r} of shape {shape} is over "
                              f"{MAX_FEED_BYTES >> 30} GiB, more than this check feeds")
         feeds[value.name] = np.zeros(shape, dtype=dtype)
+    return feeds
+
+
+def _dims_outputs_give(model: Path | bytes, session) -> dict[str, int]:
+    """The sizes of the named dimensions an input shares with a graph output, found by
+    running the part of the model that computes those outputs (onnx's extractor).
+    ORT's tutorial names a loss's labels by its logits' rows (``tokens``: a
+    language model's batch times its sequence): fed one row each, the loss refuses
+    them. Empty where no input shares a name or the part does not run."""
+    import onnx
+    import onnxruntime as ort
+    from onnx.utils import Extractor
+
+    named = {d for value in session.get_inputs() for d in value.shape or () if isinstance(d, str)}
+    outputs = {value.name: value.shape for value in session.get_outputs()
+               if any(isinstance(d, str) and d in named for d in value.shape or ())}
+    if not outputs:
+        return {}
+    proto = onnx.load_model_from_string(model) if isinstance(model, bytes) else onnx.load(model)
     try:
-        session.run(None, feeds)
-    except Exception as exc:
-        raise StepFailed(node_failure(str(exc))) from None
+        part = Extractor(proto).extract_model([i.name for i in proto.graph.input], list(outputs))
+        computed = ort.InferenceSession(part.SerializeToString(), _options(ort),
+                                        providers=["CPUExecutionProvider"])
+        values = computed.run(list(outputs), _zeros(computed))
+    except Exception:  # noqa: BLE001 - the part does not run: nothing to learn from it
+        return {}
+    bound: dict[str, int] = {}
+    for shape, value in zip(outputs.values(), values):
+        for dim, size in zip(shape, value.shape):
+            if isinstance(dim, str):
+                bound.setdefault(dim, size)
+    return bound
 
 
 def optimized_order(model: bytes) -> list[str]:
@@ -81,10 +133,8 @@ def optimized_order(model: bytes) -> list[str]:
     import onnx
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
+    options = _options(ort)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
-    options.log_severity_level = 4
     with tempfile.TemporaryDirectory(prefix="graphpass-ort-") as directory:
         options.optimized_model_filepath = str(Path(directory) / "optimized.onnx")
         try:
