@@ -129,6 +129,26 @@ def test_a_rewrite_onnxruntime_training_cannot_step_is_refused(tmp_path):
     assert missing["written"] == ["ok.onnx", "ok.onnx.json"]
 
 
+STEPPED = """
+import json, sys
+from pathlib import Path
+from graphpass.cli import main
+source, out = sys.argv[1], Path(sys.argv[2])
+rc = main(["rewrite", source, "-o", str(out / "gpt2.onnx"), "--recompute", "auto", "--quiet",
+           "--batch-size", "4", "--report", str(out / "report.json")])
+print(json.dumps({"rc": rc, **json.loads((out / "report.json").read_text())["onnxruntime"]}))
+"""
+
+
+@pytest.mark.slow
+def test_the_tutorials_gpt2_rewrite_is_stepped_before_it_is_written(tmp_path):
+    """The tutorial's GPT-2 (labels one per logits row) in the training build: the
+    step check feeds its labels as many as the logits have rows and steps it."""
+    entry = run_in_env(STEPPED, str(ARTIFACTS / "tutorial_gpt2" / "training_model.onnx"),
+                       str(tmp_path))
+    assert entry["rc"] == 0 and entry["stepped"] is True, entry
+
+
 def test_an_input_too_large_to_feed_is_not_stepped_and_says_so(tmp_path, capsys):
     """The check feeds zeros; an input of 16 TiB (the fuzzer's extreme dimension)
     is not allocated: the rewrite is written unstepped, with the reason."""
