@@ -277,6 +277,10 @@ def _replayed_peak(graph: Graph, step: Step, batch: int | None, ran: StepMeasure
                                   replay=ran.order, runtime=step.runtime).peak_bytes
 
 
+#: How far the planner's original may be from the runtime's own before the summary says so.
+MODELS_APART = 0.05
+
+
 def _orders_summary(first: MemoryProfile, last: MemoryProfile) -> list[str]:
     """Where the step is a function whose caller decides TF's order
     (``tf_order.CALLED_POSITION``) and the orders' estimates differ: each."""
@@ -406,6 +410,9 @@ def _report(entries: list[dict], skipped: list[str], dependency: str,
         summary.append(f"estimated peak on {first.model}: "
                        f"{original / 2**20:.1f} MiB -> {last.peak_bytes / 2**20:.1f} "
                        f"MiB ({last.peak_bytes / max(original, 1):.2f}x)")
+        if peak_before and original and abs(peak_before / original - 1) > MODELS_APART:
+            summary.append(f"  the planner's model puts the original at "
+                           f"{peak_before / original:.2f}x this: size a job by these figures")
         extra["runtime_estimate"] = {"model": first.model,
                                      "peak_bytes_before": original,
                                      "peak_bytes_after": last.peak_bytes,
