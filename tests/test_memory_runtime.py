@@ -139,9 +139,10 @@ def test_a_cnn_step_function_is_estimated_as_tf2_calls_it(tmp_path):
     compared on a quiet machine by the benchmark (docs/benchmarks.md), as is the
     issue's 15% the other way round."""
     path, _ = third_party.build("resnet50", tmp_path, "test")
-    # the lowest peak, whatever its time: a plan that pins the updates
-    report = graphpass.run_passes(graphpass.load(path), {"recompute": ["auto"],
-                                                         "max_extra_time": "none"})[0].report
+    # the lowest peak, whatever its time: a plan that pins the updates (the original's
+    # figures are what is read here, not the plan's exactness: not checked, for time)
+    report = graphpass.run_passes(graphpass.load(path), {
+        "recompute": ["auto"], "max_extra_time": "none", "exactness": "trust"})[0].report
     estimate = report["estimated_peak_bytes_before"] / 2**20
     held = report["estimated_peak_bytes_updates_held"] / 2**20
     assert estimate == report["estimated_peak_bytes_updates_as_gradients_appear"] / 2**20
