@@ -82,7 +82,7 @@ class ORTModel(RuntimeModel):
         try:
             order = ort_step.optimized_order(_serialized(graph))
         except ort_step.StepFailed as failed:
-            reason = f"onnxruntime {ort_step.version()} cannot load it: {failed}" \
+            reason = f"onnxruntime {ort_step.version()} could not be asked: {failed}" \
                 f"{ort_step.training_hint(str(failed))}"
             return RuntimeGraph(graph, self.hand_model, reason)
         return RuntimeGraph(graph, f"onnxruntime {ort_step.version()}'s order",
