@@ -46,12 +46,7 @@ def step_once(model: Path | bytes) -> None:
     output as that output has them (``_dims_outputs_give``)."""
     import onnxruntime as ort
 
-    options = _options(ort)
-    try:
-        session = ort.InferenceSession(model if isinstance(model, bytes) else str(model),
-                                       options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime's Fail, InvalidGraph, NotImplemented...
-        raise StepFailed(f"it does not load: {_first_line(exc)}") from None
+    session = _session(ort, model, _options(ort))
     try:
         session.run(None, _zeros(session))
     except Exception as exc:
@@ -62,6 +57,15 @@ def step_once(model: Path | bytes) -> None:
             session.run(None, _zeros(session, bound))
         except Exception as again:
             raise StepFailed(node_failure(str(again))) from None
+
+
+def _session(ort, model: Path | bytes, options):
+    """``model`` loaded in an onnxruntime session on the CPU, or :class:`StepFailed`."""
+    try:
+        return ort.InferenceSession(model if isinstance(model, bytes) else str(model),
+                                    options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime's Fail, InvalidGraph, NotImplemented...
+        raise StepFailed(f"it does not load: {_first_line(exc)}") from None
 
 
 def _options(ort):
@@ -111,8 +115,7 @@ def _dims_outputs_give(model: Path | bytes, session) -> dict[str, int]:
     proto = onnx.load_model_from_string(model) if isinstance(model, bytes) else onnx.load(model)
     try:
         part = Extractor(proto).extract_model([i.name for i in proto.graph.input], list(outputs))
-        computed = ort.InferenceSession(part.SerializeToString(), _options(ort),
-                                        providers=["CPUExecutionProvider"])
+        computed = _session(ort, part.SerializeToString(), _options(ort))
         values = computed.run(list(outputs), _zeros(computed))
     except Exception:  # noqa: BLE001 - the part does not run: nothing to learn from it
         return {}
@@ -137,10 +140,7 @@ def optimized_order(model: bytes) -> list[str]:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     with tempfile.TemporaryDirectory(prefix="graphpass-ort-") as directory:
         options.optimized_model_filepath = str(Path(directory) / "optimized.onnx")
-        try:
-            ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # onnxruntime's Fail, InvalidGraph, NotImplemented...
-            raise StepFailed(f"it does not load: {_first_line(exc)}") from None
+        _session(ort, model, options)
         optimized = onnx.load(options.optimized_model_filepath, load_external_data=False)
     return [node.name for node in optimized.graph.node]
 

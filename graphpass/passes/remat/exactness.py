@@ -73,7 +73,7 @@ class Exactness:
         values beside a node: every copy near it is far more than the cause); found
         again, or for the ``last`` rewrite the rounds allow, every copy near it (the
         cause sat further away, or keeping values moved it). So a difference costs
-        at most two rewrites more."""
+        at most two rewrites more. ``found`` is recorded as left out."""
         self.left_out.extend(found)
         widened = {d.found_at for d in found if last or d.found_at in self.found_before}
         self.found_before |= {d.found_at for d in found}
