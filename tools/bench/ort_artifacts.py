@@ -44,7 +44,7 @@ GRADIENT_STEPS = frozenset({"mlp_gradients"})
 #: at a batch of 4) -> the batch they are stepped and estimated at (``--batch-size``;
 #: their batch dimension is dynamic): at 4 a step's tensors are smaller than the
 #: resident-set noise.
-TUTORIAL = {"tutorial_mlp": 4096, "tutorial_cnn_dropout": 4096, "tutorial_cnn_bn": 4096,
+TUTORIAL = {"tutorial_mlp": 32768, "tutorial_cnn_dropout": 4096, "tutorial_cnn_bn": 4096,
             "tutorial_lstm": 4096, "tutorial_gpt2": 512}
 
 
