@@ -190,9 +190,9 @@ def test_the_figures_shown_follow_the_order_onnxruntime_gives(name, built, tmp_p
 
 def test_the_summary_says_which_figures_to_size_a_job_by(tmp_path):
     """A momentum MLP step whose original onnxruntime runs in another order than the
-    planner's model of it (measured 9.95 MiB at this size; the model says 11.25,
-    onnxruntime's order 10.0): the summary names the planner's figure as a multiple
-    of the runtime's, and says to size a job by the runtime's."""
+    planner's model of it (the order onnxruntime gives is the one its measured peak
+    follows): the summary names the planner's figure as a multiple of the
+    runtime's, and says to size a job by the runtime's."""
     from tools.fixtures.onnx_optimizers import Optimizer
 
     mlp = onnx_models.block_mlp(batch=512, width=256, optimizer=Optimizer("momentum", lr=0.01),

@@ -395,7 +395,7 @@ def test_the_tutorials_steps_are_estimated_within_15_percent_in_onnxruntimes_ord
     prints in the order onnxruntime gives are within 15% of the measured peak,
     before and after ``auto``, and the ratio printed is the one measured within
     0.10. GPT-2 is the case: ORT's fusions move its nodes, and in graphpass's own
-    model of the order its original was estimated 21% high."""
+    model of the order its original was estimated over 15% high."""
     rows = run_in_env(TUTORIAL_MEASURE, timeout=1200)
     for name, (original, auto) in rows.items():
         for row in (original, auto):
