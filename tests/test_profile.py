@@ -83,7 +83,7 @@ def test_an_allocator_figure_above_the_records_shows_them_beside_it():
     gives the records' figures too, so a plan's measured ratio above its estimated
     one is not read as the estimate's miss."""
     from graphpass.analysis.measured import ALLOCATOR, RECORDS, StepMeasurement
-    from graphpass.passes.remat import _measured_summary
+    from graphpass.passes.remat.report import _measured_summary
 
     mib = 2**20
     original = StepMeasurement(144 * mib, ALLOCATOR, 142 * mib)

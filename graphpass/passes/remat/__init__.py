@@ -35,7 +35,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from graphpass.analysis.cost import StepTime
-from graphpass.analysis.measured import ALLOCATOR, StepMeasurement
+from graphpass.analysis.measured import StepMeasurement
 from graphpass.analysis.memory import MemoryProfile
 from graphpass.analysis.runtime_memory import (
     follow_runtime_order,
@@ -66,10 +66,10 @@ from graphpass.passes.remat.pin import (
     state_math_after_gradients,
     worst_case,
 )
+from graphpass.passes.remat.report import Figures, remat_report
 from graphpass.passes.remat.rewrite import Step, rewrite_segments
 from graphpass.passes.remat.trials import step_estimator
 from graphpass.passes.remat.verdict import AutoPlan
-from graphpass.runtimes import RuntimeModel
 
 if TYPE_CHECKING:
     from graphpass.analysis.runtime_memory import RuntimeGraph
@@ -112,7 +112,7 @@ class RematPass(Pass):
                 original, step, exactness.keep(found, last=attempt == EXACTNESS_ROUNDS - 1))
             causes -= step.runtime.computed_otherwise
             if attempt == EXACTNESS_ROUNDS or not causes and exactness.copying_nothing:
-                self.report = _report([], [], step.dependency, None, None)
+                self.report = remat_report([], [], step.dependency)
                 exactness.refused = True
                 edited = False
                 break
@@ -133,7 +133,7 @@ class RematPass(Pass):
         # the order of the graph the runtime runs, where it can be asked.
         view = runtime_view(graph, step.fetches, runtime) \
             if estimate and runtime.has_oracle else None
-        follow_runtime_order(graph, view, runtime)
+        own_order = _unfollowed_order(view, follow_runtime_order(graph, view, runtime))
         before = _profile_before(graph, ctx, step, batch) if estimate else None
         low = before.peak_bytes if before else None
         held = held_updates_peak(graph, step, batch, step_estimator(step)) \
@@ -143,11 +143,19 @@ class RematPass(Pass):
         time = StepTime(graph, step.fetches, batch, runtime) if estimate else None
         counted = held_counts(graph)
         peak_before = (worst_case(low, held) if counted else low) if estimate else None
-        shown = [_runtime_peak(graph, step, batch, view)] \
-            if ctx.estimates and runtime.has_oracle else None
+        asked = _runtime_peak(graph, step, batch, view) \
+            if view is not None and (ctx.estimates or own_order) else None
+        shown = [asked] if ctx.estimates and asked else None
+        # Where the planner's model cannot follow the runtime's own order of the
+        # original, that order's figure is the original's: what a plan must gain
+        # against, what a relative budget is of, and what the summary shows.
+        planned_before = peak_before
+        if own_order:
+            low = peak_before = asked.peak_bytes
         auto = measured = None
         if self.options.auto:
-            auto, segments = auto_plan(graph, step, self.options, peak_before, ctx.profiler)
+            auto, segments = auto_plan(graph, step, self.options, planned_before,
+                                       ctx.profiler, peak_before if own_order else None)
             skipped = []
         else:
             segments, skipped = marked_segments(graph, self.options, step.forward,
@@ -190,9 +198,11 @@ class RematPass(Pass):
             measured = [auto.measured_before, auto.measured]
         if replayed is not None and measured is not None:
             replayed.append(_replayed_peak(graph, step, batch, measured[1], written))
-        self.report = _report(entries, skipped, step.dependency, peak_before, peak_after,
-                              auto, deferred, measured, shown, pinned, replayed, runtime,
-                              caveats=not proven, before=before, extra_time=extra_time)
+        figures = Figures(peak_before, peak_after, before,
+                          planned_before if own_order else None, deferred, measured, shown,
+                          replayed, extra_time)
+        self.report = remat_report(entries, skipped, step.dependency, figures, auto, pinned,
+                                   runtime, caveats=not proven)
         return edited
 
     def estimates_memory(self, ctx: PassContext) -> bool:
@@ -212,6 +222,12 @@ class RematPass(Pass):
             )
         return Step.of(ctx.analyses.regions(graph), dependency, runtime,
                        self.options.loop_trips)
+
+
+def _unfollowed_order(view: RuntimeGraph | None, followed: bool) -> bool:
+    """The runtime gave its own order of the step (``view``) and the planner's model
+    does not follow it (``RuntimeModel.follow_oracle_order``)."""
+    return view is not None and bool(view.order) and not followed
 
 
 def _with_forward_readers(graph: Graph, step: Step, originals: set[str]) -> set[str]:
@@ -275,176 +291,3 @@ def _replayed_peak(graph: Graph, step: Step, batch: int | None, ran: StepMeasure
     runs one graph in different orders from process to process)."""
     return runtime_memory_profile(graph, step.fetches, batch, step.loop_trips, view,
                                   replay=ran.order, runtime=step.runtime).peak_bytes
-
-
-#: How far the planner's original may be from the runtime's own before the summary says so.
-MODELS_APART = 0.05
-
-
-def _orders_summary(first: MemoryProfile, last: MemoryProfile) -> list[str]:
-    """Where the step is a function whose caller decides TF's order
-    (``tf_order.CALLED_POSITION``) and the orders' estimates differ: each."""
-    peaks = [p.order_peaks for p in (first, last)]
-    if not all(len(p) == 2 for p in peaks) or \
-            all(max(p) <= (1 + SHOWN_ABOVE) * min(p) for p in peaks):
-        return []
-    (own_before, called_before), (own_after, called_after) = peaks
-    return [f"the step is a function, and the order TF's executor runs it in depends on "
-            f"the graph that calls it, which the file does not hold: estimated "
-            f"{own_before / 2**20:.1f} -> {own_after / 2**20:.1f} MiB in the function's own "
-            f"order, {called_before / 2**20:.1f} -> {called_after / 2**20:.1f} MiB as a "
-            f"session calls it; each figure above is the higher"]
-
-
-def _measured_summary(first: StepMeasurement, last: StepMeasurement,
-                      replayed: list[int] | None = None) -> list[str]:
-    """The step measured before and after (``--profile``), and where a figure is the
-    allocator's and runs above the allocation records, the records beside it: the
-    estimate simulates the records, while the allocator counts each chunk it hands
-    out whole (it splits a chunk only when it is at least twice the request), so a
-    plan's measured ratio can sit above its estimate's by chunks alone.
-    ``replayed``: the estimates in the order TF ran each measured step."""
-    lines = [f"measured peak {first.peak_bytes / 2**20:.1f} MiB -> "
-             f"{last.peak_bytes / 2**20:.1f} MiB "
-             f"({last.peak_bytes / max(first.peak_bytes, 1):.2f}x, {last.source})"]
-    if any(m.source == ALLOCATOR and m.peak_bytes > (1 + SHOWN_ABOVE) * m.records_peak_bytes
-           for m in (first, last)):
-        before, after = first.records_peak_bytes, last.records_peak_bytes
-        lines.append(f"  its allocation records, which the estimate simulates: "
-                     f"{before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB "
-                     f"({after / max(before, 1):.2f}x); the allocator counts each chunk it "
-                     f"hands out whole, splitting only one at least twice the request")
-    if replayed:
-        before, after = replayed
-        lines.append(f"  the estimate replayed in the order TF ran each measured step: "
-                     f"{before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB; TF's executor "
-                     f"orders one graph differently from process to process, and the "
-                     f"estimate above is of the order it models")
-    return lines
-
-
-def _report(entries: list[dict], skipped: list[str], dependency: str,
-            peak_before: int | None, peak_after: int | None,
-            auto: AutoPlan | None = None,
-            deferred: tuple[int, MemoryProfile] | None = None,
-            measured: list[StepMeasurement] | None = None,
-            shown: list[MemoryProfile] | None = None,
-            pinned: Pinned | None = None, replayed: list[int] | None = None,
-            runtime: RuntimeModel | None = None, caveats: bool = True,
-            before: MemoryProfile | None = None,
-            extra_time: float | None = None) -> dict:
-    """The pass's report; the peaks are None when not estimated
-    (``PassContext.estimates``); ``before``: the original's estimate, whose values
-    of unknown size it names; ``deferred``: the estimates without and with the
-    updates deferred (``defer``), None if they were not; ``measured``: the step
-    before and after, run (``--profile``), None if it was not; ``shown``: the
-    estimates before and after of the graph the runtime runs, None where not made
-    (not shown, or a target with a model of its own); ``pinned``: the updates'
-    reads pinned before the backward pass (``pin``); ``replayed``: the estimates
-    before and after in the order TF ran the measured steps, None where none ran;
-    ``caveats``: say what the runtime might fuse otherwise (not where its exactness
-    check judges the rewrite); ``extra_time``: the step time the copies add, a
-    fraction of the step's (``analysis.cost.StepTime``), None where not estimated."""
-    summary = auto.summary() if auto else []
-    for e in entries:
-        line = f"segment {e['segment']}: "
-        if e["copied"]:
-            size = "" if e["released_bytes"] is None else \
-                f" (~{e['released_bytes'] / 2**20:.1f} MiB)"
-            line += (f"{e['copied']} nodes recomputed, {len(e['released'])} tensors no longer "
-                     f"kept{size}, trigger {', '.join(e['triggers'][:3])}")
-        else:
-            line += e["note"]
-            if e.get("outputs_read"):
-                read = ", ".join(e["outputs_read"][:3])
-                line += f"; the backward reads only its outputs ({read})"
-        summary.append(line)
-        caveat = runtime.read_once_caveat(e["read_once"]) if runtime and caveats else None
-        if caveat:
-            summary.append(f"  {caveat}")
-    if entries and not any(e["copied"] for e in entries) and \
-            any(e.get("outputs_read") for e in entries):
-        summary.append(
-            "nothing recomputed: each matched scope is a segment of its own, and a segment's "
-            "outputs stay kept (forward ops after it read them), so a segment whose "
-            "internal values no gradient reads holds nothing to release; mark groups of "
-            "blocks as segments (one _recompute_hint value per group, with "
-            "--recompute-hints: the outputs inside a group are recomputed) or use "
-            "--recompute auto, which picks such groups")
-    in_turn = sum(e.get("waits_for_gradients", 0) for e in entries)
-    if in_turn:
-        summary.append(f"segments recomputed in turn: each waits for the weight gradients "
-                       f"computed from the segment recomputed before it ({in_turn} control "
-                       f"edges); TF's executor would otherwise leave them to the end of "
-                       f"the backward pass, holding every segment's copies at once")
-    if skipped:
-        summary.append(f"{len(skipped)} marked gradient ops were skipped (only forward "
-                       f"nodes are recomputed) "
-                       f"(e.g. {', '.join(skipped[:3])})")
-    if deferred is not None:
-        summary.append(f"updates deferred to the end of the step (each gated on every "
-                       f"gradient): estimated {deferred[0] / 2**20:.1f} MiB -> "
-                       f"{deferred[1].peak_bytes / 2**20:.1f} MiB")
-        peak_after = deferred[1].peak_bytes
-    if peak_before:
-        summary.append(f"estimated peak {peak_before / 2**20:.1f} MiB -> "
-                       f"{peak_after / 2**20:.1f} MiB ({peak_after / peak_before:.2f}x)")
-        if before is not None and before.unsized_note():
-            summary.append(f"  {before.unsized_note()}")
-        if runtime is not None and runtime.reads_config:
-            summary.append(f"  for {runtime.title}, {runtime.config} (the target's runtime "
-                           f"configuration: --onednn, --intra-op-threads; not this machine's)")
-    if extra_time is not None and peak_before:
-        summary.append(f"estimated step time +{extra_time:.1%} (the copies' FLOPs and bytes "
-                       f"against the step's, one op at a time)")
-    extra = {"auto": auto.to_json()} if auto else {}
-    if runtime is not None:
-        extra["runtime"] = runtime.describe()
-    if pinned is not None:
-        summary.extend(pinned.summary(peak_after))
-        extra.update(pinned.to_json())
-    if shown is not None and shown[0].model:
-        first, last = shown
-        # The original in its worse processes there too, as the planner's figure.
-        original = first.peak_bytes if pinned is None else pinned.original(first.peak_bytes)
-        summary.append(f"estimated peak on {first.model}: "
-                       f"{original / 2**20:.1f} MiB -> {last.peak_bytes / 2**20:.1f} "
-                       f"MiB ({last.peak_bytes / max(original, 1):.2f}x)")
-        if peak_before and original and abs(peak_before / original - 1) > MODELS_APART:
-            summary.append(f"  the planner's model puts the original at "
-                           f"{peak_before / original:.2f}x this: size a job by these figures")
-        extra["runtime_estimate"] = {"model": first.model,
-                                     "peak_bytes_before": original,
-                                     "peak_bytes_after": last.peak_bytes,
-                                     "order_peaks_before": list(first.order_peaks),
-                                     "order_peaks_after": list(last.order_peaks)}
-        summary.extend(_orders_summary(first, last))
-    if measured is not None:
-        first, last = measured
-        summary.extend(_measured_summary(first, last, replayed))
-        if replayed:
-            extra.update(replayed_peak_bytes_before=replayed[0],
-                         replayed_peak_bytes_after=replayed[1])
-        extra.update(measured_peak_bytes_before=first.peak_bytes,
-                     measured_peak_bytes_after=last.peak_bytes, measured_source=last.source,
-                     measured_records_peak_bytes_before=first.records_peak_bytes,
-                     measured_records_peak_bytes_after=last.records_peak_bytes)
-    return {
-        **extra,
-        "dependency": dependency,
-        "deferred_updates": deferred is not None,
-        "estimated_peak_bytes_before": peak_before,
-        "estimated_peak_bytes_after": peak_after,
-        "estimated_extra_step_time": None if extra_time is None else round(extra_time, 4),
-        "unsized_tensors": [] if before is None else before.unsized,
-        "segments": entries,
-        "skipped_marks": skipped,
-        "nodes_added": sum(e["copied"] for e in entries),
-        # nodes that keep TF's view of each value and copy (see rewrite._keep_readers)
-        "readers_kept": sum(e["readers_kept"] for e in entries),
-        "ordering_reads": sum(e["ordering_reads"] for e in entries),
-        "segment_order_edges": in_turn,
-        "released_bytes": None if peak_before is None
-        else sum(e["released_bytes"] for e in entries),
-        "summary": summary,
-    }

@@ -56,9 +56,15 @@ from graphpass.units import MAX_BYTES
 
 
 def auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
-              profiler: Profiler | None = None) -> tuple[AutoPlan, list[Segment]]:
+              profiler: Profiler | None = None, runtime_before: int | None = None
+              ) -> tuple[AutoPlan, list[Segment]]:
     """The planner (``plan``) on the forward chain; a plan is rewritten on a copy
-    of the graph and estimated once (on the step's runtime), never per candidate. With a
+    of the graph and estimated once (on the step's runtime), never per candidate.
+    ``before``: the planner's own estimate of the step as written, which its chain
+    model is calibrated on; ``runtime_before``: the estimate in the order the
+    runtime itself gave for the step, where the planner's model cannot follow
+    that order (``RuntimeModel.follow_oracle_order``): what a plan must gain
+    against and a relative budget is of. With a
     ``profiler`` (``--profile``) the original step and the plans are measured too, and the
     budget judged on the measured figure (``profiled``). The cyclic collector
     is paused meanwhile: the trial copies and their estimates are millions of
@@ -69,13 +75,15 @@ def auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
             measured = profiler(graph, step.fetches)
             return profiled_plan(
                 lambda target, policy: _auto_plan(graph, step, options, before, target, policy,
-                                                  measured.peak_bytes),
+                                                  measured.peak_bytes, runtime_before),
                 lambda segments: profiler(written(graph, step, options, segments),
                                           step.fetches),
                 measured, budget_option(options))
-        plan, segments = _auto_plan(graph, step, options, before)
+        plan, segments = _auto_plan(graph, step, options, before,
+                                    runtime_before=runtime_before)
         if plan.met is False:  # the lowest chain plan misses the budget: the cheap one?
-            cheap, cheap_segments = _auto_plan(graph, step, options, before, policy=CHEAP)
+            cheap, cheap_segments = _auto_plan(graph, step, options, before, policy=CHEAP,
+                                               runtime_before=runtime_before)
             if cheap.met:
                 cheap.policy = BUDGET
                 cheap.notes.append(f"no chain plan meets the budget (lowest estimate "
@@ -104,11 +112,13 @@ def written(graph: Graph, step: Step, options: RematOptions,
 
 def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
                target: int | None = None, policy: str | None = None,
-               measured_before: int | None = None) -> tuple[AutoPlan, list[Segment]]:
+               measured_before: int | None = None, runtime_before: int | None = None
+               ) -> tuple[AutoPlan, list[Segment]]:
     """The plan of ``policy`` (default: the options'); ``target``: what the estimate
     must meet in place of the budget less the allocator's headroom (``--profile``
     maps the budget onto the estimate by what it measured); ``measured_before``:
-    the original's measured peak, which a relative budget (``0.6x``) is then of."""
+    the original's measured peak, which a relative budget (``0.6x``) is then of;
+    ``runtime_before``: as :func:`auto_plan`'s."""
     start = time.perf_counter()
     policy = policy or options.policy
     check_batch_size(graph, step.fetches, options.batch_size)
@@ -117,14 +127,15 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
         graph, computed_forward(graph, step.forward), step.backward, sizes,
         ignore_reader=is_generated, runtime=step.runtime), step)
     budget = options.memory_budget_bytes
+    original = runtime_before or before
     if options.memory_budget_fraction is not None:
-        budget = min(int(options.memory_budget_fraction * (measured_before or before)),
+        budget = min(int(options.memory_budget_fraction * (measured_before or original)),
                      MAX_BYTES)
     time_model = StepTime(graph, step.fetches, options.batch_size, step.runtime, sizes)
     trials = Trials(graph, step, options, chain, time_model)
     written = trials.unplanned(before)
     plan = AutoPlan(policy, budget, len(chain.units), chain.width, "none", 0.0,
-                    before, written, max(0, written - model_peak(chain.units, ())),
+                    original, written, max(0, written - model_peak(chain.units, ())),
                     headroom=step.runtime.allocator_headroom,
                     loops=_loop_notes(graph, step, options), step_cost=time_model.total)
     if policy != BUDGET:
@@ -142,10 +153,10 @@ def _auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
         segments = _plan_chain(plan, target, options, trials, runs)
         if note := left_out_note(graph, step, chain_left_out(chain, runs)):
             plan.notes.append(note)
-    if segments and plan.estimate > NO_GAIN * before:
+    if segments and plan.estimate > NO_GAIN * original:
         plan.notes.append(f"no segment recomputed: the best plan's estimate "
                           f"({format_bytes(plan.estimate)}) is not below {NO_GAIN}x the "
-                          f"step's ({format_bytes(before)}), so recomputing would cost time "
+                          f"step's ({format_bytes(original)}), so recomputing would cost time "
                           "for no memory")
         plan.estimate, plan.segments, segments = written, [], []
     if segments and not segments[0].in_turn:
