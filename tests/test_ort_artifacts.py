@@ -395,13 +395,18 @@ def test_the_tutorials_steps_are_estimated_within_15_percent_in_onnxruntimes_ord
     prints in the order onnxruntime gives are within 15% of the measured peak,
     before and after ``auto``, and the ratio printed is the one measured within
     0.10. GPT-2 is the case: ORT's fusions move its nodes, and in graphpass's own
-    model of the order its original was estimated over 15% high."""
+    model of the order its original was estimated over 15% high. The planner's
+    own line (``estimate``: the original in the order ORT gives, the rewrite in
+    graphpass's model) holds to the same bounds: a budget is judged by it."""
     rows = run_in_env(TUTORIAL_MEASURE, timeout=1200)
     for name, (original, auto) in rows.items():
         for row in (original, auto):
-            assert 0.85 <= row["in_order"] / row["peak"] <= 1.15, (name, row)
-        printed = auto["in_order"] / original["in_order"]
-        assert abs(printed - auto["peak"] / original["peak"]) <= 0.10, (name, rows[name])
+            for figure in ("in_order", "estimate"):
+                assert 0.85 <= row[figure] / row["peak"] <= 1.15, (name, figure, row)
+        measured = auto["peak"] / original["peak"]
+        for figure in ("in_order", "estimate"):
+            printed = auto[figure] / original[figure]
+            assert abs(printed - measured) <= 0.10, (name, figure, rows[name])
 
 
 RUN_STEP = """
