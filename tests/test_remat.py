@@ -402,14 +402,14 @@ def test_grapplers_answers_for_both_settings_survive_the_cache_filling(monkeypat
     """One setting answered from the cache, the other asked: storing the new answer
     must not evict the one in hand (with room for one answer, the remat pass of
     ``--drop-stale 0 --recompute auto`` found its original's answer gone)."""
-    from graphpass.runtimes import tf_grappler
+    from graphpass.runtimes import tf_grappler_ask
 
-    monkeypatch.setattr(tf_grappler, "ANSWERS_KEPT", 1)
-    monkeypatch.setattr(tf_grappler, "_ANSWERS", {})
+    monkeypatch.setattr(tf_grappler_ask, "ANSWERS_KEPT", 1)
+    monkeypatch.setattr(tf_grappler_ask, "_ANSWERS", {})
     model = tf_models.block_mlp(batch=8, width=16, blocks=2, optimizer="sgd")
     graph_def = model.graph_def
     fetches = ["loss", "train"]
-    alone = tf_grappler.optimize(graph_def, fetches, True)
-    both = tf_grappler.optimize_each(graph_def, fetches, (True, False))
+    alone = tf_grappler_ask.optimize(graph_def, fetches, True)
+    both = tf_grappler_ask.optimize_each(graph_def, fetches, (True, False))
     assert len(both) == 2 and both[0] == alone
     assert {n.name for n in both[1].node} >= {"loss"}

@@ -305,6 +305,12 @@ class RuntimeModel:
         runtime this model cannot ask (the hand model stands)."""
         return None
 
+    def ask_ahead(self, graph: Graph, fetches: list[str], oracle: bool,
+                  exactness: bool) -> None:
+        """Start asking the runtime what the ``oracle`` and the ``exactness`` check
+        will ask of ``graph``, without waiting: where the runtime answers in
+        processes of its own, they work while this one plans."""
+
     def exactness(self, original: Graph, fetches: list[str]) -> ExactnessCheck | None:
         """A check of rewrites of ``original`` against what this runtime executes:
         whether each node of a rewrite computes exactly what it stands for in the

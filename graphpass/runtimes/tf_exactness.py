@@ -39,7 +39,8 @@ from graphpass.installed import TENSORFLOW, installed
 from graphpass.ir.graph import Graph
 from graphpass.options import RuntimeConfig
 from graphpass.runtimes.base import Difference, StandsFor
-from graphpass.runtimes.tf_grappler import fetch_nodes, optimize_each
+from graphpass.runtimes.tf_grappler import fetch_nodes
+from graphpass.runtimes.tf_grappler_ask import optimize_each
 
 #: Kernels whose result does not depend on the order of their two operands.
 COMMUTATIVE = frozenset({"Mul", "AddV2", "Add", "Maximum", "Minimum", "SquaredDifference",

@@ -16,7 +16,7 @@ from graphpass.ir.graph import Graph, Tensor
 from graphpass.runtimes import tf_kernels, tf_order
 from graphpass.runtimes.base import BEST_FIT, Execution, IRCheck, RuntimeGraph, RuntimeModel
 from graphpass.runtimes.tf_exactness import TFExactness
-from graphpass.runtimes.tf_grappler import HAND_MODEL, record_order, runtime_graph
+from graphpass.runtimes.tf_grappler import HAND_MODEL, ask_ahead, record_order, runtime_graph
 
 
 class TFKernelFacts(RuntimeModel):
@@ -146,6 +146,10 @@ class TFExecutorModel(TFKernelFacts):
 
     def exactness(self, original: Graph, fetches: list[str]) -> TFExactness:
         return TFExactness(original, fetches, self.config)
+
+    def ask_ahead(self, graph: Graph, fetches: list[str], oracle: bool,
+                  exactness: bool) -> None:
+        ask_ahead(graph, fetches, self.config, oracle, exactness)
 
     def follow_oracle_order(self, graph: Graph, view: RuntimeGraph) -> bool:
         """Record Grappler's node order on ``graph`` (``tf_grappler.record_order``):

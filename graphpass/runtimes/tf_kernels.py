@@ -58,7 +58,7 @@ ONEDNN_RENAMED_OPS = frozenset({
 ONEDNN_DTYPES = frozenset({"float32", "bfloat16"})
 #: Ops whose ``BiasAdd`` Grappler's remapper fuses into them (``_FusedConv2D``,
 #: ``_FusedMatMul``, named as the ``BiasAdd``) on the CPU: the graph Grappler
-#: returns has the fused node (``tf_grappler.optimize`` places it as a session
+#: returns has the fused node (``tf_grappler_ask.optimize`` places it as a session
 #: does); the IR, which the planner estimates in that graph's order, keeps the
 #: ``BiasAdd``, which the layout pass replaces with the fused node.
 BIAS_FUSED_OPS = frozenset({"Conv2D", "MatMul", "DepthwiseConv2dNative"})

@@ -85,11 +85,12 @@ def peak(measurement) -> int:
 
 def records(measurement) -> int:
     """The allocation records' peak plus the fed values (the records leave them out)."""
-    return measurement.peak_bytes + FED_BYTES[0]
+    return measurement.peak_bytes + MODEL_BYTES["fed"]
 
 
-#: Bytes of the fed values of the model being measured (set per model).
-FED_BYTES = [0]
+#: Of the model being measured (set per model): the bytes of its fed values, and
+#: the floor (:func:`floor_bytes`).
+MODEL_BYTES = {"fed": 0, "floor": 0}
 
 
 VARIANTS = ("regex", "auto", "budgets", "auto=regex", "cheap", "manual")
@@ -111,7 +112,9 @@ def bench_model(name: str, small: bool, work: Path, rounds: int,
     regex = MODELS[name][2]
     original = work / f"{name}.meta"
     original.write_bytes(model.meta_graph.SerializeToString(deterministic=True))
-    FED_BYTES[0] = fed_bytes(original)
+    MODEL_BYTES["fed"] = fed_bytes(original)
+    MODEL_BYTES["floor"] = floor_bytes(original)
+    print(f"{name:13s} floor {MODEL_BYTES['floor'] / 2**20:.1f} MiB", flush=True)
     base = measure(original, FETCHES, steps=1)
     print_row(name, "original", {}, (base, None), base)
     variants = []
@@ -154,6 +157,45 @@ def fed_bytes(path: Path) -> int:
     return memory_profile(graphpass.load(path), FETCHES).fed_bytes
 
 
+def floor_bytes(path: Path) -> int:
+    """The least any plan could peak at, from the graph's tensor sizes alone: the fed
+    values, and the working set (inputs and outputs) of the step's largest op,
+    every other value recomputed from the nearest kept input when it is read and
+    every weight gradient applied as it appears. Recomputing cannot go below it,
+    so a plan's share of the achievable saving is (original - plan) /
+    (original - floor). Variables, their reads and constants are not the step's
+    allocations; fed values are counted once."""
+    import graphpass
+    from graphpass.analysis.buffers import tensor_bytes
+    from graphpass.analysis.manager import AnalysisManager
+    from graphpass.analysis.regions import OTHER
+    from graphpass.ir.graph import Tensor
+
+    graph = graphpass.load(path)
+    regions = AnalysisManager().regions(graph)
+    dialect = graph.dialect
+    dialect.ensure_shapes(graph, None)
+
+    def allocated(name: str) -> bool:
+        return not (dialect.is_variable(graph, name) or dialect.is_variable_value(graph, name)
+                    or dialect.is_constant(graph, name) or dialect.is_source(graph, name))
+
+    largest = 0
+    for name, label in regions.labels.items():
+        if label == OTHER or not allocated(name):
+            continue
+        tensors = {t for t in graph.inputs(name) if allocated(t.node)} | \
+            {Tensor(name, port) for port in graph.used_ports(name)}
+        largest = max(largest, sum(tensor_bytes(graph, t) or 0 for t in tensors))
+    return MODEL_BYTES["fed"] + largest
+
+
+def captured(measured: int, base: int) -> str:
+    """The share of the achievable saving (down to the floor) a plan measured."""
+    floor = MODEL_BYTES["floor"]
+    return f"{(base - measured) / (base - floor):6.2f}" if base > floor else f"{'':6s}"
+
+
 def print_row(name, label, report, result, base, budget=None) -> None:
     """One table row; ``result`` is the variant's (Measurement, StepTimes or None)."""
     measured, times = result
@@ -163,7 +205,7 @@ def print_row(name, label, report, result, base, budget=None) -> None:
     cells = [f"{name:13s}", f"{label:16s}",
              f"{estimate / 2**20:8.1f}" if estimate else f"{'':8s}",
              f"{records(measured) / 2**20:8.1f}", f"{peak(measured) / 2**20:8.1f}",
-             f"{peak(measured) / peak(base):6.2f}x",
+             f"{peak(measured) / peak(base):6.2f}x", captured(peak(measured), peak(base)),
              _predicted_time(report),
              f"{times.wall_ratio:6.2f}x {times.cpu_ratio:6.2f}x" if times
              else f"{base.step_s * 1e3:5.0f}ms {'':7s}",
@@ -199,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown variants {sorted(wanted - set(VARIANTS))}; "
                      f"choose from {', '.join(VARIANTS)}")
     print(f"{'model':13s} {'variant':16s} {'est MiB':>8s} {'rec MiB':>8s} {'meas MiB':>8s} "
-          f"{'peak':>7s} {'est t':>6s} "
+          f"{'peak':>7s} {'share':>6s} {'est t':>6s} "
           f"{'time':>7s} {'cpu':>7s} {'plan s':>6s} {'gap':>6s}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):

@@ -45,6 +45,7 @@ from graphpass.analysis.runtime_memory import (
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.options import RematOptions
+from graphpass.options.types import TRUST
 from graphpass.passes.base import Pass
 from graphpass.passes.context import PassContext
 from graphpass.passes.exactness import exactness_check, inexact_allowed
@@ -91,6 +92,8 @@ class RematPass(Pass):
         ``EXACTNESS_ROUNDS`` times; then with nothing copied; else not at all. With
         ``--exactness allow-inexact`` the first rewrite is kept, what differs named."""
         step = self._analyze(graph, ctx)
+        step.runtime.ask_ahead(graph, step.fetches, oracle=self.estimates_memory(ctx),
+                               exactness=ctx.exactness != TRUST)
         check = exactness_check(ctx, graph, step.fetches)
         if check is None or check.unchecked:
             edited = self._rewrite(graph, ctx, step, proven=False)
