@@ -156,7 +156,7 @@ def test_ir3_initializers_listed_as_inputs(tmp_path):
     assert target.read_bytes() == source.read_bytes()
     graph = graph_from_model(model)
     assert graph.node("w").op == INITIALIZER
-    assert graph.dialect.graph_inputs(graph) == ["x"]
+    assert graph.dialect.step.graph_inputs(graph) == ["x"]
     half = graph.dialect.scalar(graph, "half", 0.5, "float32")
     copy = graph.dialect.copy_node(graph, "w", "w_copy")
     graph.set_input("mul", 1, graph.dialect.binary(graph, "scaled", "mul", Tensor(copy, 0),
@@ -345,8 +345,8 @@ def test_dtypes_shapes_sources_and_attrs():
     assert graph.node("stem/relu").meta["shapes"] == [(2, 4, 16, 16)]
     assert dialect.is_source(graph, "image") and dialect.is_source(graph, "stem/W")
     assert not dialect.is_source(graph, "stem/conv")
-    assert dialect.graph_inputs(graph) == ["image"]
-    assert dialect.graph_outputs(graph) == ["logits"]
+    assert dialect.step.graph_inputs(graph) == ["image"]
+    assert dialect.step.graph_outputs(graph) == ["logits"]
     assert not dialect.is_variable(graph, "stem/W")  # frozen weights of an inference net
     assert dialect.get_attr(graph, "stem/conv", "pads") == [1, 1, 1, 1]
     assert dialect.get_attr(graph, "stem/conv", "missing", "dflt") == "dflt"
@@ -513,7 +513,7 @@ def test_region_analysis_finds_loss_gradients_and_updates(params_as_inputs):
     variables = [n for n in graph if graph.dialect.is_variable(graph, n)]
     assert variables == [f"block{i}/W" for i in range(1, 9)]
     if params_as_inputs:
-        assert graph.dialect.graph_inputs(graph) == ["x", *variables]
+        assert graph.dialect.step.graph_inputs(graph) == ["x", *variables]
     assert graphpass.analyze(graph, loss="loss").loss == Tensor("loss", 0)
 
 
@@ -525,7 +525,7 @@ def test_region_analysis_of_the_conv_net_and_either_mul_order():
     graph = graph_from_model(built.model)
     regions = graphpass.analyze(graph)
     assert regions.loss == Tensor("loss", 0)
-    assert graph.dialect.optimizer_applies(graph) == {
+    assert graph.dialect.step.optimizer_applies(graph) == {
         "sgd/head/update": [Tensor("gradients/head/W_grad", 0)],
         "sgd/conv2/update": [Tensor("gradients/conv2/W_grad", 0)],
         "sgd/conv1/update": [Tensor("gradients/conv1/W_grad", 0)],

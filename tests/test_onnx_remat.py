@@ -523,7 +523,7 @@ def test_estimate_holds_a_freed_buffer_until_ort_reuses_it(t3_returned):
     from graphpass.analysis.memory import memory_profile
 
     graph = _gap_step(t3_returned)
-    profile = memory_profile(graph, graph.dialect.graph_outputs(graph))
+    profile = memory_profile(graph, graph.dialect.step.graph_outputs(graph))
     square, wide_rows, column = 64 * 64 * 4, 64 * 128 * 4, 64 * 4
     held = 0 if t3_returned else square
     assert dict(profile.timeline)["big"] == wide_rows + column + held
@@ -553,6 +553,6 @@ def test_estimate_shares_buffers_as_ort_kernels_do():
         [square("loss", TensorProto.FLOAT, [])], [two]),
         opset_imports=[helper.make_opsetid("", 13)])
     graph = graph_from_model(model)
-    profile = memory_profile(graph, graph.dialect.graph_outputs(graph))
+    profile = memory_profile(graph, graph.dialect.step.graph_outputs(graph))
     assert profile.peak_bytes == 2 * n * n * 4
     assert profile.peak_node == "y"

@@ -93,7 +93,7 @@ def test_inspect_finds_loss_gradients_and_updates_without_flags(kind, tmp_path):
     assert regions["losses"] == ["loss"]
     assert set(regions["gradients"]) == _expected_gradients(built)
     graph = graph_from_model(built.model)
-    updates = graph.dialect.updates(graph)
+    updates = graph.dialect.step.updates(graph)
     assert set(updates.parameters) == set(built.updates)
     assert set(updates.state) == set(built.state)
     producers = {out: n.name for n in built.model.graph.node for out in n.output}
@@ -155,7 +155,7 @@ def test_preview_ops_are_update_ops_whose_gradient_inputs_are_the_gradients():
     (step,) = graphpass.analyze(graph).steps
     node = next(n for n in built.model.graph.node if n.domain == PREVIEW_DOMAIN)
     count = len(built.updates)
-    assert [str(t) for t in graph.dialect.optimizer_applies(graph)[node.name]] == \
+    assert [str(t) for t in graph.dialect.step.optimizer_applies(graph)[node.name]] == \
         list(node.input[2 + count:2 + 2 * count])
     assert node.name in step.applies and step.loss == Tensor("loss", 0)
 

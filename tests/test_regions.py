@@ -79,7 +79,7 @@ def test_regions_of_training_graphs(models, key):
     # inputs are forward, the step increment is optimizer
     feeds = [n for n in graph if graph.node(n).op == "Placeholder"]
     assert any(regions.label(n) == FORWARD for n in feeds)
-    increments = [inc for inc, var in graph.dialect.step_increments(graph)
+    increments = [inc for inc, var in graph.dialect.step.counter_increments(graph)
                   if var == "global_step"]
     assert increments and all(regions.label(inc) == OPTIMIZER for inc in increments)
 

@@ -59,7 +59,7 @@ def test_keras_input_placeholder_the_step_never_reads_needs_no_feed(mobilenet):
     source, target = mobilenet
     graph = graphpass.load(source)
     # Keras's own input beside the user's: a dynamic batch nobody could guess.
-    [keras_input] = [n for n in graph.dialect.graph_inputs(graph)
+    [keras_input] = [n for n in graph.dialect.step.graph_inputs(graph)
                      if n not in ("images", "labels") and graph.node(n).op == "Placeholder"]
     assert graph.node(keras_input).attrs["shape"].shape.dim[0].size == -1
     status, out, err = _cli("verify", source, target, "--steps", "1")

@@ -167,7 +167,7 @@ def arena_profile(graph: Graph, fetches: list[str], batch_size: int | None = Non
     needed = graph.ancestors(targets) | set(targets)
     folded = _folded(graph, needed, batch_size, runtime)
     # data fed to the step (a function body's resource handles are arguments too)
-    fed = [n for n in dialect.graph_inputs(graph)
+    fed = [n for n in dialect.step.graph_inputs(graph)
            if n in needed and tensor_bytes(graph, Tensor(n, 0), batch_size) is not None]
     names = {}
 

@@ -19,7 +19,7 @@ meaningless names analyse alike:
   a value read by every layer (an attention mask) widens all cuts by one.
 * **Units**: the ops between consecutive cuts. Recomputing a run of units
   releases what the backward reads inside it and keeps what crosses its ends.
-* **Returned values** (``Dialect.returned_values``: an ONNX step's updated
+* **Returned values** (``StepStructure.returned_values``: an ONNX step's updated
   parameters and optimizer state) are allocated by the backward pass and live
   to the end of the step, so they pile up as it proceeds. Each unit is charged
   their share by the bytes of the variables its ops read (a unit reading a
@@ -178,7 +178,7 @@ def forward_chain(graph: Graph, nodes: list[str], backward: set[str],
 def _charge_returned(graph: Graph, order: list[str], units: list[Unit], sizes: Sizes) -> None:
     """Share the step's returned bytes among the units by the variables they read."""
     dialect = graph.dialect
-    returned = sum(sizes.bytes(t) for t in dialect.returned_values(graph))
+    returned = sum(sizes.bytes(t) for t in dialect.step.returned_values(graph))
     if not returned:
         return
     charged: dict[str, int] = {}  # variable -> first unit reading it

@@ -31,7 +31,7 @@ highest peak, and counts what the runtime really allocates:
   live value still holds that buffer;
 * a buffer is freed when its last holder's last reader has run; fetched
   values and the values the dialect says the step returns whatever is fetched
-  (``Dialect.returned_values``: ONNX's graph outputs) live to the end of the step;
+  (``StepStructure.returned_values``: ONNX's graph outputs) live to the end of the step;
 * a runtime that plans its buffers ahead (``RuntimeModel.reuses_freed_buffers``:
   onnxruntime's allocation planner) puts a freed buffer on a free list instead,
   most recently freed first; the next value of exactly its shape and element size
@@ -82,7 +82,7 @@ def check_batch_size(graph: Graph, fetches: list[str], batch_size: int | None) -
     infer_shapes(graph)
     targets = _fetch_nodes(graph, fetches)
     needed = graph.ancestors(targets) | set(targets)
-    for name in graph.dialect.graph_inputs(graph):
+    for name in graph.dialect.step.graph_inputs(graph):
         if name not in needed:
             continue
         for port in graph.used_ports(name) or [0]:
@@ -252,7 +252,7 @@ def _kept(graph: Graph, fetches: list[str]) -> set[Tensor]:
     """Fetched tensors (``loss:0``) and the dialect's returned values: handed to
     the caller, so they outlive the step."""
     return {graph.dialect.parse_tensor(graph, f) for f in fetches
-            if ":" in f and f not in graph} | set(graph.dialect.returned_values(graph))
+            if ":" in f and f not in graph} | set(graph.dialect.step.returned_values(graph))
 
 
 def format_bytes(count: int | None) -> str:

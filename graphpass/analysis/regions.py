@@ -4,7 +4,7 @@ and label every node ``forward`` / ``backward`` / ``optimizer`` / ``other``.
 It works from the graph's shape, not from name scopes, so graphs built under
 ``gradients/``, ``training/...`` or a custom scope analyse alike:
 
-* **Apply ops** (the dialect knows them) read the final gradients in known
+* **Apply ops** (the dialect's ``step`` knows them) read the final gradients in known
   input slots; whatever post-processing (clipping, all-reduce, loss scaling)
   sits between the raw gradients and the apply is backward.
 * **Train ops** are the sinks downstream of apply ops; each one is a training
@@ -43,7 +43,7 @@ class TrainStep:
     updates: dict[str, list[Tensor]]
     loss: Tensor
     #: Every train op of the step, ``train_op`` first (more than one when the
-    #: dialect sets ``single_train_step``: ONNX returns each update as an output).
+    #: dialect's step sets ``single_train_step``: ONNX returns each update as an output).
     train_ops: list[str] = field(default_factory=list)
 
     @property
@@ -98,14 +98,14 @@ def analyze(
     nodes); loss detection reads its candidates' shapes, inferred then.
     """
     dialect = graph.dialect
-    applies = dialect.applies_for(graph, train_ops or ())
+    applies = dialect.step.applies_for(graph, train_ops or ())
     if not applies:
         raise GraphpassError(
             "found no optimizer apply ops (Apply*/ResourceApply*), so this is not a training "
             "graph; export the graph after building the train op"
         )
     sinks = _train_ops(graph, applies, train_ops)
-    groups = [sinks] if dialect.single_train_step and sinks else [[s] for s in sinks]
+    groups = [sinks] if dialect.step.single_train_step and sinks else [[s] for s in sinks]
     steps = [step for group in groups for step in _train_steps(graph, group, applies, loss)]
     found = _label(graph, steps)
     labels = {name: found.get(name, OTHER) for name in graph}
@@ -116,7 +116,7 @@ def analyze(
 
 def _train_ops(graph: Graph, applies: dict, requested: list[str] | None) -> list[str]:
     downstream = graph.descendants(applies) | set(applies)
-    is_step_end = graph.dialect.ends_train_step
+    is_step_end = graph.dialect.step.ends_train_step
     sinks = [n for n in graph if n in downstream and not graph.users(n) and is_step_end(graph, n)]
     if not requested:
         return sinks
@@ -138,7 +138,7 @@ def _train_steps(graph: Graph, group: list[str], applies: dict,
     own loss, like separate train ops."""
     upstream = graph.ancestors(group) | set(group)
     mine = {a: applies[a] for a in applies if a in upstream}
-    parts = graph.dialect.split_steps(graph, mine) if loss is None else [list(mine)]
+    parts = graph.dialect.step.split_steps(graph, mine) if loss is None else [list(mine)]
     return [_train_step(graph, group, part, applies, loss) for part in parts]
 
 
@@ -221,7 +221,7 @@ def _only_fetched(graph: Graph, name: str) -> bool:
     # The first output's readers: a loss op's other outputs may feed its gradient
     # (onnxruntime's SoftmaxCrossEntropyLoss hands its log-probabilities on).
     readers = [user for user, _ in graph.consumers(Tensor(name, 0))]
-    return all(dialect.is_shape_only(graph, user) or dialect.is_fetch(graph, user)
+    return all(dialect.is_shape_only(graph, user) or dialect.step.is_fetch(graph, user)
                or not dialect.is_float(graph, Tensor(user, 0))
                for user in readers) \
         and not dialect.is_source(graph, name) and dialect.is_float(graph, Tensor(name, 0))
@@ -417,7 +417,7 @@ def _global_step(graph: Graph, labels: dict[str, str], requested: str | None,
     """The one step counter; None when there is none, or when the ``steps`` training
     steps of one train op (a function training two models) count each their own
     (two Keras optimizers' ``iterations``)."""
-    increments = graph.dialect.step_increments(graph)
+    increments = graph.dialect.step.counter_increments(graph)
     variables = sorted({var for inc, var in increments if labels.get(inc) == OPTIMIZER})
     if requested is not None:
         if requested not in graph or not graph.dialect.is_variable(graph, requested):

@@ -27,4 +27,4 @@ def load(path: str | os.PathLike, *, tag: str | None = None, signature: str | No
 def holds_updates(body: Graph) -> bool:
     """Whether a function body holds the training step: its dialect finds optimizer
     updates in it (region analysis's first question)."""
-    return bool(body.dialect.optimizer_applies(body))
+    return bool(body.dialect.step.optimizer_applies(body))

@@ -3,7 +3,9 @@
 Passes are written once against this interface. A dialect answers questions
 about ops (stateful? random? does it mutate a variable?), reads dtypes and
 static shapes, and builds the handful of small ops the passes insert.
-Builders add nodes to the graph and return the new tensor.
+Builders add nodes to the graph and return the new tensor. How the format
+writes a training step as a whole (its updates, its counter, what it is fed and
+returns, where it lives) is the dialect's ``step``, a :class:`StepStructure`.
 """
 
 from __future__ import annotations
@@ -54,17 +56,98 @@ class LoopFacts:
         return self.per_trip[port] * (self.trips or 0)
 
 
+class StepStructure(ABC):
+    """The training step as a format writes it: which nodes update the variables
+    and count the steps, what the step is fed and hands back, and where it lives
+    (a graph, or a function's body).
+
+    Kept apart from :class:`Dialect` because they are facts of the whole step,
+    found by walking the graph, where the dialect answers for one op or tensor
+    at a time: region analysis, the passes and the memory estimate ask them;
+    builders never do. Each dialect builds one for itself (``Dialect.step``) and
+    lends it its op kinds and shapes."""
+
+    #: All train ops form one training step (ONNX: each updated parameter is a graph
+    #: output of its own, with no op grouping them); else each train op is a step.
+    single_train_step: bool = False
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
+
+    # -- updates and the step counter ----------------------------------------
+
+    @abstractmethod
+    def optimizer_applies(self, graph: Graph) -> dict[str, list[Tensor]]:
+        """Each optimizer update node, with the gradient tensors it consumes."""
+
+    def applies_for(self, graph: Graph, train_ops: Sequence[str]) -> dict[str, list[Tensor]]:
+        """The apply ops when the user named the train ops (``--train-op``); a
+        format whose updates can be attributed only with that help overrides this."""
+        return self.optimizer_applies(graph)
+
+    def split_steps(self, graph: Graph, applies: dict[str, list[Tensor]]) -> list[list[str]]:
+        """The training steps among the apply ops one train op runs: one, unless a
+        train op's updates come from separate gradient computations (a function
+        that trains two models)."""
+        return [list(applies)]
+
+    def ends_train_step(self, graph: Graph, name: str) -> bool:
+        """Whether a sink downstream of the apply ops can be a train op (an update
+        or a grouping node, not a stray read)."""
+        return True
+
+    def counter_increments(self, graph: Graph) -> list[tuple[str, str]]:
+        """``(increment node, counter variable)`` pairs that may be global_step."""
+        return []
+
+    def update_math(self, graph: Graph, applies: list[str]) -> set[str]:
+        """Ops the apply ops compute their updates with, beyond the gradients (slot
+        updates written as plain ops); empty where each apply op holds its math."""
+        return set()
+
+    # -- what the step is fed and hands back, and where it lives -------------
+
+    def graph_inputs(self, graph: Graph) -> list[str]:
+        """What the graph is fed (TF placeholders, ONNX graph inputs)."""
+        return []
+
+    def graph_outputs(self, graph: Graph) -> list[str]:
+        """What the graph produces (ONNX graph outputs; TF: nodes nobody reads)."""
+        return [n for n in graph if not graph.users(n)]
+
+    def returned_values(self, graph: Graph) -> list[Tensor]:
+        """Computed values the runtime hands to the caller whatever is fetched, so
+        they stay allocated from their producer to the end of the step. None by
+        default (a TF step returns only what is fetched, named with a port)."""
+        return []
+
+    def is_fetch(self, graph: Graph, name: str) -> bool:
+        """``name`` only hands a value out of the graph (a function's result)."""
+        return False
+
+    def in_function_body(self, graph: Graph) -> bool:
+        """The graph is a function's body: passes cannot add variables to it (a
+        function's variables are arguments its callers pass) and express
+        conditionals as functional ``If``."""
+        return False
+
+    def default_dependency(self, graph: Graph) -> str:
+        """The dependency mode remat uses when none is asked for."""
+        return self.dialect.dependency_modes[0]
+
+
 class Dialect(ABC):
-    """Format-specific knowledge, behind one interface."""
+    """Format-specific knowledge of single ops and tensors, behind one interface:
+    op kinds, dtypes and shapes, attributes, builders."""
 
     name: str = ""
     #: ONNX leaves optional input slots empty; TF input lists have no holes.
     allows_empty_input_slots: bool = False
     #: Which dependency kinds the format can express ("control", "data").
     dependency_modes: tuple[str, ...] = ("data",)
-    #: All train ops form one training step (ONNX: each updated parameter is a graph
-    #: output of its own, with no op grouping them); else each train op is a step.
-    single_train_step: bool = False
+    #: The training step as this format writes it (built by each dialect).
+    step: StepStructure
+
     # -- structure ---------------------------------------------------------
 
     def is_back_edge(self, graph: Graph, src: str, dst: str) -> bool:
@@ -138,68 +221,9 @@ class Dialect(ABC):
         """``name``'s output is a variable's value (the variable, or a read of it)."""
         return self.is_variable(graph, name)
 
-    def update_math(self, graph: Graph, applies: list[str]) -> set[str]:
-        """Ops the apply ops compute their updates with, beyond the gradients (slot
-        updates written as plain ops); empty where each apply op holds its math."""
-        return set()
-
     def variable_dtype(self, graph: Graph, name: str) -> str | None:
         """The dtype of the values variable ``name`` holds."""
         return self.get_attr(graph, name, "dtype")
-
-    def in_function_body(self, graph: Graph) -> bool:
-        """The graph is a function's body: passes cannot add variables to it (a
-        function's variables are arguments its callers pass) and express
-        conditionals as functional ``If``."""
-        return False
-
-    def default_dependency(self, graph: Graph) -> str:
-        """The dependency mode remat uses when none is asked for."""
-        return self.dependency_modes[0]
-
-    def is_fetch(self, graph: Graph, name: str) -> bool:
-        """``name`` only hands a value out of the graph (a function's result)."""
-        return False
-
-    def graph_inputs(self, graph: Graph) -> list[str]:
-        """What the graph is fed (TF placeholders, ONNX graph inputs)."""
-        return []
-
-    def graph_outputs(self, graph: Graph) -> list[str]:
-        """What the graph produces (ONNX graph outputs; TF: nodes nobody reads)."""
-        return [n for n in graph if not graph.users(n)]
-
-    def returned_values(self, graph: Graph) -> list[Tensor]:
-        """Computed values the runtime hands to the caller whatever is fetched, so
-        they stay allocated from their producer to the end of the step. None by
-        default (a TF step returns only what is fetched, named with a port)."""
-        return []
-
-    # -- training structure (used by graphpass.analysis.regions) ------------------
-
-    @abstractmethod
-    def optimizer_applies(self, graph: Graph) -> dict[str, list[Tensor]]:
-        """Each optimizer update node, with the gradient tensors it consumes."""
-
-    def applies_for(self, graph: Graph, train_ops: Sequence[str]) -> dict[str, list[Tensor]]:
-        """The apply ops when the user named the train ops (``--train-op``); a
-        dialect that can attribute updates only with that help overrides this."""
-        return self.optimizer_applies(graph)
-
-    def split_steps(self, graph: Graph, applies: dict[str, list[Tensor]]) -> list[list[str]]:
-        """The training steps among the apply ops one train op runs: one, unless a
-        train op's updates come from separate gradient computations (a function
-        that trains two models)."""
-        return [list(applies)]
-
-    def ends_train_step(self, graph: Graph, name: str) -> bool:
-        """Whether a sink downstream of the apply ops can be a train op (an update
-        or a grouping node, not a stray read)."""
-        return True
-
-    def step_increments(self, graph: Graph) -> list[tuple[str, str]]:
-        """``(increment node, counter variable)`` pairs that may be global_step."""
-        return []
 
     # -- tensors -----------------------------------------------------------
 

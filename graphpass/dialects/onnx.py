@@ -9,11 +9,12 @@ read by ``graphpass.formats.onnx_io``), answered from the modules beside it:
 * ``onnx_attrs``: attributes, and the ``_``-keyed annotations (``_recompute_hint``)
   kept in the NodeProto's ``metadata_props``, since the checker refuses
   undeclared attributes on standard ops;
-* ``onnx_training``: the training structure. An ONNX training step returns each
-  updated parameter and each piece of optimizer state as a graph output
-  replacing the input or initializer it updates; they are found by what they
-  read and write, in any update form and for the ``ai.onnx.preview.training``
-  ops. The loss needs no name rule (region analysis finds it).
+* ``onnx_step`` (the dialect's ``step``) and ``onnx_training``: the training
+  structure. An ONNX training step returns each updated parameter and each
+  piece of optimizer state as a graph output replacing the input or initializer
+  it updates; they are found by what they read and write, in any update form and
+  for the ``ai.onnx.preview.training`` ops. The loss needs no name rule (region
+  analysis finds it).
 
 ONNX has no control dependencies and no gradient-stopping op. The
 ``stop_gradient`` builder emits an ``Identity``: an exported ONNX graph already
@@ -21,14 +22,13 @@ holds its backward pass, so nothing differentiates it again and the identity
 only marks intent (named by the caller).
 
 This module decides nothing the modules above do not: it maps the protocol onto
-them and caches the training structure per graph. It imports no analysis
-(dialects sit below the analyses); it runs shape inference itself where the
-training structure needs shapes.
+them. It imports no analysis (dialects sit below the analyses); its ``step``
+runs shape inference itself where the training structure needs shapes, and
+caches that structure per graph.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,9 +50,10 @@ from graphpass.dialects.onnx_ops import (
 )
 from graphpass.dialects.onnx_shapes import batch_shape, constant_value, inferred, shape_source
 from graphpass.dialects.onnx_shapes import infer_types as _infer_types
+from graphpass.dialects.onnx_step import ONNXStep
 from graphpass.errors import GraphpassError
-from graphpass.formats.onnx_order import INPUT, SOURCE_OPS
-from graphpass.formats.ort_artifacts import EVAL, MS_DOMAIN, OPTIMIZER, not_a_step
+from graphpass.formats.onnx_order import SOURCE_OPS
+from graphpass.formats.ort_artifacts import MS_DOMAIN
 from graphpass.ir.graph import Graph, Tensor, parse_tensor_name
 
 __all__ = ["DEFAULT_DOMAINS", "ONNXDialect", "dtype_enum"]
@@ -63,10 +64,9 @@ class ONNXDialect(Dialect):
     op_classes = {"matmul": MATMUL_OPS, "conv": CONV_OPS, "cheap": CHEAP_OPS}
     allows_empty_input_slots = True
     dependency_modes = ("data",)
-    single_train_step = True
 
     def __init__(self) -> None:
-        self._updates_cache: tuple | None = None
+        self.step = ONNXStep(self)
 
     # -- structure ---------------------------------------------------------
 
@@ -120,98 +120,7 @@ class ONNXDialect(Dialect):
     def is_variable(self, graph: Graph, name: str) -> bool:
         """An input or initializer that the step updates: a trained parameter or
         optimizer state; frozen weights of an inference model are constants."""
-        return graph.node(name).op in SOURCE_OPS and name in self.updates(graph).variables
-
-    # -- graph inputs and outputs --------------------------------------------
-
-    def graph_inputs(self, graph: Graph) -> list[str]:
-        """The ``graphpass.Input`` nodes (fed values), in the model's input order."""
-        fed = {n.outputs[0]: n.name for n in graph.nodes() if n.op == INPUT}
-        return [fed[v.name] for v in graph.format_state.inputs if v.name in fed]
-
-    def graph_outputs(self, graph: Graph) -> list[str]:
-        """The nodes producing the model's outputs, in output order."""
-        wanted = [v.name for v in graph.format_state.outputs]
-        producers = {value: n.name for n in graph.nodes() for value in n.outputs if value}
-        return list(dict.fromkeys(producers[v] for v in wanted if v in producers))
-
-    def returned_values(self, graph: Graph) -> list[Tensor]:
-        """Every graph output an op computes: onnxruntime allocates it as the step's
-        result and frees it only when the caller drops it (each updated parameter and
-        piece of optimizer state of a training step lives to the end of the step)."""
-        from graphpass.dialects.onnx_training import computed_outputs
-
-        return computed_outputs(graph)
-
-    # -- training structure (onnx_training) -----------------------------------
-
-    def optimizer_applies(self, graph: Graph) -> dict[str, list[Tensor]]:
-        """Parameter updates (with their gradients) and optimizer state updates
-        (with none), found by what they read and write: see ``onnx_training``.
-        Refuses a step whose updates cannot be attributed, naming the candidates."""
-        updates = self.updates(graph)
-        if updates.problem:
-            raise GraphpassError(updates.problem)
-        return updates.applies
-
-    def applies_for(self, graph: Graph, train_ops: Sequence[str]) -> dict[str, list[Tensor]]:
-        """With ``--train-op``: the named nodes are the updates (for steps whose
-        updates structure alone cannot attribute)."""
-        from graphpass.dialects.onnx_training import named_updates
-
-        self._ensure_shapes(graph)
-        applies = named_updates(graph, list(train_ops)).applies if train_ops else \
-            self.optimizer_applies(graph)
-        if not applies and not train_ops:
-            raise GraphpassError(self._no_step(graph))
-        return applies
-
-    def _no_step(self, graph: Graph) -> str:
-        """Why no training step was found, in ONNX's terms."""
-        state = graph.format_state
-        if state.artifact in (EVAL, OPTIMIZER):
-            return not_a_step(state.artifact, state.source_dir)
-        return ("found no parameter updates: no graph output replaces an input or "
-                "initializer it is computed from, no ai.onnx.preview.training update op and "
-                "no com.microsoft InPlaceAccumulatorV2 gradient accumulator; name the "
-                "step's update nodes with --train-op")
-
-    def step_increments(self, graph: Graph) -> list[tuple[str, str]]:
-        """``(increment, counter)`` for each optimizer state update that counts a
-        one-element input or initializer up by a constant (``t' = t + 1``, Adam's
-        step, the preview ops' ``T``): candidates for the global step."""
-        found = []
-        for source, update in self.updates(graph).state.items():
-            inputs = graph.inputs(update)
-            counted = [t for t in inputs if t.node != source]
-            shape = self.shape(graph, Tensor(source, 0))
-            if graph.node(update).op in ("Add", "Sum") and len(inputs) == 2 and \
-                    len(counted) == 1 and self.constant_value(graph, counted[0]) is not None and \
-                    shape is not None and math.prod(shape) == 1:
-                found.append((update, source))
-        return found
-
-    def updates(self, graph: Graph):
-        """The step's parameter and state updates and their gradients
-        (``onnx_training.find_updates``), cached per graph and its outputs
-        (``is_variable`` asks once per node). Updates are found from the graph
-        outputs upward and stop at the gradients, so a pass that adds nodes below
-        them (remat's copies, once per segment) keeps them: keying on the node
-        count would redo the search and a shape inference every segment."""
-        from graphpass.dialects.onnx_training import find_updates
-
-        key = (id(graph), tuple(v.name for v in graph.format_state.outputs))
-        if self._updates_cache is None or self._updates_cache[0] != key:
-            self._ensure_shapes(graph)  # the update cones compare shapes
-            self._updates_cache = (key, find_updates(graph))
-        return self._updates_cache[1]
-
-    def _ensure_shapes(self, graph: Graph) -> None:
-        """Infer when some node has no recorded shapes: the rule of
-        ``analysis.shapes.infer_shapes``, here because dialects sit below the
-        analyses and may not import them."""
-        if not all(self.has_shapes(graph, name) for name in graph):
-            self.infer_shapes(graph)
+        return graph.node(name).op in SOURCE_OPS and name in self.step.updates(graph).variables
 
     # -- tensors (onnx_shapes) -------------------------------------------------
 

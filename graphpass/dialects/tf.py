@@ -1,8 +1,9 @@
-"""The TensorFlow dialect: what passes and analyses ask of a TF graph (op kinds,
-dtypes, shapes, training structure), answered from TF's own op registry
-(``tf_ops``), its shape inference (``tf_shapes``) and the optimizer-update
-recognisers (``tf_updates``). What TF's runtime does with the graph is the
-runtime models' (``graphpass.runtimes``).
+"""The TensorFlow dialect: what passes and analyses ask of a TF graph's ops (op
+kinds, dtypes, shapes), answered from TF's own op registry (``tf_ops``) and its
+shape inference (``tf_shapes``). The training step's structure (the
+optimizer-update recognisers of ``tf_updates``) is its ``step`` (``tf_step``).
+What TF's runtime does with the graph is the runtime models'
+(``graphpass.runtimes``).
 
 The builders and the stale pass's conditionals are a mixin (``tf_builders``);
 XLA support is ``tf_xla``. This module answers questions; it reads no file.
@@ -10,33 +11,27 @@ XLA support is ``tf_xla``. This module answers questions; it reads no file.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from graphpass.dialects import (
     tf_loops,
     tf_loops_v1,
     tf_shapes,
-    tf_updates,
     tf_xla,
 )
 from graphpass.dialects.base import Dialect, LoopFacts
 from graphpass.dialects.capabilities import ConditionalBuilder, TargetLowering
 from graphpass.dialects.tf_builders import TFBuilders
 from graphpass.dialects.tf_ops import (
-    APPLY_OP,
     CHEAP_OPS,
     CONV_FILTER_GRAD_OPS,
     CONV_FORWARD_OPS,
     CONV_INPUT_GRAD_OPS,
-    INTEGER_DTYPES,
     LOOP_BACK_OPS,
     MATMUL_OPS,
     REF_VARIABLE_OPS,
-    RESULT_OP,
     SHAPE_ONLY_OPS,
     SOURCE_OPS,
-    STEP_INCREMENT_OPS,
     VARIABLE_OPS,
     attr_value,
     dtype_name,
@@ -45,7 +40,7 @@ from graphpass.dialects.tf_ops import (
     output_count,
     required_count,
 )
-from graphpass.errors import GraphpassError
+from graphpass.dialects.tf_step import TFStep
 from graphpass.ir.graph import Graph, Tensor
 
 
@@ -55,6 +50,10 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
     op_classes = {"matmul": MATMUL_OPS,
                   "conv": CONV_FORWARD_OPS | CONV_INPUT_GRAD_OPS | CONV_FILTER_GRAD_OPS,
                   "cheap": CHEAP_OPS}
+
+    def __init__(self) -> None:
+        self.step = TFStep(self)
+
     # -- structure ---------------------------------------------------------
 
     def is_back_edge(self, graph: Graph, src: str, dst: str) -> bool:
@@ -112,13 +111,6 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
         # In a function body, a variable is a resource argument.
         return node.op == "Placeholder" and self.get_attr(graph, name, "dtype") == "resource"
 
-    def update_math(self, graph: Graph, applies: list[str]) -> set[str]:
-        """The slot updates and learning-rate arithmetic of updates made of plain ops
-        (Keras optimizers; the sparse path of TF 1.x Adam and SGD); ``Apply*`` ops
-        hold theirs."""
-        plain = [a for a in applies if not APPLY_OP.match(graph.node(a).op)]
-        return tf_updates.update_math(graph, plain) if plain else set()
-
     def variable_dtype(self, graph: Graph, name: str) -> str | None:
         """A resource argument holds the dtype its handle data says (recorded as
         ``_handle_dtypes`` when the function body was read)."""
@@ -127,37 +119,6 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
             types = node.attrs["_handle_dtypes"].list.type
             return dtype_name(types[0]) if types else None
         return self.get_attr(graph, name, "dtype")
-
-    def in_function_body(self, graph: Graph) -> bool:
-        return graph.format_state.function is not None
-
-    def default_dependency(self, graph: Graph) -> str:
-        """Data for a function body that XLA must compile (``jit_compile=True``:
-        XLA ignores control edges), else control."""
-        function = graph.format_state.function
-        return "data" if function and function.xla_must_compile else "control"
-
-    def is_fetch(self, graph: Graph, name: str) -> bool:
-        """A function result (``_Retval``), or an ``Identity`` only results read."""
-        op = graph.node(name).op
-        if op != "Identity":
-            return op == "_Retval"
-        # Iterative, each Identity once: a malformed graph may loop Identities.
-        seen, stack, results = {name}, [name], False
-        while stack:
-            users = graph.data_users(stack.pop())
-            if not users:
-                return False
-            for user in users:
-                user_op = graph.node(user).op
-                if user_op == "_Retval":
-                    results = True
-                elif user_op != "Identity":
-                    return False
-                elif user not in seen:
-                    seen.add(user)
-                    stack.append(user)
-        return results
 
     def conv_operands(self, graph: Graph, name: str) -> tuple[Tensor, Tensor, int]:
         """Forward: (output, filter input). Input gradient: (out_backprop, filter).
@@ -178,9 +139,6 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
             return True
         return node.op == "Identity" and self._reads_ref_variable(graph, name)
 
-    def graph_inputs(self, graph: Graph) -> list[str]:
-        return [n.name for n in graph.nodes() if n.op.startswith("Placeholder")]
-
     def is_shape_only(self, graph: Graph, name: str) -> bool:
         """Reads only the shape of its input (how TF seeds gradients from the loss)."""
         return graph.node(name).op in SHAPE_ONLY_OPS
@@ -193,72 +151,6 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
             return False
         shapes = [self.shape(graph, t) for t in graph.inputs(name)]
         return all(s is not None and None not in s for s in shapes)
-
-    # -- training structure -------------------------------------------------
-
-    def optimizer_applies(self, graph: Graph) -> dict[str, list[Tensor]]:
-        """Apply ops (``ApplyAdam``, ``ResourceSparseApplyMomentum``, ...) -> gradients."""
-        return self._applies(graph, strict=True)
-
-    def applies_for(self, graph: Graph, train_ops: Sequence[str]) -> dict[str, list[Tensor]]:
-        """With ``--train-op``, plain-op updates that apply no gradient found are left
-        to the optimizer instead of reported."""
-        return self._applies(graph, strict=not train_ops)
-
-    def _applies(self, graph: Graph, strict: bool) -> dict[str, list[Tensor]]:
-        """``Apply*`` ops, and plain-op updates of the variables they do not train (a
-        TF 1.x optimizer's sparse path: Adam's ``ScatterAdd``, SGD's ``ScatterSub``)."""
-        applies = {}
-        for node in graph.nodes():
-            if APPLY_OP.match(node.op) and op_def(node.op) is not None:
-                inputs = graph.inputs(node.name)
-                # The gradient is "grad", except for (Resource)ApplyGradientDescent's "delta".
-                slots = self.input_arg_slots(graph, node.name, "grad") or \
-                    self.input_arg_slots(graph, node.name, "delta")
-                applies[node.name] = [inputs[s] for s in slots if s < len(inputs)]
-        if applies:
-            trained = tf_updates.applied_variables(graph, applies)
-            plain = tf_updates.plain_updates(graph, strict=False, skip=trained, applied=[
-                t for tensors in applies.values() for t in tensors])
-            if not plain:
-                return applies
-            return {n: applies[n] if n in applies else plain[n] for n in graph
-                    if n in applies or n in plain}
-        updates = tf_updates.plain_updates(graph, strict=strict)
-        listed = graph.format_state.signatures
-        if not updates and listed and graph.format_state.function is None:
-            raise GraphpassError(
-                "no signature of this SavedModel holds a training step (signatures: "
-                f"{', '.join(s['signature'] for s in listed)}); export the train function "
-                "as one (signatures={'train': module.train}) or name it with --signature")
-        return updates
-
-    def split_steps(self, graph: Graph, applies: dict[str, list[Tensor]]) -> list[list[str]]:
-        """Plain-op updates by the gradient computation they read (``Apply*`` ops
-        keep one step per train op, as v1 graphs always had)."""
-        if not applies or any(APPLY_OP.match(graph.node(a).op) for a in applies):
-            return [list(applies)]
-        return tf_updates.gradient_steps(graph, applies)
-
-    def ends_train_step(self, graph: Graph, name: str) -> bool:
-        op = graph.node(name).op
-        if op == RESULT_OP:  # the step ends when the function returns: one train op
-            return name == _first_result(graph)
-        return op == "NoOp" or \
-            op.startswith(("Assign", "ResourceScatter", "Scatter")) or bool(APPLY_OP.match(op))
-
-    def step_increments(self, graph: Graph) -> list[tuple[str, str]]:
-        """``(increment op, integer variable)`` pairs: candidates for global_step."""
-        found = []
-        for node in graph.nodes():
-            if node.op not in STEP_INCREMENT_OPS:
-                continue
-            inputs = graph.inputs(node.name)
-            variable = inputs[0].node if inputs else None
-            if variable and self.is_variable(graph, variable) and \
-                    self.get_attr(graph, variable, "dtype") in INTEGER_DTYPES:
-                found.append((node.name, variable))
-        return found + [pair for pair in tf_updates.step_increments(graph) if pair not in found]
 
     # -- tensors -----------------------------------------------------------
 
@@ -346,13 +238,6 @@ class TFDialect(TFBuilders, Dialect, ConditionalBuilder, TargetLowering):
     def mark_xla_cluster(self, graph: Graph, names: list[str], scope: str) -> str:
         """``_XlaCompile``, ``_XlaScope`` as ``jit_scope`` sets them (``tf_xla.mark_cluster``)."""
         return tf_xla.mark_cluster(graph, names, scope)
-
-
-def _first_result(graph: Graph) -> str | None:
-    """The function's result with the lowest index: it stands for all of them (they
-    all wait for the step), so a step returning its loss and metrics is one train op."""
-    results = [n for n in graph.nodes() if n.op == RESULT_OP]
-    return min(results, key=lambda n: n.attrs["index"].i).name if results else None
 
 
 def _attr(node, name: str):

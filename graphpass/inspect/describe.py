@@ -31,8 +31,8 @@ def describe(graph: Graph, *, loss: str | None = None, train_ops: list[str] | No
         "control_edges": control_edges,
         "ops": dict(sorted(Counter(n.op for n in graph.nodes()).items(),
                            key=lambda kv: (-kv[1], kv[0]))),
-        "inputs": dialect.graph_inputs(graph),
-        "outputs": dialect.graph_outputs(graph),
+        "inputs": dialect.step.graph_inputs(graph),
+        "outputs": dialect.step.graph_outputs(graph),
         "variables": [n for n in graph if dialect.is_variable(graph, n)],
     }
     info.update(container)  # a MetaGraph's signatures, the step's function

@@ -54,7 +54,7 @@ class TFExecutorModel(TFKernelFacts):
     name = "tf"
     title = "TF's executor"
     # control edges order work, but a function XLA must compile orders by data
-    # (``Dialect.default_dependency``)
+    # (``StepStructure.default_dependency``)
     dependency = None
     heap = BEST_FIT
     #: TF's CPU allocator with oneDNN (a best-fit-with-coalescing allocator, as on

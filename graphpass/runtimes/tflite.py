@@ -35,7 +35,7 @@ class TFLiteModel(TFKernelFacts):
 
     def check_input(self, graph: Graph) -> None:
         """TFLite converts signatures: the step must be a SavedModel's function."""
-        if not graph.dialect.in_function_body(graph):
+        if not graph.dialect.step.in_function_body(graph):
             raise GraphpassError("--target litert needs a TF2 SavedModel whose training step "
                                  "is a signature (TFLite's converter reads signatures); this "
                                  f"{graph.format} graph has none")

@@ -217,7 +217,7 @@ class RematPass(Pass):
         modes = graph.dialect.dependency_modes
         runtime = ctx.runtime(graph)
         dependency = self.options.dependency or runtime.dependency or \
-            graph.dialect.default_dependency(graph)
+            graph.dialect.step.default_dependency(graph)
         if dependency not in modes:
             raise GraphpassError(
                 f"--dependency {dependency} is not possible for {graph.format} graphs "

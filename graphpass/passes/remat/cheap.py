@@ -79,7 +79,7 @@ def _folds_constant(graph: Graph, name: str, runtime: RuntimeModel) -> bool:
     dialect = graph.dialect
     return graph.node(name).op in runtime.constant_folded_ops and any(
         dialect.is_source(graph, t.node) and not dialect.is_variable_value(graph, t.node)
-        and t.node not in dialect.graph_inputs(graph) for t in graph.inputs(name))
+        and t.node not in dialect.step.graph_inputs(graph) for t in graph.inputs(name))
 
 
 def _static(graph: Graph, order: list[str]) -> set[str]:
@@ -87,7 +87,7 @@ def _static(graph: Graph, order: list[str]) -> set[str]:
     only (not from fed values)."""
     dialect = graph.dialect
     members = set(order)
-    fed = set(dialect.graph_inputs(graph))
+    fed = set(dialect.step.graph_inputs(graph))
     static: set[str] = set()
     for name in order:
         if dialect.is_shape_only(graph, name) or all(

@@ -1,5 +1,5 @@
 """Deferring the parameter updates to the end of the step, for steps that return
-their updates rather than assign them (``Dialect.returned_values``: an ONNX
+their updates rather than assign them (``StepStructure.returned_values``: an ONNX
 training step's updated parameters and optimizer state are graph outputs).
 
 The runtime holds a returned value from the moment it is computed to the end of
@@ -76,7 +76,7 @@ def _deferrable(graph: Graph, step: Step) -> list[Tensor]:
     """The gradients to gate the updates on: none unless the step returns its
     updates (the runtime holds them to its end), and none once graphpass has
     gated them (a second run changes nothing)."""
-    returned = graph.dialect.returned_values(graph)
+    returned = graph.dialect.step.returned_values(graph)
     if len(step.gradients) < 2 or not any(t.node in step.optimizer for t in returned):
         return []
     if any(is_generated(t.node) or any(is_generated(c) and c in step.optimizer

@@ -94,7 +94,7 @@ def held_counts(graph: Graph) -> bool:
     that imports a graph calling the function inlines the body behind the
     caller's ``VarHandleOp`` roots and holds the updates in some processes,
     which the summary still names."""
-    return not graph.dialect.in_function_body(graph)
+    return not graph.dialect.step.in_function_body(graph)
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ def pin_updates(graph: Graph, step: Step) -> int:
     gate = graph.dialect.noop(graph, graph.unique_name(f"{PIN_SCOPE}/reads_done"), reads)
     for name in starts:
         graph.add_control_input(name, gate)
-    if graph.dialect.in_function_body(graph):  # where the copies were traced
+    if graph.dialect.step.in_function_body(graph):  # where the copies were traced
         # the gate's edges enter no frame, so ``outside`` still holds
         _gradients_after_weight_readers(graph, step, outside | {gate})
     return len(reads)

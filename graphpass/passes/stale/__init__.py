@@ -112,7 +112,7 @@ class StalePass(Pass):
         counter = make_counter(graph, opts, global_step)
         init_ops = initialise(graph, counter) if counter else []
         # A function body takes the functional If whatever the target.
-        xla = ctx.target == "xla" or graph.dialect.in_function_body(graph)
+        xla = ctx.target == "xla" or graph.dialect.step.in_function_body(graph)
         inlined = ctx.runtime(graph).inlines_conditionals
         steps = [
             self._rewrite_step(graph, plan, global_step, counter and counter.handle, xla,

@@ -25,7 +25,7 @@ def make_counter(graph: Graph, opts: StaleOptions,
     says whether a step was dropped there."""
     dialect = graph.dialect
     requested = opts.counter
-    if dialect.in_function_body(graph):
+    if dialect.step.in_function_body(graph):
         if requested or opts.summary:
             raise GraphpassError(
                 "--stale-counter and --staleness-summary need a variable the rewrite adds, "

@@ -93,15 +93,15 @@ def _apply_unit(graph: Graph, step: TrainStep, global_step: str) -> set[str]:
     """
     dialect = graph.dialect
     upstream = graph.ancestors([step.train_op]) | {step.train_op}
-    increments = {inc for inc, var in dialect.step_increments(graph) if var == global_step}
+    increments = {inc for inc, var in dialect.step.counter_increments(graph) if var == global_step}
     # Optimizer math before the apply ops: slot updates made of plain ops (Keras:
     # ``m = m * momentum - g * lr`` before ``w += m``) run only if the step is applied.
     seeds = set(step.applies) | (increments & upstream) | \
-        dialect.update_math(graph, step.applies)
+        dialect.step.update_math(graph, step.applies)
     between = (graph.descendants(seeds) | seeds) & upstream
     # A function's result is produced whether or not the step is applied.
-    updates = {n for n in between if dialect.ends_train_step(graph, n)
-               and not dialect.is_fetch(graph, n)}
+    updates = {n for n in between if dialect.step.ends_train_step(graph, n)
+               and not dialect.step.is_fetch(graph, n)}
     # What the gradients wait for runs before the check whatever it decides (the
     # optimizer state the remat pass pins ahead of the backward pass).
     gradients = {t.node for t in step.gradients}
