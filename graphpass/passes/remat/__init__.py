@@ -128,12 +128,12 @@ class RematPass(Pass):
         it after (the summary needs no caveat of what the runtime might fuse)."""
         batch = self.options.batch_size
         estimate = self.estimates_memory(ctx)
-        runtime = step.runtime
         # Every estimate from here on (the planner's included) runs the nodes in
         # the order of the graph the runtime runs, where it can be asked.
-        view = runtime_view(graph, step.fetches, runtime) \
-            if estimate and runtime.has_oracle else None
-        follow_runtime_order(graph, view, runtime)
+        view = runtime_view(graph, step.fetches, step.runtime) \
+            if estimate and step.runtime.has_oracle else None
+        step = replace(step, runtime=follow_runtime_order(graph, view, step.runtime))
+        runtime = step.runtime
         before = _profile_before(graph, ctx, step, batch) if estimate else None
         low = before.peak_bytes if before else None
         held = held_updates_peak(graph, step, batch, step_estimator(step)) \
@@ -171,7 +171,7 @@ class RematPass(Pass):
         # runtime graph (the planner placed its copies by rule: it cannot ask per plan).
         final = runtime_view(graph, step.fetches, runtime) \
             if shown is not None and (changed or pinned.changed) else None
-        follow_runtime_order(graph, final, runtime)
+        step = replace(step, runtime=follow_runtime_order(graph, final, runtime))
         peak_after = _peak_after(graph, step, batch, changed or waiting > 0, low,
                                  None if final else auto) if estimate else None
         # auto's estimate already has the updates deferred where that is lower.
@@ -283,7 +283,7 @@ MODELS_APART = 0.05
 
 def _orders_summary(first: MemoryProfile, last: MemoryProfile) -> list[str]:
     """Where the step is a function whose caller decides TF's order
-    (``tf_order.CALLED_POSITION``) and the orders' estimates differ: each."""
+    (``RuntimeGraph.node_orders``) and the orders' estimates differ: each."""
     peaks = [p.order_peaks for p in (first, last)]
     if not all(len(p) == 2 for p in peaks) or \
             all(max(p) <= (1 + SHOWN_ABOVE) * min(p) for p in peaks):
