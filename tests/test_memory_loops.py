@@ -101,10 +101,12 @@ def test_lowered_loops_keep_the_hand_model(lstm):
     TensorList accumulators the estimate cannot follow; the figure the user reads
     stays the hand model's, which counts them, and says why."""
     from graphpass.analysis.runtime_memory import runtime_memory_profile
+    from graphpass.runtimes import runtime_for
     from graphpass.runtimes.tf_grappler import HAND_MODEL, runtime_graph
 
     graph = _graph(lstm)
-    lowered = memory_profile(runtime_graph(graph, FETCHES).graph, FETCHES)
+    view = runtime_graph(graph, FETCHES)
+    lowered = memory_profile(view.graph, FETCHES, runtime=runtime_for(graph).following(view))
     assert lowered.loops and any(f.trips is None for f in lowered.loops)
     profile = runtime_memory_profile(graph, FETCHES)
     assert profile.model.startswith(HAND_MODEL) and "loops" in profile.model

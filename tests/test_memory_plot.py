@@ -18,7 +18,7 @@ import onnx
 import pytest
 
 import graphpass
-from graphpass.analysis.memory import format_bytes, memory_timeline
+from graphpass.analysis.memory import format_bytes, memory_profile
 from graphpass.analysis.regions import analyze
 from graphpass.analysis.runtime_memory import follow_runtime_order, runtime_view
 from graphpass.cli import main
@@ -44,8 +44,8 @@ def _peak(graph_path: Path) -> tuple[str, int]:
     order of the graph the runtime runs (as the plot and the remat pass take it)."""
     graph = graphpass.load(graph_path)
     fetches = analyze(graph).fetches
-    follow_runtime_order(graph, runtime_view(graph, fetches))
-    timeline = memory_timeline(graph, fetches)
+    runtime = follow_runtime_order(graph, runtime_view(graph, fetches))
+    timeline = memory_profile(graph, fetches, runtime=runtime).timeline
     peak = max(live for _, live in timeline)
     return next(name for name, live in timeline if live == peak), peak
 

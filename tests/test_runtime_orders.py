@@ -1,4 +1,4 @@
-"""The orders TF's executor may run a step in (``tf_order.RUNTIME_ORDERS``).
+"""The orders TF's executor may run a step in (``RuntimeGraph.node_orders``).
 
 A TF2 step is a function, which TF runs inlined into the graph that calls it, and
 Grappler's order of that graph is not the function's own: the caller's nodes
@@ -17,9 +17,9 @@ import pytest
 from graphpass import load
 from graphpass.analysis.manager import AnalysisManager
 from graphpass.analysis.memory import memory_profile
-from graphpass.analysis.runtime_memory import follow_runtime_order, runtime_view
+from graphpass.analysis.runtime_memory import runtime_view
 from graphpass.formats.tf_io import graph_from_graph_def
-from graphpass.runtimes.tf_order import CALLED_POSITION, RUNTIME_POSITION
+from graphpass.runtimes import RuntimeGraph, RuntimeModel, runtime_for
 from tools.fixtures import tf_models, trace_order
 
 
@@ -39,10 +39,11 @@ def _branches():
     return graph_from_graph_def(graph.as_graph_def(), shapes=True)
 
 
-def _record(graph, key: str, first: list[str]) -> None:
-    """Record under ``key`` an order of the graph that starts with ``first``."""
-    for position, name in enumerate(first + [n for n in graph if n not in first]):
-        graph.node(name).meta[key] = position
+def _following(graph, *firsts: list[str]) -> RuntimeModel:
+    """TF's model following an order of ``graph`` per ``firsts``, each starting
+    with its list (as the oracle's orders of Grappler's output)."""
+    orders = tuple(tuple(first + [n for n in graph if n not in first]) for first in firsts)
+    return runtime_for(graph).following(RuntimeGraph(graph, "recorded", node_orders=orders))
 
 
 DATA_FIRST = ["x", "a1", "a2"]
@@ -57,8 +58,7 @@ def _alone() -> list[int]:
     alone = []
     for first in (DATA_FIRST, _state_first()):
         graph = _branches()
-        _record(graph, RUNTIME_POSITION, first)
-        alone.append(memory_profile(graph, ["out"]).peak_bytes)
+        alone.append(memory_profile(graph, ["out"], runtime=_following(graph, first)).peak_bytes)
     assert alone[0] != alone[1], "the orders should hold different values at their peaks"
     return alone
 
@@ -67,11 +67,23 @@ def test_a_step_tf_may_run_in_two_orders_is_estimated_in_the_worse():
     data_first, state_first = DATA_FIRST, _state_first()
     alone = _alone()
     graph = _branches()
-    _record(graph, RUNTIME_POSITION, data_first)
-    _record(graph, CALLED_POSITION, state_first)
-    both = memory_profile(graph, ["out"])
+    both = memory_profile(graph, ["out"], runtime=_following(graph, data_first, state_first))
     assert both.peak_bytes == max(alone)
     assert both.order_peaks == tuple(alone)
+
+
+def test_the_orders_are_the_model_s_and_cached_per_order():
+    """A model's orders are analysis results: following them leaves the nodes as
+    they were, and the analysis manager keeps an estimate per order followed
+    (the pass's models of one graph differ by them alone)."""
+    graph = _branches()
+    analyses = AnalysisManager()
+    analyses.shapes(graph)
+    before = {n.name: set(n.meta) for n in graph.nodes()}
+    peaks = [analyses.profile(graph, ["out"], _following(graph, first)).peak_bytes
+             for first in (DATA_FIRST, _state_first())]
+    assert peaks == _alone()
+    assert {n.name: set(n.meta) for n in graph.nodes()} == before
 
 
 def test_a_replay_runs_the_step_in_the_order_a_trace_gives():
@@ -82,15 +94,14 @@ def test_a_replay_runs_the_step_in_the_order_a_trace_gives():
     trace leaves out (``a1``) runs right after its producer."""
     mib, scalar = 2**20, 4
     graph = _branches()
-    _record(graph, RUNTIME_POSITION, DATA_FIRST)
-    _record(graph, CALLED_POSITION, _state_first())
+    runtime = _following(graph, DATA_FIRST, _state_first())
     # x is fed (1 MiB, live all step); a1 and s1 are 1 MiB each
     for first, computed, peak in (
             (DATA_FIRST, ["a1", "a2", "s1", "mul", "out"], 2 * mib + scalar),
             (_state_first(), ["s1", "a1", "a2", "mul", "out"], 3 * mib + scalar)):
         ran = [f"StatefulPartitionedCall/{name}" for name in
                first + [n for n in graph if n not in first] if name != "a1"]
-        replay = memory_profile(graph, ["out"], replay=ran)
+        replay = memory_profile(graph, ["out"], replay=ran, runtime=runtime)
         assert [name for name, _ in replay.timeline] == computed, replay.timeline
         assert replay.peak_bytes == peak and replay.order_peaks == (), replay
 
@@ -120,8 +131,9 @@ def test_a_function_step_is_ordered_as_a_session_calling_it_runs_it(tmp_path):
     step = tmp_path / "step"
     tf_models.conv_bias_signature(step)
     graph = load(step)
-    follow_runtime_order(graph, runtime_view(graph, AnalysisManager().regions(graph).fetches))
-    called = {n for n in graph if CALLED_POSITION in graph.node(n).meta}
+    view = runtime_view(graph, AnalysisManager().regions(graph).fetches)
+    assert len(view.node_orders) == 2
+    called = set(view.node_orders[1]) & set(graph)
     updates = {n for n in graph if graph.node(n).op == "AssignSubVariableOp"}
     assert len(updates) == 2 and updates | {"biased"} <= called
     orders = trace_order.estimates(step, _session_trace(step, tmp_path / "trace.pb"))

@@ -4,8 +4,7 @@ As MLIR's ``AnalysisManager``: a pass asks for an analysis instead of running
 it; the result is cached for that graph until a pass reports a change, after
 which everything the pass does not declare in ``Pass.preserves`` is dropped.
 Nothing is written into the IR as a side effect, except the shape metadata
-that shape inference records on nodes (see ``analysis/shapes.py``) and the
-runtime's node order a pass asks to follow (``analysis/runtime_memory.py``).
+that shape inference records on nodes (see ``analysis/shapes.py``).
 """
 
 from __future__ import annotations
@@ -51,7 +50,8 @@ class AnalysisManager:
 
     def peak_bytes(self, graph: Graph, fetches: Iterable[str], runtime: RuntimeModel) -> int:
         """The estimate of the step that runs ``fetches`` on ``runtime``
-        (``analysis/estimate.py``), cached per runtime model and configuration."""
+        (``analysis/estimate.py``), cached per runtime model, configuration and
+        the oracle's orders the model follows (``RuntimeModel.following``)."""
         return self.profile(graph, fetches, runtime).peak_bytes
 
     def profile(self, graph: Graph, fetches: Iterable[str], runtime: RuntimeModel):
@@ -59,7 +59,7 @@ class AnalysisManager:
         from graphpass.analysis.estimate import step_profile
 
         fetches = list(fetches)
-        key = (PEAK, tuple(fetches), type(runtime).__name__, runtime.config)
+        key = (PEAK, tuple(fetches), type(runtime).__name__, runtime.config, runtime.follows)
         return self._get(graph, key, lambda: step_profile(graph, fetches, runtime=runtime))
 
     def invalidate(self, graph: Graph, preserved: Iterable[str] = ()) -> None:

@@ -189,8 +189,9 @@ def _loops(graph: Graph, order: list[str], batch_size: int | None,
             continue
         body = 0
         if facts.body is not None:
+            # a graph of its own: the oracle's orders ``runtime`` follows are the step's
             inner = memory_profile(facts.body, list(facts.body_fetches), batch_size, loop_trips,
-                                   runtime=runtime)
+                                   runtime=runtime.following(None))
             body = inner.peak_bytes - inner.fed_bytes
         loops[name] = (facts, body + _in_flight_bytes(facts))
     return loops

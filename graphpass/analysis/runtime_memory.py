@@ -3,9 +3,10 @@
 :func:`graphpass.analysis.memory.memory_profile` simulates the graph it is given
 under the dialect's hand model of the runtime's rewrites. Where the runtime can
 be asked for the graph it runs (the runtime model's oracle: TF's Grappler),
-this module simulates that graph instead, and can make the hand model follow
-that graph's node order (``follow_runtime_order``: node meta, the one thing it
-records on the graph it is given).
+this module simulates that graph instead, in that graph's node orders, and gives
+the runtime model that follows them for the hand model's estimates of the graph
+asked about (``follow_runtime_order``). It records nothing on either graph: the
+orders are held by the model (``RuntimeModel.following``).
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ def runtime_view(graph: Graph, fetches: list[str],
 
 
 def follow_runtime_order(graph: Graph, view: RuntimeGraph | None,
-                         runtime: RuntimeModel | None = None) -> bool:
-    """Make the hand model's estimates of ``graph`` (and of copies made from it
-    after this) run the nodes in the order of the runtime's graph ``view``
-    (``RuntimeModel.follow_oracle_order``); False where there is none to follow."""
-    if view is None:
-        return False
-    return (runtime or runtime_for(graph)).follow_oracle_order(graph, view)
+                         runtime: RuntimeModel | None = None) -> RuntimeModel:
+    """The runtime model (default: ``graph``'s) whose estimates of ``graph``, and of
+    copies made from it, run the nodes in the orders of the runtime's graph
+    ``view`` (``RuntimeModel.following``); the model as it was where ``view`` is
+    None (nothing asked)."""
+    runtime = runtime or runtime_for(graph)
+    return runtime if view is None else runtime.following(view)
 
 
 def runtime_memory_profile(graph: Graph, fetches: list[str], batch_size: int | None = None,
@@ -54,7 +55,8 @@ def runtime_memory_profile(graph: Graph, fetches: list[str], batch_size: int | N
     if view is None:
         return memory_profile(graph, fetches, batch_size, loop_trips, replay, runtime)
     replay = replay or view.order or None
-    profile = memory_profile(view.graph, fetches, batch_size, loop_trips, replay, runtime)
+    profile = memory_profile(view.graph, fetches, batch_size, loop_trips, replay,
+                             runtime.following(view))
     if view.graph is not graph and _lost_trips(profile):
         # Grappler lowers a While into frames whose accumulators and bound this
         # estimate does not follow: counting none of its iterations would be the

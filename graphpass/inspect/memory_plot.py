@@ -90,7 +90,7 @@ def step_timeline(graph: Graph, label: str, regions: RegionOptions | None = None
                              f"({exc})") from None
     runtime = runtime or runtime_for(graph)
     # The order of the graph the runtime runs, as the remat pass estimates it.
-    follow_runtime_order(graph, runtime_view(graph, step.fetches, runtime), runtime)
+    runtime = follow_runtime_order(graph, runtime_view(graph, step.fetches, runtime), runtime)
     profile = step_profile(graph, step.fetches, batch_size, loop_trips, runtime)
     points = profile.timeline
     if not points:

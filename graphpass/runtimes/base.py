@@ -75,6 +75,11 @@ class RuntimeGraph:
     #: graph (onnxruntime's): its own names; a node of ``graph`` it does not name
     #: (fused) runs after its producers (``memory.replayed``). Empty: ``graph``'s.
     order: tuple[str, ...] = ()
+    #: The node orders of the runtime's graph a model's schedules follow
+    #: (``RuntimeModel.following``), each its node names in order: TF's, Grappler's
+    #: output for the step and, where the step is a function, for a graph calling
+    #: it. Analysis results, never written onto the nodes. Empty: none to follow.
+    node_orders: tuple[tuple[str, ...], ...] = ()
 
 
 class ExactnessCheck(Protocol):
@@ -161,6 +166,8 @@ class RuntimeModel:
     oracle_name: str = "the runtime"
     #: Originals whose copies the exactness check found computing otherwise.
     computed_otherwise: frozenset[str] = frozenset()
+    #: The oracle's node orders this model's schedules follow (``following``).
+    follows: tuple[tuple[str, ...], ...] = ()
 
     def __init__(self, config: RuntimeConfig | None = None) -> None:
         self.config = config or RuntimeConfig()
@@ -328,11 +335,13 @@ class RuntimeModel:
         where the runtime would not run the output as planned."""
         return None
 
-    def follow_oracle_order(self, graph: Graph, view: RuntimeGraph) -> bool:
-        """Make this model's schedules of ``graph`` (and of copies made from it after
-        this) follow the node order of the oracle's graph ``view``, where the
-        model's order depends on it; False where there is nothing to follow."""
-        return False
+    def following(self, view: RuntimeGraph | None) -> RuntimeModel:
+        """This model, its schedules following the node orders of the oracle's answer
+        ``view`` (``RuntimeGraph.node_orders``, by node name: of the graph asked
+        about, and of copies made from it), where the model's order depends on
+        them; with ``view`` None, following none. A model held, not node meta: a
+        graph's nodes never carry a schedule. Here: this model (no order to follow)."""
+        return self
 
     def describe(self) -> dict:
         """What the report says of the runtime the plan targets: its name, heap

@@ -11,12 +11,14 @@ control edges: a rewrite orders work by data dependencies there.
 
 from __future__ import annotations
 
+import copy
+
 from graphpass.dialects.tf_loops import FILLED_FROM
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.runtimes import tf_kernels, tf_order
 from graphpass.runtimes.base import BEST_FIT, Execution, IRCheck, RuntimeGraph, RuntimeModel
 from graphpass.runtimes.tf_exactness import TFExactness
-from graphpass.runtimes.tf_grappler import HAND_MODEL, ask_ahead, record_order, runtime_graph
+from graphpass.runtimes.tf_grappler import HAND_MODEL, ask_ahead, runtime_graph
 
 
 class TFKernelFacts(RuntimeModel):
@@ -70,27 +72,29 @@ class TFExecutorModel(TFKernelFacts):
     reads_config = ("onednn", "intra_op_threads")
     hand_model = HAND_MODEL
     oracle_name = "Grappler"
+    #: Each order of ``follows``, node name to place (``tf_order.runtime_ordered``).
+    positions: tuple[dict[str, int], ...] = ()
 
     # -- schedules -------------------------------------------------------------
 
     def executions(self, graph: Graph, nodes: set[str], known: frozenset[str],
                    fetched: frozenset[str]) -> list[Execution]:
-        """One per order of Grappler's output the nodes record
-        (``tf_order.RUNTIME_ORDERS``: the step as written, and as called from a
-        graph where it is a function), else the one in the graph's order."""
-        keys = tf_order.recorded_orders(graph, nodes) or [tf_order.RUNTIME_POSITION]
-        return [self.execution(graph, nodes, known, fetched, key) for key in keys]
+        """One per order of Grappler's output this model follows (``following``: the
+        step as written, and as called from a graph where it is a function) that
+        places some of ``nodes``, else the one in the graph's order."""
+        orders = [p for p in self.positions if any(n in p for n in nodes)] or [{}]
+        return [self.execution(graph, nodes, known, fetched, p) for p in orders]
 
     def execution(self, graph: Graph, nodes: set[str], known: frozenset[str],
-                  fetched: frozenset[str], order_key: str = tf_order.RUNTIME_POSITION
-                  ) -> Execution:
+                  fetched: frozenset[str], positions: dict[str, int]) -> Execution:
         """The executor's order with one inter-op thread on the graph Grappler hands
-        it (``tf_order.execution``): the nodes Grappler bypasses are not in it."""
+        it (``tf_order.execution``), its nodes placed by ``positions`` (one order of
+        Grappler's output): the nodes Grappler bypasses are not in it."""
         dialect = graph.dialect
         return tf_order.execution(graph, nodes, known, fetched,
                                   lambda s, d: dialect.is_back_edge(graph, s, d),
                                   lambda n: dialect.is_stateful(graph, n),
-                                  self.config.onednn, order_key)
+                                  self.config.onednn, positions)
 
     # -- kernel facts ----------------------------------------------------------
 
@@ -151,10 +155,14 @@ class TFExecutorModel(TFKernelFacts):
                   exactness: bool) -> None:
         ask_ahead(graph, fetches, self.config, oracle, exactness)
 
-    def follow_oracle_order(self, graph: Graph, view: RuntimeGraph) -> bool:
-        """Record Grappler's node order on ``graph`` (``tf_grappler.record_order``):
-        which of several ready branches TF's executor follows depends on it."""
-        return record_order(graph, view)
+    def following(self, view: RuntimeGraph | None) -> TFExecutorModel:
+        """This model following the orders of Grappler's output ``view``
+        (``RuntimeGraph.node_orders``; none where TF was not asked): which of
+        several ready branches TF's executor follows depends on them."""
+        other = copy.copy(self)
+        other.follows = view.node_orders if view is not None else ()
+        other.positions = tuple({n: i for i, n in enumerate(order)} for order in other.follows)
+        return other
 
 
 class XLAModel(TFExecutorModel):

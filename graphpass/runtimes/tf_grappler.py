@@ -31,7 +31,6 @@ from graphpass.options import RuntimeConfig
 from graphpass.runtimes.base import RuntimeGraph
 from graphpass.runtimes.tf_grappler_ask import optimize, send_each
 from graphpass.runtimes.tf_kernels import mark_temporaries
-from graphpass.runtimes.tf_order import CALLED_POSITION, RUNTIME_ORDERS, RUNTIME_POSITION
 
 #: The call of the step in the graph :func:`called_positions` builds (a session's name).
 CALL = "StatefulPartitionedCall"
@@ -47,7 +46,11 @@ def runtime_graph(graph: Graph, fetches: list[str],
                   config: RuntimeConfig | None = None) -> RuntimeGraph:
     """The graph TF runs for ``fetches`` (``node`` or ``node:port``) under ``config``
     (default: ``RuntimeConfig()``), or ``graph`` itself under the hand model, with
-    the reason, where TF cannot be asked."""
+    the reason, where TF cannot be asked. Its ``node_orders``: Grappler's output in
+    its own order (oneDNN's layout pass reorders it) and, where the step is a
+    function, as a graph calling it runs it (:func:`called_positions`): the caller
+    decides that order and the file does not hold it, so the estimate runs the
+    step in each and keeps the higher."""
     config = config or RuntimeConfig()
     if not installed(TENSORFLOW):
         return RuntimeGraph(graph, HAND_MODEL, "TensorFlow is not installed")
@@ -58,35 +61,14 @@ def runtime_graph(graph: Graph, fetches: list[str],
         return RuntimeGraph(graph, HAND_MODEL, f"Grappler refused the graph: {first}")
     result = graph_from_graph_def(optimized, shapes=True)
     _keep_shapes(graph, result)
-    for position, node in enumerate(result.nodes()):  # oneDNN's layout pass reorders it
-        node.meta[RUNTIME_POSITION] = position
-    for name, position in called_positions(graph, config.onednn).items():
-        if name in result:
-            result.node(name).meta[CALLED_POSITION] = position
+    called = {n: p for n, p in called_positions(graph, config.onednn).items() if n in result}
+    orders = (tuple(result), tuple(sorted(called, key=called.__getitem__)))
+    orders = tuple(order for order in orders if order)
     marked = mark_temporaries(result, config)
     if not marked:
-        return RuntimeGraph(result, GRAPPLER)
+        return RuntimeGraph(result, GRAPPLER, node_orders=orders)
     return RuntimeGraph(result, f"{GRAPPLER}, with the im2col buffers of its {marked} "
-                        f"convolution gradients (oneDNN off)")
-
-
-def record_order(graph: Graph, view: RuntimeGraph) -> bool:
-    """Record on each node of ``graph`` its positions in Grappler's output ``view``
-    (``tf_order.RUNTIME_ORDERS``: as written, and as called where the step is a
-    function), for the hand model's executor order: the planner weighs its
-    candidates under the hand model, and which branch TF's executor follows first
-    depends on that order. False, and nothing recorded, where TF was not asked
-    (``view`` is the hand model's)."""
-    for node in graph.nodes():
-        for key in RUNTIME_ORDERS:
-            node.meta.pop(key, None)
-    if view.graph is graph:
-        return False
-    for node in view.graph.nodes():
-        if node.name in graph:
-            graph.node(node.name).meta.update(
-                (key, node.meta[key]) for key in RUNTIME_ORDERS if key in node.meta)
-    return True
+                        f"convolution gradients (oneDNN off)", node_orders=orders)
 
 
 def called_positions(graph: Graph, onednn: bool) -> dict[str, int]:

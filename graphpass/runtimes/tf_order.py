@@ -9,7 +9,7 @@ It reads the graph and never edits it; op kinds come from ``tf_ops``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from graphpass.dialects.tf_ops import READ_MODIFY_WRITE_OP, VARIABLE_OPS
 from graphpass.dialects.tf_updates import resource_variable
@@ -88,22 +88,10 @@ def copied_on_update(graph: Graph, name: str) -> list[list[Tensor]]:
             for variable in variables if variable is not None]
 
 
-#: Node meta: the node's position in the graph Grappler returned for the step
-#: (``tf_grappler.record_order``).
-RUNTIME_POSITION = "runtime_position"
-#: Node meta: the node's position in the graph Grappler returned for a graph that
-#: calls the step, a function (``tf_grappler.called_positions``): the caller's
-#: graph decides the order, and the file does not hold it, so the estimate runs
-#: the step in both orders and keeps the higher.
-CALLED_POSITION = "called_position"
-#: The orders TF's executor may run a step in, each where the nodes record it.
-RUNTIME_ORDERS = (RUNTIME_POSITION, CALLED_POSITION)
-
-
 def execution(graph: Graph, nodes: set[str], known: frozenset[str], fetched: frozenset[str],
               is_back_edge: Callable[[str, str], bool],
               is_stateful: Callable[[str], bool], onednn: bool,
-              order_key: str = RUNTIME_POSITION) -> Execution:
+              positions: Mapping[str, int] | None = None) -> Execution:
     """The executor's order with one inter-op thread (``executor.cc``) on the graph
     Grappler hands it (``GrapplerView``), and the reads Grappler rewires past the
     nodes it bypasses: a node's newly ready successors,
@@ -115,8 +103,8 @@ def execution(graph: Graph, nodes: set[str], known: frozenset[str], fetched: fro
     them with the forward pass, but they allocate nothing, and an update that
     waits for its slot variable's handle would hold its gradient to the end.
     ``onednn``: whether TF runs oneDNN's kernels (``runtime_ordered``);
-    ``order_key``: which of the runtime's orders (:data:`RUNTIME_ORDERS`) to follow."""
-    members = runtime_ordered(graph, nodes, is_back_edge, onednn, order_key)
+    ``positions``: each node's place in one order of Grappler's output, by name."""
+    members = runtime_ordered(graph, nodes, is_back_edge, onednn, positions or {})
     view = GrapplerView(graph, members, known, fetched, is_back_edge, is_stateful)
     view.optimize()
     order = executor_order([n for n in members if n not in view.bypassed],
@@ -125,16 +113,11 @@ def execution(graph: Graph, nodes: set[str], known: frozenset[str], fetched: fro
     return Execution(order, view.forwarded())
 
 
-def recorded_orders(graph: Graph, nodes: set[str]) -> list[str]:
-    """The keys of :data:`RUNTIME_ORDERS` some node of ``nodes`` records."""
-    return [key for key in RUNTIME_ORDERS if any(key in graph.node(n).meta for n in nodes)]
-
-
 def runtime_ordered(graph: Graph, nodes: set[str], is_back_edge: Callable[[str, str], bool],
-                    onednn: bool, order_key: str = RUNTIME_POSITION) -> list[str]:
-    """``nodes`` in the order of the graph TF's executor runs, where the nodes
-    carry their place in Grappler's output (``order_key``: :data:`RUNTIME_POSITION`
-    or :data:`CALLED_POSITION`), else in the graph's order.
+                    onednn: bool, positions: Mapping[str, int]) -> list[str]:
+    """``nodes`` in the order of the graph TF's executor runs, where ``positions``
+    places some of them (their places in one order of Grappler's output: the
+    step's own, or as a graph calling it runs it), else in the graph's order.
 
     The order decides which of several ready branches the executor follows (its
     successor lists and first ready nodes are in graph order), and Grappler's
@@ -144,13 +127,13 @@ def runtime_ordered(graph: Graph, nodes: set[str], is_back_edge: Callable[[str, 
     placed so too: right after the latest of its producers. With oneDNN on, the
     nodes its layout pass replaces come after all the others
     (``tf_kernels.renamed_by_onednn``)."""
-    if not any(order_key in graph.node(n).meta for n in nodes):
+    if not any(n in positions for n in nodes):
         return [n for n in graph if n in nodes]
     index = {n: i for i, n in enumerate(graph)}
     placed: dict[str, int] = {}
     added: set[str] = set()
     for name in graph.topological_order(ignore_edge=is_back_edge):
-        position = graph.node(name).meta.get(order_key)
+        position = positions.get(name)
         if position is None:
             added.add(name)
             position = max((placed[p] for p in graph.producers(name)

@@ -74,6 +74,7 @@ from graphpass.passes.remat.verdict import AutoPlan
 
 if TYPE_CHECKING:
     from graphpass.analysis.runtime_memory import RuntimeGraph
+    from graphpass.runtimes import RuntimeModel
 
 __all__ = ["RematPass"]
 
@@ -131,12 +132,13 @@ class RematPass(Pass):
         it after (the summary needs no caveat of what the runtime might fuse)."""
         batch = self.options.batch_size
         estimate = self.estimates_memory(ctx)
-        runtime = step.runtime
         # Every estimate from here on (the planner's included) runs the nodes in
         # the order of the graph the runtime runs, where it can be asked.
-        view = runtime_view(graph, step.fetches, runtime) \
-            if estimate and runtime.has_oracle else None
-        own_order = _unfollowed_order(view, follow_runtime_order(graph, view, runtime))
+        view = runtime_view(graph, step.fetches, step.runtime) \
+            if estimate and step.runtime.has_oracle else None
+        step = replace(step, runtime=follow_runtime_order(graph, view, step.runtime))
+        runtime = step.runtime
+        own_order = _unfollowed_order(view, runtime)
         before = _profile_before(graph, ctx, step, batch) if estimate else None
         low = before.peak_bytes if before else None
         held = held_updates_peak(graph, step, batch, step_estimator(step)) \
@@ -182,7 +184,7 @@ class RematPass(Pass):
         # runtime graph (the planner placed its copies by rule: it cannot ask per plan).
         final = runtime_view(graph, step.fetches, runtime) \
             if shown is not None and (changed or pinned.changed) else None
-        follow_runtime_order(graph, final, runtime)
+        step = replace(step, runtime=follow_runtime_order(graph, final, runtime))
         peak_after = _peak_after(graph, step, batch, changed or waiting > 0, low,
                                  None if final else auto) if estimate else None
         # auto's estimate already has the updates deferred where that is lower.
@@ -227,10 +229,10 @@ class RematPass(Pass):
                        self.options.loop_trips)
 
 
-def _unfollowed_order(view: RuntimeGraph | None, followed: bool) -> bool:
+def _unfollowed_order(view: RuntimeGraph | None, runtime: RuntimeModel) -> bool:
     """The runtime gave its own order of the step (``view``) and the planner's model
-    does not follow it (``RuntimeModel.follow_oracle_order``)."""
-    return view is not None and bool(view.order) and not followed
+    does not follow it (``RuntimeModel.following``)."""
+    return view is not None and bool(view.order) and not runtime.follows
 
 
 def _with_forward_readers(graph: Graph, step: Step, originals: set[str]) -> set[str]:

@@ -63,7 +63,7 @@ def auto_plan(graph: Graph, step: Step, options: RematOptions, before: int,
     ``before``: the planner's own estimate of the step as written, which its chain
     model is calibrated on; ``runtime_before``: the estimate in the order the
     runtime itself gave for the step, where the planner's model cannot follow
-    that order (``RuntimeModel.follow_oracle_order``): what a plan must gain
+    that order (``RuntimeModel.following``): what a plan must gain
     against and a relative budget is of. With a
     ``profiler`` (``--profile``) the original step and the plans are measured too, and the
     budget judged on the measured figure (``profiled``). The cyclic collector

@@ -48,7 +48,7 @@ MODELS_APART = 0.05
 
 def _orders_summary(first: MemoryProfile, last: MemoryProfile) -> list[str]:
     """Where the step is a function whose caller decides TF's order
-    (``tf_order.CALLED_POSITION``) and the orders' estimates differ: each."""
+    (``RuntimeGraph.node_orders``) and the orders' estimates differ: each."""
     peaks = [p.order_peaks for p in (first, last)]
     if not all(len(p) == 2 for p in peaks) or \
             all(max(p) <= (1 + SHOWN_ABOVE) * min(p) for p in peaks):
