@@ -139,18 +139,6 @@ def _resolve_target(target: str | None, device: str | None) -> str:
     return target or ("xla" if device == "tpu" else "tf")
 
 
-def _dependency(given: dict, target: str) -> str | None:
-    """``--dependency``; data by default for litert, whose converter refuses nothing
-    but loses control edges: its CSE then merges each control-mode copy back into
-    its original, so the written rewrite would convert to the original's model."""
-    dependency = given.get("dependency")
-    if target == "litert" and dependency == "control":
-        raise GraphpassError("--dependency control cannot survive --target litert: TFLite's "
-                             "converter drops control edges and merges every copy back into "
-                             "its original; use --dependency data (the default there)")
-    return dependency or ("data" if target == "litert" else None)
-
-
 def _remat(given: dict, target: str) -> RematOptions | None:
     patterns = tuple(given.get("recompute") or ())
     use_hints = bool(given.get("recompute_hints"))
@@ -174,7 +162,7 @@ def _remat(given: dict, target: str) -> RematOptions | None:
         batch_size=positive_batch_size(given.get("batch_size")),
         loop_trips=positive_batch_size(given.get("loop_trips"), "--loop-trips"),
         max_extra_time=extra_time,
-        dependency=_dependency(given, target),
+        dependency=given.get("dependency"),
         tupleize_grads=bool(given.get("tupleize_grads")),
     )
 

@@ -276,6 +276,11 @@ class RuntimeModel:
         may suggest, and what the planner must write with."""
         return (self.dependency,) if self.dependency else graph.dialect.dependency_modes
 
+    def refuses_dependency(self, dependency: str) -> str | None:
+        """Why a rewrite ordered by ``dependency`` would not survive this runtime
+        taking it in, with what to use instead; None where it would."""
+        return None
+
     def dependency_scale(self, dtype: str) -> float:
         """The factor of data-mode ordering, ``x + stop_gradient(scale * s)``: the
         dtype's smallest normal number, as ``recompute_grad(use_data_dep=True)``

@@ -26,6 +26,15 @@ class TFLiteModel(TFKernelFacts):
     heap = ARENA
     fuser = "TFLite's converter"
 
+    def refuses_dependency(self, dependency: str) -> str | None:
+        """Control mode: the converter drops control edges, and its CSE then merges
+        each copy back into its original, so the rewrite would convert to the
+        original's model."""
+        if dependency != "control":
+            return None
+        return ("TFLite's converter drops control edges and merges every copy back into "
+                "its original; use --dependency data (the default there)")
+
     def executions(self, graph: Graph, nodes: set[str], known: frozenset[str],
                    fetched: frozenset[str]) -> list[Execution]:
         return [Execution(converted_order(graph, nodes))]

@@ -220,6 +220,9 @@ class RematPass(Pass):
         runtime = ctx.runtime(graph)
         dependency = self.options.dependency or runtime.dependency or \
             graph.dialect.step.default_dependency(graph)
+        if refused := runtime.refuses_dependency(dependency):
+            raise GraphpassError(f"--dependency {dependency} cannot survive --target "
+                                 f"{runtime.name}: {refused}")
         if dependency not in modes:
             raise GraphpassError(
                 f"--dependency {dependency} is not possible for {graph.format} graphs "
