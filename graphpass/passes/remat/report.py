@@ -8,7 +8,7 @@ the measured), so a user comparing two runs reads them in the same places.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from graphpass.analysis.measured import ALLOCATOR, StepMeasurement
 from graphpass.analysis.memory import MemoryProfile
@@ -96,8 +96,8 @@ def remat_report(entries: list[dict], skipped: list[str], dependency: str,
     pass (``pin``); ``caveats``: say what the runtime might fuse otherwise (not
     where its exactness check judges the rewrite)."""
     figures = figures or Figures()
-    if figures.deferred is not None:
-        figures.after = figures.deferred[1].peak_bytes
+    if figures.deferred is not None:  # the step as written: its updates deferred
+        figures = replace(figures, after=figures.deferred[1].peak_bytes)
     summary = (auto.summary() if auto else []) + _segment_lines(entries, skipped, runtime,
                                                                   caveats)
     summary += _planned_lines(figures, runtime)
