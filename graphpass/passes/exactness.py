@@ -28,11 +28,16 @@ class Trusted:
         return []
 
 
+def checks_exactness(ctx: PassContext) -> bool:
+    """The options ask the runtime to check rewrites (not ``--exactness trust``)."""
+    return ctx.exactness != TRUST
+
+
 def exactness_check(ctx: PassContext, graph: Graph,
                     fetches: list[str]) -> ExactnessCheck | Trusted | None:
     """The check of rewrites of ``graph`` the options ask for: the target runtime's
     (None where it cannot be asked), or :class:`Trusted`."""
-    if ctx.exactness == TRUST:
+    if not checks_exactness(ctx):
         return Trusted()
     return ctx.runtime(graph).exactness(graph, fetches)
 

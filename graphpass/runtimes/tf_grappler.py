@@ -173,7 +173,8 @@ def ask_ahead(graph: Graph, fetches: list[str], config: RuntimeConfig, oracle: b
     graph calling it. The children work while this process analyses and plans,
     and a child that would have waited idle between two questions does not. Where
     a question cannot be sent, nothing is: it is asked, and refused, when needed."""
-    settings = (config.onednn, not config.onednn)[:2 if exactness else 1 if oracle else 0]
+    settings = (config.onednn, not config.onednn) if exactness else \
+        (config.onednn,) if oracle else ()
     if not settings or not installed(TENSORFLOW):
         return
     try:

@@ -45,10 +45,9 @@ from graphpass.analysis.runtime_memory import (
 from graphpass.errors import GraphpassError
 from graphpass.ir.graph import Graph, Tensor
 from graphpass.options import RematOptions
-from graphpass.options.types import TRUST
 from graphpass.passes.base import Pass
 from graphpass.passes.context import PassContext
-from graphpass.passes.exactness import exactness_check, inexact_allowed
+from graphpass.passes.exactness import checks_exactness, exactness_check, inexact_allowed
 from graphpass.passes.remat.auto import auto_plan
 from graphpass.passes.remat.defer import defer_updates
 from graphpass.passes.remat.exactness import (
@@ -94,7 +93,7 @@ class RematPass(Pass):
         ``--exactness allow-inexact`` the first rewrite is kept, what differs named."""
         step = self._analyze(graph, ctx)
         step.runtime.ask_ahead(graph, step.fetches, oracle=self.estimates_memory(ctx),
-                               exactness=ctx.exactness != TRUST)
+                               exactness=checks_exactness(ctx))
         check = exactness_check(ctx, graph, step.fetches)
         if check is None or check.unchecked:
             edited = self._rewrite(graph, ctx, step, proven=False)
